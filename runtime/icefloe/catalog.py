@@ -1,0 +1,56 @@
+"""The Iceberg catalog icefloe writes to, as Spark configuration.
+
+One function builds the `spark.sql.catalog.icefloe.*` settings for both places a job runs: locally (a SQLite JDBC
+catalog that pyiceberg's SqlCatalog reads too) and on EMR Serverless (AWS Glue with S3FileIO). The Pulumi program
+renders the Glue variant into the job's Spark parameters, so the two never drift apart.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .spec import CatalogSpec
+
+CATALOG = "icefloe"
+# EMR 7.x ships Iceberg in the image; enabling it puts this jar on the classpath.
+EMR_ICEBERG_JAR = "/usr/share/aws/iceberg/lib/iceberg-spark3-runtime.jar"
+ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+
+
+def local_paths(state_dir: Path) -> tuple[Path, Path]:
+    """(SQLite catalog file, warehouse directory) under the local state directory."""
+    state_dir = state_dir.resolve()
+    return state_dir / "catalog.db", state_dir / "warehouse"
+
+
+def spark_catalog_conf(catalog: CatalogSpec, state_dir: Path | None = None) -> dict[str, str]:
+    prefix = f"spark.sql.catalog.{CATALOG}"
+    conf = {
+        "spark.sql.extensions": ICEBERG_EXTENSIONS,
+        prefix: "org.apache.iceberg.spark.SparkCatalog",
+        # Always read the latest table state: offsets in the snapshot are the source of truth.
+        f"{prefix}.cache-enabled": "false",
+        "spark.sql.session.timeZone": "UTC",
+    }
+    if catalog.type == "local":
+        if state_dir is None:
+            raise ValueError("a local catalog needs a state directory")
+        db_file, warehouse = local_paths(state_dir)
+        warehouse.mkdir(parents=True, exist_ok=True)
+        conf |= {
+            f"{prefix}.type": "jdbc",
+            f"{prefix}.uri": f"jdbc:sqlite:{db_file}",
+            f"{prefix}.jdbc.schema-version": "V1",
+            f"{prefix}.warehouse": catalog.warehouse or warehouse.as_uri(),
+        }
+    else:
+        if not catalog.warehouse:
+            raise ValueError("a glue catalog needs a warehouse (s3://bucket/prefix)")
+        conf |= {
+            f"{prefix}.type": "glue",
+            f"{prefix}.warehouse": catalog.warehouse,
+            f"{prefix}.io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+            # Glue keeps an archived table version per commit unless told not to (a known Glue limit).
+            f"{prefix}.glue.skip-archive": "true",
+        }
+    return conf

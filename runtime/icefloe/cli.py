@@ -1,0 +1,97 @@
+"""The `icefloe` command line: `run`, `maintain` and `demo`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from .errors import IcefloeError
+
+DEFAULT_STATE_DIR = ".icefloe"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="icefloe", description="Materialize Kafka topics into Apache Iceberg tables.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="materialize the declared tables")
+    run.add_argument("--config", required=True, help="Pulumi.<stack>.yaml (local path or s3:// URI)")
+    run.add_argument("--table", action="append", default=[], metavar="NAME", help="only this table (repeatable)")
+    when = run.add_mutually_exclusive_group(required=True)
+    when.add_argument("--once", action="store_true", help="one batch per table, then exit")
+    when.add_argument("--continuous", action="store_true", help="micro-batches until SIGTERM")
+    run.add_argument("--json", action="store_true", help="print one JSON summary per table")
+    run.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="local catalog and warehouse (local catalog only)")
+
+    maintain = commands.add_parser("maintain", help="compact, expire snapshots, remove orphan files")
+    maintain.add_argument("--config", required=True)
+    maintain.add_argument("--table", action="append", default=[], metavar="NAME")
+    maintain.add_argument("--json", action="store_true")
+    maintain.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+
+    demo = commands.add_parser("demo", help="the local end-to-end demo: broker, registry, 100k trades, a table")
+    demo.add_argument("--records", type=int, default=100_000)
+    demo.add_argument("--partitions", type=int, default=3)
+    demo.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("py4j", "urllib3", "botocore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "maintain":
+            return _maintain(args)
+        from .local.demo import run_demo
+
+        return run_demo(records=args.records, partitions=args.partitions, state_dir=Path(args.state_dir))
+    except IcefloeError as error:
+        print(f"icefloe: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .runner import run_tables
+
+    def report(result) -> None:
+        if args.json:
+            print(json.dumps(result.as_dict(), sort_keys=True), flush=True)
+        else:
+            print(result.describe(), flush=True)
+
+    failures = run_tables(
+        config_path=args.config,
+        table_names=args.table,
+        state_dir=Path(args.state_dir),
+        continuous=args.continuous,
+        on_result=report,
+    )
+    return 1 if failures else 0
+
+
+def _maintain(args: argparse.Namespace) -> int:
+    from .runner import maintain_tables
+
+    def report(result) -> None:
+        print(json.dumps(result, sort_keys=True) if args.json else str(result), flush=True)
+
+    failures = maintain_tables(
+        config_path=args.config, table_names=args.table, state_dir=Path(args.state_dir), on_result=report
+    )
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,379 @@
+"""The topic-spec model: the one description of what a user declares, shared by infra and runtime.
+
+Users write it in Pulumi stack config (`Pulumi.<stack>.yaml`, keys under `icefloe:`), in camelCase like
+all Pulumi config. The Pulumi program validates it at `pulumi preview`; the runtime validates the very same
+document again before it touches Kafka, so a typo fails early in both places with a message that names the
+table and the field.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from .errors import ConfigError
+from .partitioning import PartitionField, parse_partition_field
+
+# Glue and Athena want lowercase names of letters, digits and underscores.
+GLUE_NAME = r"^[a-z_][a-z0-9_]{0,254}$"
+METADATA_COLUMNS = (
+    "kafka_topic",
+    "kafka_partition",
+    "kafka_offset",
+    "kafka_timestamp",
+    "kafka_timestamp_type",
+    "kafka_key",
+    "kafka_headers",
+)
+DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
+_DURATION_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def glue_safe_name(text: str) -> str:
+    """Derive a Glue/Athena-safe identifier (lowercase, `[a-z0-9_]`) from a topic or cluster name."""
+    name = re.sub(r"[^a-z0-9_]", "_", text.lower())
+    if not name or name[0].isdigit():
+        name = "t_" + name
+    return name[:255]
+
+
+def duration_seconds(text: str) -> float:
+    match = DURATION.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a duration like 30s, 5m, 1h or 7d")
+    return int(match.group(1)) * _DURATION_SECONDS[match.group(2)]
+
+
+class Model(BaseModel):
+    """camelCase in, snake_case attributes; unknown keys are errors (a typo must not be ignored)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class SecretRef(Model):
+    """Where a credential lives. Never the credential itself.
+
+    `secretArn`: an AWS Secrets Manager secret holding JSON like {"username": ..., "password": ...}.
+    `env`: a prefix of environment variables (`<ENV>_USERNAME`, `<ENV>_PASSWORD`), for local runs.
+    """
+
+    secret_arn: Annotated[str, StringConstraints(pattern=r"^arn:aws[a-z-]*:secretsmanager:")] | None = None
+    env: Annotated[str, StringConstraints(pattern=r"^[A-Z_][A-Z0-9_]*$")] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "SecretRef":
+        if (self.secret_arn is None) == (self.env is None):
+            raise ValueError("give exactly one of secretArn or env")
+        return self
+
+
+class SchemaRegistrySpec(Model):
+    url: Annotated[str, StringConstraints(pattern=r"^(https?|mock)://")]
+    credentials_secret: SecretRef | None = None
+
+
+class SourceCluster(Model):
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+    bootstrap_servers: Annotated[str, StringConstraints(min_length=1)]
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    credentials_secret: SecretRef | None = None
+    schema_registry: SchemaRegistrySpec | None = None
+    database: Annotated[str, StringConstraints(pattern=GLUE_NAME)] | None = None
+
+    @model_validator(mode="after")
+    def _sasl_needs_credentials(self) -> "SourceCluster":
+        uses_sasl = self.security_protocol.startswith("SASL")
+        if uses_sasl and (self.sasl_mechanism is None or self.credentials_secret is None):
+            raise ValueError(f"securityProtocol {self.security_protocol} needs saslMechanism and credentialsSecret")
+        if not uses_sasl and self.sasl_mechanism is not None:
+            raise ValueError(f"saslMechanism is set but securityProtocol {self.security_protocol} does not use SASL")
+        return self
+
+    @property
+    def database_name(self) -> str:
+        return self.database or glue_safe_name(self.name)
+
+
+PRIMITIVE_TYPES = {
+    "boolean", "int", "long", "float", "double", "date", "time", "timestamp", "timestamptz",
+    "timestamp_ntz", "string", "uuid", "binary",
+}  # fmt: skip
+DECIMAL_TYPE = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
+FIXED_TYPE = re.compile(r"^fixed\[(\d+)\]$")
+
+
+class InlineType(Model):
+    """An Iceberg-style type, as used for list elements and map keys/values."""
+
+    type: str
+    optional: bool = True
+    fields: tuple["InlineField", ...] | None = None
+    element: "InlineType | None" = None
+    key: "InlineType | None" = None
+    value: "InlineType | None" = None
+
+    @model_validator(mode="after")
+    def _well_formed(self) -> "InlineType":
+        kind = self.type
+        if kind == "struct":
+            if not self.fields:
+                raise ValueError("a struct needs fields")
+        elif kind == "list":
+            if self.element is None:
+                raise ValueError("a list needs element")
+        elif kind == "map":
+            if self.key is None or self.value is None:
+                raise ValueError("a map needs key and value")
+        elif kind not in PRIMITIVE_TYPES and not DECIMAL_TYPE.match(kind) and not FIXED_TYPE.match(kind):
+            raise ValueError(
+                f"unknown type {kind!r}; use one of {sorted(PRIMITIVE_TYPES)}, decimal(P,S), fixed[N], struct, list, map"
+            )
+        decimal = DECIMAL_TYPE.match(kind)
+        if decimal:
+            precision, scale = map(int, decimal.groups())
+            if not (1 <= precision <= 38 and 0 <= scale <= precision):
+                raise ValueError(f"{kind}: precision must be 1..38 and scale 0..precision")
+        return self
+
+
+class InlineField(InlineType):
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+    id: int | None = None
+    doc: str | None = None
+
+
+InlineType.model_rebuild()
+
+
+class InlineSchema(Model):
+    fields: tuple[InlineField, ...] = Field(min_length=1)
+
+    @field_validator("fields")
+    @classmethod
+    def _unique(cls, fields: tuple[InlineField, ...]) -> tuple[InlineField, ...]:
+        names = [f.name.lower() for f in fields]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate field names {dupes}")
+        return fields
+
+
+class MaintenanceSpec(Model):
+    """Table maintenance cadence and targets (used by `icefloe maintain` and continuous mode)."""
+
+    enabled: bool = True
+    interval: str = "1h"
+    target_file_size_mb: int = Field(default=128, ge=1, le=2048)
+    snapshot_retention: str = "1d"
+    min_snapshots_to_keep: int = Field(default=5, ge=1)
+    orphan_file_age: str = "3d"
+
+    @field_validator("interval", "snapshot_retention", "orphan_file_age")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        duration_seconds(value)
+        return value
+
+
+class TableSpec(Model):
+    source_cluster: str
+    topic: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,249}$")]
+    table: Annotated[str, StringConstraints(pattern=GLUE_NAME)] | None = None
+    database: Annotated[str, StringConstraints(pattern=GLUE_NAME)] | None = None
+    format: Literal["avro", "json", "json-schema", "protobuf", "raw"] = "avro"
+    schema_: InlineSchema | None = Field(default=None, alias="schema")
+    mode: Literal["append", "upsert"] = "append"
+    key: tuple[str, ...] | None = None
+    partition_by: tuple[str, ...] = ()
+    errors: Literal["fail", "skip", "dlq"] = "fail"
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    refresh: str = "15m"
+    continuous: bool = False
+    retention: str | None = None
+    max_records_per_run: int | None = Field(default=None, ge=1)
+    enabled: bool = True
+    maintenance: MaintenanceSpec = MaintenanceSpec()
+
+    @field_validator("refresh")
+    @classmethod
+    def _refresh(cls, value: str) -> str:
+        if duration_seconds(value) < 1:
+            raise ValueError("refresh must be at least 1s")
+        return value
+
+    @field_validator("retention")
+    @classmethod
+    def _retention(cls, value: str | None) -> str | None:
+        if value is not None:
+            duration_seconds(value)
+        return value
+
+    @field_validator("partition_by")
+    @classmethod
+    def _partitions_parse(cls, values: tuple[str, ...]) -> tuple[str, ...]:
+        for value in values:
+            parse_partition_field(value)
+        return values
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TableSpec":
+        if self.format in ("json-schema", "protobuf", "raw"):
+            raise ValueError(f"format {self.format!r} is not supported yet; use avro or json")
+        if self.format == "json" and self.schema_ is None:
+            raise ValueError("format json needs an inline schema (schema.fields)")
+        if self.schema_ is not None:
+            clash = sorted({f.name for f in self.schema_.fields} & set(METADATA_COLUMNS))
+            if clash:
+                raise ValueError(f"schema fields {clash} clash with icefloe's Kafka metadata columns")
+            known = {f.name for f in self.schema_.fields} | set(METADATA_COLUMNS)
+            for partition in self.partitions:
+                if partition.source not in known:
+                    raise ValueError(f"partitionBy {partition.text!r} names unknown field {partition.source!r}")
+        if self.key and self.mode != "upsert":
+            raise ValueError("key is only used with mode: upsert")
+        return self
+
+    @property
+    def partitions(self) -> tuple[PartitionField, ...]:
+        return tuple(parse_partition_field(text) for text in self.partition_by)
+
+    @property
+    def inline_schema(self) -> InlineSchema | None:
+        return self.schema_
+
+    @property
+    def table_name(self) -> str:
+        return self.table or glue_safe_name(self.topic)
+
+    @property
+    def refresh_seconds(self) -> float:
+        return duration_seconds(self.refresh)
+
+
+class CatalogSpec(Model):
+    """Where tables live. Local runs default to a SQLite JDBC catalog under the state directory."""
+
+    type: Literal["local", "glue"] = "local"
+    warehouse: str | None = None
+
+
+class IcefloeConfig(Model):
+    source_clusters: tuple[SourceCluster, ...] = Field(min_length=1)
+    tables: tuple[TableSpec, ...] = ()
+    catalog: CatalogSpec = CatalogSpec()
+
+    @model_validator(mode="after")
+    def _references(self) -> "IcefloeConfig":
+        names = [c.name for c in self.source_clusters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"sourceClusters names must be unique, got {names}")
+        seen: dict[str, str] = {}
+        for index, table in enumerate(self.tables):
+            if table.source_cluster not in names:
+                raise ValueError(
+                    f"tables[{index}] ({table.topic}): sourceCluster {table.source_cluster!r} is not one of {names}"
+                )
+            ident = self.identifier(table)
+            if ident in seen:
+                raise ValueError(f"tables[{index}] ({table.topic}): table {ident} is also declared by {seen[ident]}")
+            seen[ident] = table.topic
+        return self
+
+    def cluster(self, name: str) -> SourceCluster:
+        return next(c for c in self.source_clusters if c.name == name)
+
+    def database(self, table: TableSpec) -> str:
+        return table.database or self.cluster(table.source_cluster).database_name
+
+    def identifier(self, table: TableSpec) -> str:
+        """`database.table`, as Glue and every query engine name it."""
+        return f"{self.database(table)}.{table.table_name}"
+
+    def select(self, names: list[str] | None) -> list[TableSpec]:
+        """Enabled tables, or the named ones (by table name, identifier or topic)."""
+        if not names:
+            return [t for t in self.tables if t.enabled]
+        chosen = []
+        for name in names:
+            match = [t for t in self.tables if name in (t.table_name, self.identifier(t), t.topic)]
+            if not match:
+                known = ", ".join(self.identifier(t) for t in self.tables) or "none"
+                raise ConfigError(f"no table named {name!r} in the config (declared: {known})")
+            chosen.extend(match)
+        return chosen
+
+
+CONFIG_KEYS = {"sourceClusters": "source_clusters", "tables": "tables", "catalog": "catalog"}
+# Keys that only the Pulumi program reads (validated by icefloe_infra.deployment); the runtime ignores them.
+DEPLOYMENT_KEYS: tuple[str, ...] = (
+    "storage", "emr", "externalAccess", "owner", "tags", "glue", "secrets", "logRetentionDays", "schedule",
+)  # fmt: skip
+NAMESPACE = "icefloe"
+
+
+def _location(raw: dict[str, Any], loc: tuple[Any, ...]) -> str:
+    """Turn a pydantic error location into `icefloe:tables[0] (stock_trades).format`."""
+    if not loc:
+        return NAMESPACE
+    head, *rest = loc
+    text = f"{NAMESPACE}:{head}"
+    node: Any = raw.get(head)
+    for part in rest:
+        if isinstance(part, int):
+            text += f"[{part}]"
+            node = node[part] if isinstance(node, list) and part < len(node) else None
+            if isinstance(node, dict) and head == "tables" and text.count("[") == 1:
+                label = node.get("table") or node.get("topic")
+                if label:
+                    text += f" ({label})"
+        else:
+            text += f".{part}"
+            node = node.get(part) if isinstance(node, dict) else None
+    return text
+
+
+def parse_config(raw: dict[str, Any], source: str = "stack config") -> IcefloeConfig:
+    """Validate the `icefloe:*` keys (without the namespace prefix) and return the model."""
+    from pydantic import ValidationError
+
+    unknown = sorted(set(raw) - set(CONFIG_KEYS) - set(DEPLOYMENT_KEYS))
+    if unknown:
+        known = ", ".join(f"{NAMESPACE}:{k}" for k in (*CONFIG_KEYS, *DEPLOYMENT_KEYS))
+        raise ConfigError(f"{source}: unknown key(s) {', '.join(f'{NAMESPACE}:{k}' for k in unknown)}; known: {known}")
+    try:
+        return IcefloeConfig.model_validate({k: v for k, v in raw.items() if k in CONFIG_KEYS})
+    except ValidationError as error:
+        lines = []
+        for item in error.errors():
+            loc = tuple(p for p in item["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            message = item["msg"].removeprefix("Value error, ")
+            lines.append(f"  {_location(raw, loc)}: {message}")
+        raise ConfigError(f"{source}: invalid icefloe config:\n" + "\n".join(lines)) from None
+
+
+def load_config(path: str) -> IcefloeConfig:
+    """Read a Pulumi stack file (or the same shape as JSON, local path or s3:// URI) and validate it."""
+    import yaml
+
+    from .storage import read_text
+
+    try:
+        document = yaml.safe_load(read_text(path))
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    if not isinstance(document, dict) or not isinstance(document.get("config"), dict):
+        raise ConfigError(f"{path}: expected a Pulumi stack file with a top-level 'config:' mapping")
+    raw = {
+        key.split(":", 1)[1]: value
+        for key, value in document["config"].items()
+        if key.startswith(NAMESPACE + ":")
+    }
+    if not raw:
+        raise ConfigError(f"{path}: no '{NAMESPACE}:' keys under config")
+    return parse_config(raw, source=path)
