@@ -57,16 +57,19 @@ class SecretRef(Model):
     """Where a credential lives. Never the credential itself.
 
     `secretArn`: an AWS Secrets Manager secret holding JSON like {"username": ..., "password": ...}.
+    `name`: a secret the stack creates in Secrets Manager from Pulumi secret config (`icefloe:secrets`); the
+    Pulumi program replaces it by the created secret's ARN in the job's config.
     `env`: a prefix of environment variables (`<ENV>_USERNAME`, `<ENV>_PASSWORD`), for local runs.
     """
 
     secret_arn: Annotated[str, StringConstraints(pattern=r"^arn:aws[a-z-]*:secretsmanager:")] | None = None
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]+$")] | None = None
     env: Annotated[str, StringConstraints(pattern=r"^[A-Z_][A-Z0-9_]*$")] | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> "SecretRef":
-        if (self.secret_arn is None) == (self.env is None):
-            raise ValueError("give exactly one of secretArn or env")
+        if [self.secret_arn, self.name, self.env].count(None) != 2:
+            raise ValueError("give exactly one of secretArn, name or env")
         return self
 
 
