@@ -1,0 +1,288 @@
+"""Conversion: decoded record values plus Kafka metadata to Arrow record batches of the table's exact types.
+
+Decoders hand over Python values (dicts from fastavro or `json`). A converter compiled per table checks them
+against the table's Spark types and normalises what Arrow cannot take as is (uuid objects, times, ISO strings and
+base64 in JSON). A value that does not fit raises `ValueError` naming the field; the caller turns it into a
+per-record error, so one bad record never hides inside a failed batch.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import math
+import uuid
+from decimal import Decimal, InvalidOperation
+from typing import Any, Callable
+
+import pyarrow as pa
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
+
+Convert = Callable[[Any], Any]
+_INT32 = (-(2**31), 2**31 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_MAX_TS = dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.timezone.utc)
+
+
+class ValueConverter:
+    """Compiles a converter for a Spark struct; `strict` is for JSON, where types must be checked by hand."""
+
+    def __init__(self, struct: T.StructType, strict: bool):
+        self.strict = strict
+        self.convert = self._struct(struct, "")
+
+    def __call__(self, record: Any) -> Any:
+        return self.convert(record)
+
+    def _compile(self, dtype: T.DataType, path: str) -> Convert:
+        if isinstance(dtype, T.StructType):
+            return self._struct(dtype, path)
+        if isinstance(dtype, T.ArrayType):
+            element = self._compile(dtype.elementType, f"{path}[]")
+
+            def array(value: Any) -> Any:
+                if not isinstance(value, list):
+                    raise ValueError(f"{path}: expected a list, got {type(value).__name__}")
+                return [None if v is None else element(v) for v in value]
+
+            return array
+        if isinstance(dtype, T.MapType):
+            key = self._compile(dtype.keyType, f"{path}.key")
+            item = self._compile(dtype.valueType, f"{path}{{}}")
+
+            def mapping(value: Any) -> Any:
+                if not isinstance(value, dict):
+                    raise ValueError(f"{path}: expected an object/map, got {type(value).__name__}")
+                return [(key(k), None if v is None else item(v)) for k, v in value.items()]
+
+            return mapping
+        return _primitive(dtype, path, self.strict)
+
+    def _struct(self, struct: T.StructType, path: str) -> Convert:
+        fields = [(f.name, self._compile(f.dataType, f"{path}.{f.name}".lstrip("."))) for f in struct.fields]
+        where = path or "value"
+
+        def record(value: Any) -> Any:
+            if not isinstance(value, dict):
+                raise ValueError(f"{where}: expected an object/record, got {type(value).__name__}")
+            # Fields outside the declared schema are ignored, as a schema-on-read table would.
+            out = {}
+            for name, convert in fields:
+                item = value.get(name)
+                out[name] = None if item is None else convert(item)
+            return out
+
+        return record
+
+
+def _check_int(bounds: tuple[int, int], path: str, strict: bool) -> Convert:
+    low, high = bounds
+
+    def integer(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, dt.time):  # Avro time-millis/micros, stored as microseconds
+                return ((value.hour * 60 + value.minute) * 60 + value.second) * 1_000_000 + value.microsecond
+            if strict and isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                raise ValueError(f"{path}: expected an integer, got {type(value).__name__}")
+        if not low <= value <= high:
+            raise ValueError(f"{path}: {value} is out of range")
+        return value
+
+    return integer
+
+
+def _check_float(path: str, single: bool) -> Convert:
+    def floating(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{path}: expected a number, got {type(value).__name__}")
+        value = float(value)
+        if single and math.isfinite(value) and abs(value) > 3.4028234663852886e38:
+            raise ValueError(f"{path}: {value} does not fit a float")
+        return value
+
+    return floating
+
+
+def _check_string(path: str, strict: bool) -> Convert:
+    def string(value: Any) -> str:
+        if type(value) is str:
+            return value
+        if isinstance(value, uuid.UUID):  # Avro uuid logical type
+            return str(value)
+        if strict:
+            raise ValueError(f"{path}: expected a string, got {type(value).__name__}")
+        return str(value)
+
+    return string
+
+
+def _check_decimal(dtype: T.DecimalType, path: str) -> Convert:
+    quantum = Decimal(1).scaleb(-dtype.scale)
+    limit = Decimal(10) ** (dtype.precision - dtype.scale)
+
+    def decimal(value: Any) -> Decimal:
+        if isinstance(value, bool):
+            raise ValueError(f"{path}: expected a decimal, got bool")
+        try:
+            number = value if isinstance(value, Decimal) else Decimal(str(value))
+            scaled = number.quantize(quantum)
+        except (InvalidOperation, ValueError):
+            raise ValueError(f"{path}: {str(value)[:40]!r} is not a decimal({dtype.precision},{dtype.scale})") from None
+        if not scaled.is_finite() or abs(scaled) >= limit or scaled != number:
+            raise ValueError(f"{path}: {value} does not fit decimal({dtype.precision},{dtype.scale})")
+        return scaled
+
+    return decimal
+
+
+def _check_timestamp(path: str, with_zone: bool) -> Convert:
+    def timestamp(value: Any) -> dt.datetime:
+        if isinstance(value, dt.datetime):
+            moment = value
+        elif isinstance(value, str):
+            try:
+                moment = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                raise ValueError(f"{path}: {value[:40]!r} is not an ISO-8601 timestamp") from None
+        elif isinstance(value, int) and not isinstance(value, bool):
+            try:  # JSON epoch milliseconds
+                moment = _EPOCH + dt.timedelta(milliseconds=value)
+            except OverflowError:
+                raise ValueError(f"{path}: {value} ms is out of the timestamp range") from None
+        else:
+            raise ValueError(f"{path}: expected a timestamp, got {type(value).__name__}")
+        if with_zone:
+            moment = moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
+        elif moment.tzinfo:
+            moment = moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        if moment.year < 1 or (moment.tzinfo and moment > _MAX_TS):
+            raise ValueError(f"{path}: {value} is out of the timestamp range")
+        return moment
+
+    return timestamp
+
+
+def _check_date(path: str) -> Convert:
+    def date(value: Any) -> dt.date:
+        if isinstance(value, dt.datetime):
+            raise ValueError(f"{path}: expected a date, got a timestamp")
+        if isinstance(value, dt.date):
+            return value
+        if isinstance(value, str):
+            try:
+                return dt.date.fromisoformat(value)
+            except ValueError:
+                raise ValueError(f"{path}: {value[:40]!r} is not an ISO-8601 date") from None
+        raise ValueError(f"{path}: expected a date, got {type(value).__name__}")
+
+    return date
+
+
+def _check_binary(path: str, strict: bool) -> Convert:
+    def binary(value: Any) -> bytes:
+        if isinstance(value, (bytes, bytearray)):
+            return bytes(value)
+        if strict and isinstance(value, str):
+            try:
+                return base64.b64decode(value, validate=True)
+            except ValueError:
+                raise ValueError(f"{path}: expected base64 bytes") from None
+        raise ValueError(f"{path}: expected bytes, got {type(value).__name__}")
+
+    return binary
+
+
+def _check_boolean(path: str) -> Convert:
+    def boolean(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{path}: expected a boolean, got {type(value).__name__}")
+        return value
+
+    return boolean
+
+
+def _primitive(dtype: T.DataType, path: str, strict: bool) -> Convert:
+    if isinstance(dtype, T.BooleanType):
+        return _check_boolean(path)
+    if isinstance(dtype, T.IntegerType):
+        return _check_int(_INT32, path, strict)
+    if isinstance(dtype, T.LongType):
+        return _check_int(_INT64, path, strict)
+    if isinstance(dtype, (T.FloatType, T.DoubleType)):
+        return _check_float(path, isinstance(dtype, T.FloatType))
+    if isinstance(dtype, T.StringType):
+        return _check_string(path, strict)
+    if isinstance(dtype, T.DecimalType):
+        return _check_decimal(dtype, path)
+    if isinstance(dtype, T.TimestampType):
+        return _check_timestamp(path, with_zone=True)
+    if isinstance(dtype, T.TimestampNTZType):
+        return _check_timestamp(path, with_zone=False)
+    if isinstance(dtype, T.DateType):
+        return _check_date(path)
+    if isinstance(dtype, T.BinaryType):
+        return _check_binary(path, strict)
+    raise TypeError(f"{path}: no converter for {dtype.simpleString()}")
+
+
+def arrow_schema(table: T.StructType) -> pa.Schema:
+    """The Arrow schema Spark expects from `mapInArrow` for this table (Spark's own mapping, no drift)."""
+    return to_arrow_schema(table)
+
+
+class BatchBuilder:
+    """Accumulates converted rows and their Kafka metadata, then emits one Arrow record batch."""
+
+    def __init__(self, table: T.StructType, value_fields: list[str]):
+        self.schema = arrow_schema(table)
+        self.value_fields = value_fields
+        self.value_type = pa.struct([self.schema.field(name) for name in value_fields])
+        self.clear()
+
+    def clear(self) -> None:
+        self.values: list[Any] = []
+        self.topics: list[str] = []
+        self.partitions: list[int] = []
+        self.offsets: list[int] = []
+        self.timestamps: list[int | None] = []
+        self.timestamp_types: list[str | None] = []
+        self.keys: list[bytes | None] = []
+        self.headers: list[Any] = []
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def add(self, value: dict | None, topic: str, partition: int, offset: int, timestamp_ms: int | None,
+            timestamp_type: str | None, key: bytes | None, headers: list[tuple[str, bytes | None]] | None) -> None:  # fmt: skip
+        self.values.append(value)
+        self.topics.append(topic)
+        self.partitions.append(partition)
+        self.offsets.append(offset)
+        self.timestamps.append(timestamp_ms)
+        self.timestamp_types.append(timestamp_type)
+        self.keys.append(key)
+        self.headers.append([{"key": k, "value": v} for k, v in headers] if headers else None)
+
+    def build(self) -> pa.RecordBatch:
+        values = pa.array(self.values, type=self.value_type).flatten()
+        ts = pa.array(self.timestamps, type=pa.int64()).cast(pa.timestamp("ms")).cast(pa.timestamp("us", tz="UTC"))
+        metadata = [
+            pa.array(self.topics, pa.string()),
+            pa.array(self.partitions, pa.int32()),
+            pa.array(self.offsets, pa.int64()),
+            ts,
+            pa.array(self.timestamp_types, pa.string()),
+            pa.array(self.keys, pa.binary()),
+            pa.array(self.headers, type=self.schema.field("kafka_headers").type),
+        ]
+        batch = pa.RecordBatch.from_arrays([*values, *metadata], schema=self.schema)
+        self.clear()
+        return batch
+
+    def check_row(self, value: dict | None) -> None:
+        """Raise if one converted value cannot become an Arrow row (used to pinpoint a bad record)."""
+        pa.array([value], type=self.value_type)

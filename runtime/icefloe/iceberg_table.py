@@ -1,0 +1,112 @@
+"""An icefloe-managed Iceberg table as Spark sees it: creation, properties, and the offsets its snapshots carry."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from .catalog import CATALOG
+from .errors import ConfigError
+from .partitioning import PartitionField
+
+OFFSETS_PROPERTY = "icefloe.offsets"
+TOPIC_PROPERTY = "icefloe.topic"
+RUN_PROPERTY = "icefloe.run-id"
+# Managed-table defaults: format v2, zstd Parquet, ~128 MiB files, writers may add columns (schema evolution),
+# row-level changes as merge-on-read deletes (cheap upserts; compaction folds them away).
+DEFAULT_PROPERTIES = {
+    "format-version": "2",
+    "write.format.default": "parquet",
+    "write.parquet.compression-codec": "zstd",
+    "write.target-file-size-bytes": str(128 * 1024 * 1024),
+    "write.spark.accept-any-schema": "true",
+    "write.delete.mode": "merge-on-read",
+    "write.update.mode": "merge-on-read",
+    "write.merge.mode": "merge-on-read",
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "50",
+}
+
+
+@dataclass(frozen=True)
+class CommittedState:
+    """The table's current snapshot and the next Kafka offset per partition recorded in its ancestry."""
+
+    snapshot_id: int | None
+    offsets: dict[int, int]
+
+
+class IcebergTable:
+    def __init__(self, spark, identifier: str):
+        self.spark = spark
+        self.identifier = identifier  # database.table
+        self.database, self.name = identifier.split(".")
+        self.full_name = f"{CATALOG}.{identifier}"
+
+    def exists(self) -> bool:
+        found = self.spark.sql(f"SHOW TABLES IN {CATALOG}.`{self.database}` LIKE '{self.name}'").collect()
+        return bool(found)
+
+    def ensure(self, struct, partitions: tuple[PartitionField, ...], target_file_size_mb: int, topic: str) -> bool:
+        """Create the table (and its database) on first use; True if it was created now."""
+        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.`{self.database}`")
+        if self.exists():
+            return False
+        jvm_type = self.spark._jvm.org.apache.spark.sql.types.DataType.fromJson(struct.json())
+        properties = DEFAULT_PROPERTIES | {"write.target-file-size-bytes": str(target_file_size_mb * 1024 * 1024)}
+        props = ", ".join(f"'{k}'='{v}'" for k, v in properties.items())
+        partitioned = f"PARTITIONED BY ({', '.join(p.spark_ddl() for p in partitions)})" if partitions else ""
+        self.spark.sql(
+            f"CREATE TABLE IF NOT EXISTS {self.full_name} ({jvm_type.toDDL()}) USING iceberg {partitioned} "
+            f"TBLPROPERTIES ({props})"
+        )
+        # A first, empty snapshot gives every later commit a base to branch from.
+        empty = self.spark.createDataFrame([], struct)
+        (
+            empty.writeTo(self.full_name)
+            .option(f"snapshot-property.{OFFSETS_PROPERTY}", "{}")
+            .option(f"snapshot-property.{TOPIC_PROPERTY}", topic)
+            .append()
+        )
+        return True
+
+    def main_snapshot_id(self) -> int | None:
+        rows = self.spark.sql(f"SELECT snapshot_id FROM {self.full_name}.refs WHERE name = 'main'").collect()
+        return rows[0].snapshot_id if rows else None
+
+    def committed_state(self, topic: str) -> CommittedState:
+        """Walk main's ancestry to the newest snapshot carrying icefloe offsets (maintenance commits carry none)."""
+        current = self.main_snapshot_id()
+        rows = self.spark.sql(
+            f"SELECT snapshot_id, parent_id, summary['{OFFSETS_PROPERTY}'] AS offsets, "
+            f"summary['{TOPIC_PROPERTY}'] AS topic FROM {self.full_name}.snapshots"
+        ).collect()
+        by_id = {row.snapshot_id: row for row in rows}
+        snapshot = current
+        while snapshot is not None and snapshot in by_id:
+            row = by_id[snapshot]
+            if row.offsets is not None:
+                if row.topic not in (None, topic):
+                    raise ConfigError(
+                        f"table {self.identifier} holds topic {row.topic!r}, but the config now names {topic!r}; "
+                        "declare a new table for a different topic"
+                    )
+                return CommittedState(current, {int(p): int(o) for p, o in json.loads(row.offsets).items()})
+            snapshot = row.parent_id
+        return CommittedState(current, {})
+
+    def snapshot_summary(self, snapshot_id: int) -> dict[str, str]:
+        rows = self.spark.sql(
+            f"SELECT summary FROM {self.full_name}.snapshots WHERE snapshot_id = {int(snapshot_id)}"
+        ).collect()
+        return dict(rows[0].summary) if rows else {}
+
+    def metadata_location(self) -> str:
+        row = self.spark.sql(
+            f"SELECT file FROM {self.full_name}.metadata_log_entries ORDER BY timestamp DESC LIMIT 1"
+        ).collect()
+        return row[0].file
+
+    def branches(self, prefix: str) -> list[str]:
+        rows = self.spark.sql(f"SELECT name FROM {self.full_name}.refs WHERE type = 'BRANCH'").collect()
+        return [row.name for row in rows if row.name.startswith(prefix)]

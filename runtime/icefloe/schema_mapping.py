@@ -1,0 +1,207 @@
+"""Type mapping: Avro schemas and inline (Iceberg-style) schemas to the table's Spark/Iceberg types.
+
+The table schema is the value schema's top-level fields followed by icefloe's Kafka metadata columns. Every column
+is nullable: a later schema version may drop a field, and a tombstone in append mode has no value at all.
+
+Mapping choices (Spark is the writer, so only types Spark can write to Iceberg appear):
+  Avro record -> struct, array -> list, map -> map<string, _>, enum -> string, fixed/bytes -> binary,
+  decimal -> decimal(p, s), date -> date, timestamp-millis/micros -> timestamp (Iceberg timestamptz),
+  local-timestamp-* -> timestamp_ntz, time-* -> long microseconds, uuid -> string, [null, T] -> nullable T.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pyspark.sql import types as T
+
+from .errors import ConfigError
+from .spec import DECIMAL_TYPE, FIXED_TYPE, METADATA_COLUMNS, InlineSchema, InlineType
+
+HEADER_TYPE = T.ArrayType(
+    T.StructType([T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())])
+)
+METADATA_FIELDS = [
+    T.StructField("kafka_topic", T.StringType()),
+    T.StructField("kafka_partition", T.IntegerType()),
+    T.StructField("kafka_offset", T.LongType()),
+    T.StructField("kafka_timestamp", T.TimestampType()),
+    T.StructField("kafka_timestamp_type", T.StringType()),
+    T.StructField("kafka_key", T.BinaryType()),
+    T.StructField("kafka_headers", HEADER_TYPE),
+]
+assert tuple(f.name for f in METADATA_FIELDS) == METADATA_COLUMNS
+
+_AVRO_PRIMITIVES: dict[str, T.DataType] = {
+    "boolean": T.BooleanType(),
+    "int": T.IntegerType(),
+    "long": T.LongType(),
+    "float": T.FloatType(),
+    "double": T.DoubleType(),
+    "string": T.StringType(),
+    "bytes": T.BinaryType(),
+}
+_AVRO_LOGICAL: dict[str, T.DataType] = {
+    "date": T.DateType(),
+    "timestamp-millis": T.TimestampType(),
+    "timestamp-micros": T.TimestampType(),
+    "local-timestamp-millis": T.TimestampNTZType(),
+    "local-timestamp-micros": T.TimestampNTZType(),
+    "time-millis": T.LongType(),
+    "time-micros": T.LongType(),
+    "uuid": T.StringType(),
+}
+_INLINE_PRIMITIVES: dict[str, T.DataType] = {
+    "boolean": T.BooleanType(),
+    "int": T.IntegerType(),
+    "long": T.LongType(),
+    "float": T.FloatType(),
+    "double": T.DoubleType(),
+    "date": T.DateType(),
+    "time": T.LongType(),
+    "timestamp": T.TimestampNTZType(),
+    "timestamp_ntz": T.TimestampNTZType(),
+    "timestamptz": T.TimestampType(),
+    "string": T.StringType(),
+    "uuid": T.StringType(),
+    "binary": T.BinaryType(),
+}
+
+
+class _AvroMapper:
+    def __init__(self) -> None:
+        self.named: dict[str, Any] = {}
+        self.in_progress: set[str] = set()
+
+    def map(self, schema: Any, namespace: str, path: str) -> T.DataType:
+        if isinstance(schema, str):
+            if schema in _AVRO_PRIMITIVES:
+                return _AVRO_PRIMITIVES[schema]
+            full = schema if "." in schema or not namespace else f"{namespace}.{schema}"
+            for name in (full, schema):
+                if name in self.in_progress:
+                    raise ConfigError(f"{path}: recursive Avro type {name!r} cannot be a table column")
+                if name in self.named:
+                    return self.named[name]
+            raise ConfigError(f"{path}: unknown Avro type {schema!r}")
+        if isinstance(schema, list):
+            branches = [b for b in schema if b != "null"]
+            if len(branches) != 1:
+                raise ConfigError(
+                    f"{path}: Avro unions of several non-null types ({branches}) are not supported yet"
+                )
+            return self.map(branches[0], namespace, path)
+        kind = schema.get("type")
+        logical = schema.get("logicalType")
+        if logical == "decimal":
+            return T.DecimalType(int(schema["precision"]), int(schema.get("scale", 0)))
+        if logical in _AVRO_LOGICAL and kind in ("int", "long", "string", "fixed"):
+            if kind == "fixed":
+                self._name(schema, namespace, T.BinaryType())
+            return _AVRO_LOGICAL[logical]
+        if kind == "record":
+            name = self._full_name(schema, namespace)
+            self.in_progress.add(name)
+            inner_ns = name.rpartition(".")[0]
+            fields = [
+                T.StructField(f["name"], self.map(f["type"], inner_ns, f"{path}.{f['name']}"), True)
+                for f in schema["fields"]
+            ]
+            self.in_progress.discard(name)
+            struct = T.StructType(fields)
+            self.named[name] = struct
+            return struct
+        if kind == "enum":
+            return self._name(schema, namespace, T.StringType())
+        if kind == "fixed":
+            return self._name(schema, namespace, T.BinaryType())
+        if kind == "array":
+            return T.ArrayType(self.map(schema["items"], namespace, f"{path}[]"), True)
+        if kind == "map":
+            return T.MapType(T.StringType(), self.map(schema["values"], namespace, f"{path}{{}}"), True)
+        return self.map(kind, namespace, path)
+
+    def _full_name(self, schema: dict, namespace: str) -> str:
+        name = schema["name"]
+        ns = schema.get("namespace", namespace)
+        return name if "." in name or not ns else f"{ns}.{name}"
+
+    def _name(self, schema: dict, namespace: str, mapped: T.DataType) -> T.DataType:
+        self.named[self._full_name(schema, namespace)] = mapped
+        return mapped
+
+
+def avro_value_fields(schema_str: str, subject: str) -> list[T.StructField]:
+    """The table columns for an Avro value schema (a record)."""
+    schema = json.loads(schema_str)
+    if not isinstance(schema, dict) or schema.get("type") != "record":
+        raise ConfigError(f"{subject}: the value schema must be an Avro record, got {str(schema)[:80]}")
+    struct = _AvroMapper().map(schema, "", subject)
+    return list(struct.fields)
+
+
+def inline_type(spec: InlineType, path: str) -> T.DataType:
+    kind = spec.type
+    if kind in _INLINE_PRIMITIVES:
+        return _INLINE_PRIMITIVES[kind]
+    if match := DECIMAL_TYPE.match(kind):
+        return T.DecimalType(int(match.group(1)), int(match.group(2)))
+    if FIXED_TYPE.match(kind):
+        return T.BinaryType()
+    if kind == "struct":
+        return T.StructType([T.StructField(f.name, inline_type(f, f"{path}.{f.name}"), True) for f in spec.fields])
+    if kind == "list":
+        return T.ArrayType(inline_type(spec.element, f"{path}[]"), True)
+    if kind == "map":
+        key = inline_type(spec.key, f"{path}.key")
+        return T.MapType(key, inline_type(spec.value, f"{path}.value"), True)
+    raise ConfigError(f"{path}: unknown type {kind!r}")
+
+
+def inline_value_fields(schema: InlineSchema) -> list[T.StructField]:
+    return [T.StructField(f.name, inline_type(f, f.name), True) for f in schema.fields]
+
+
+def inline_to_avro(schema: InlineSchema, name: str = "Value") -> dict[str, Any]:
+    """An Avro record schema equivalent to an inline schema, for Avro topics decoded without a registry."""
+    counter = iter(range(1_000_000))
+
+    def avro(spec: InlineType) -> Any:
+        kind = spec.type
+        if kind == "struct":
+            base: Any = {
+                "type": "record",
+                "name": f"{name}_{next(counter)}",
+                "fields": [{"name": f.name, "type": avro(f)} for f in spec.fields],
+            }
+        elif kind == "list":
+            base = {"type": "array", "items": avro(spec.element)}
+        elif kind == "map":
+            base = {"type": "map", "values": avro(spec.value)}
+        elif match := DECIMAL_TYPE.match(kind):
+            precision, scale = map(int, match.groups())
+            base = {"type": "bytes", "logicalType": "decimal", "precision": precision, "scale": scale}
+        elif match := FIXED_TYPE.match(kind):
+            base = {"type": "fixed", "name": f"{name}_{next(counter)}", "size": int(match.group(1))}
+        else:
+            base = {
+                "boolean": "boolean", "int": "int", "long": "long", "float": "float", "double": "double",
+                "string": "string", "binary": "bytes",
+                "date": {"type": "int", "logicalType": "date"},
+                "time": {"type": "long", "logicalType": "time-micros"},
+                "timestamp": {"type": "long", "logicalType": "local-timestamp-micros"},
+                "timestamp_ntz": {"type": "long", "logicalType": "local-timestamp-micros"},
+                "timestamptz": {"type": "long", "logicalType": "timestamp-micros"},
+                "uuid": {"type": "string", "logicalType": "uuid"},
+            }[kind]  # fmt: skip
+        return ["null", base] if spec.optional else base
+
+    return {"type": "record", "name": name, "fields": [{"name": f.name, "type": avro(f)} for f in schema.fields]}
+
+
+def table_struct(value_fields: list[T.StructField]) -> T.StructType:
+    clash = sorted({f.name for f in value_fields} & set(METADATA_COLUMNS))
+    if clash:
+        raise ConfigError(f"value fields {clash} clash with icefloe's Kafka metadata columns")
+    return T.StructType([*value_fields, *METADATA_FIELDS])
