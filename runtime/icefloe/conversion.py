@@ -235,54 +235,70 @@ def arrow_schema(table: T.StructType) -> pa.Schema:
 
 
 class BatchBuilder:
-    """Accumulates converted rows and their Kafka metadata, then emits one Arrow record batch."""
+    """Accumulates converted rows, their Kafka metadata and status, then emits one Arrow record batch."""
 
-    def __init__(self, table: T.StructType, value_fields: list[str]):
-        self.schema = arrow_schema(table)
-        self.value_fields = value_fields
+    def __init__(self, batch: T.StructType, value_fields: list[str]):
+        self.schema = arrow_schema(batch)
         self.value_type = pa.struct([self.schema.field(name) for name in value_fields])
         self.clear()
 
     def clear(self) -> None:
         self.values: list[Any] = []
-        self.topics: list[str] = []
-        self.partitions: list[int] = []
-        self.offsets: list[int] = []
-        self.timestamps: list[int | None] = []
-        self.timestamp_types: list[str | None] = []
-        self.keys: list[bytes | None] = []
-        self.headers: list[Any] = []
+        self.payloads: list[bytes | None] = []  # kept (by reference) so a row refused later keeps its raw bytes
+        self.columns: dict[str, list[Any]] = {name: [] for name in _ROW_COLUMNS}
 
     def __len__(self) -> int:
-        return len(self.offsets)
+        return len(self.values)
 
     def add(self, value: dict | None, topic: str, partition: int, offset: int, timestamp_ms: int | None,
-            timestamp_type: str | None, key: bytes | None, headers: list[tuple[str, bytes | None]] | None) -> None:  # fmt: skip
+            timestamp_type: str | None, key: bytes | None, headers: list[tuple[str, bytes | None]] | None,
+            tombstone: bool = False, error: "RecordFailure | None" = None,
+            payload: bytes | None = None) -> None:  # fmt: skip
         self.values.append(value)
-        self.topics.append(topic)
-        self.partitions.append(partition)
-        self.offsets.append(offset)
-        self.timestamps.append(timestamp_ms)
-        self.timestamp_types.append(timestamp_type)
-        self.keys.append(key)
-        self.headers.append([{"key": k, "value": v} for k, v in headers] if headers else None)
+        self.payloads.append(payload)
+        row = (
+            topic, partition, offset, timestamp_ms, timestamp_type, key,
+            [{"key": k, "value": v} for k, v in headers] if headers else None,
+            tombstone,
+            *(error if error is not None else (None, None, None, None)),
+        )  # fmt: skip
+        for name, item in zip(_ROW_COLUMNS, row):
+            self.columns[name].append(item)
 
     def build(self) -> pa.RecordBatch:
         values = pa.array(self.values, type=self.value_type).flatten()
-        ts = pa.array(self.timestamps, type=pa.int64()).cast(pa.timestamp("ms")).cast(pa.timestamp("us", tz="UTC"))
-        metadata = [
-            pa.array(self.topics, pa.string()),
-            pa.array(self.partitions, pa.int32()),
-            pa.array(self.offsets, pa.int64()),
-            ts,
-            pa.array(self.timestamp_types, pa.string()),
-            pa.array(self.keys, pa.binary()),
-            pa.array(self.headers, type=self.schema.field("kafka_headers").type),
+        columns = self.columns
+        timestamps = pa.array(columns["kafka_timestamp"], type=pa.int64()).cast(pa.timestamp("ms"))
+        rest = [
+            pa.array(columns[name], type=self.schema.field(name).type)
+            for name in _ROW_COLUMNS
+            if name != "kafka_timestamp"
         ]
-        batch = pa.RecordBatch.from_arrays([*values, *metadata], schema=self.schema)
+        rest.insert(3, timestamps.cast(pa.timestamp("us", tz="UTC")))
+        batch = pa.RecordBatch.from_arrays([*values, *rest], schema=self.schema)
         self.clear()
         return batch
 
-    def check_row(self, value: dict | None) -> None:
-        """Raise if one converted value cannot become an Arrow row (used to pinpoint a bad record)."""
-        pa.array([value], type=self.value_type)
+    def fail_row(self, index: int, kind: str, message: str, schema_id: int | None) -> None:
+        """Turn row `index` into a failed record: no value, its raw bytes and the error."""
+        self.values[index] = None
+        status = (False, kind, message, self.payloads[index], schema_id)
+        for name, item in zip(_ROW_COLUMNS[-5:], status):
+            self.columns[name][index] = item
+
+    def row_error(self, index: int) -> str | None:
+        """Why Arrow refuses row `index` (None if it does not), to pinpoint a bad record in a failed batch."""
+        try:
+            pa.array([self.values[index]], type=self.value_type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as error:
+            return str(error)
+        return None
+
+
+# (error class, message, raw value bytes, schema id)
+RecordFailure = tuple[str, str, "bytes | None", "int | None"]
+_ROW_COLUMNS = (
+    "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "kafka_timestamp_type", "kafka_key",
+    "kafka_headers", "icefloe_tombstone", "icefloe_error_class", "icefloe_error_message", "icefloe_raw_value",
+    "icefloe_schema_id",
+)  # fmt: skip

@@ -28,6 +28,8 @@ class DecoderSpec:
     topic: str
     schema_str: str | None = None
     registry_conf: dict[str, str] | None = None
+    key_fields: tuple[str, ...] = ()  # upsert keyed by value fields: a tombstone's key gives their values
+    key_format: str | None = None
 
     def __repr__(self) -> str:
         return f"DecoderSpec(format={self.format!r}, topic={self.topic!r})"
@@ -50,17 +52,18 @@ def decoder_spec(table: TableSpec, cluster: SourceCluster) -> DecoderSpec:
     """Resolve how this table's values are decoded, fetching the latest registry schema (driver side)."""
     from .schema_mapping import inline_to_avro
 
+    keys = {"key_fields": table.key or (), "key_format": table.effective_key_format if table.key else None}
+    registry = registry_config(cluster.schema_registry, cluster.name) if cluster.schema_registry else None
     if table.format == "json":
-        return DecoderSpec("json", table.topic)
-    if table.inline_schema is not None and cluster.schema_registry is None:
-        return DecoderSpec("avro-inline", table.topic, json.dumps(inline_to_avro(table.inline_schema)))
-    if cluster.schema_registry is None:
+        return DecoderSpec("json", table.topic, registry_conf=registry, **keys)
+    if table.inline_schema is not None and registry is None:
+        return DecoderSpec("avro-inline", table.topic, json.dumps(inline_to_avro(table.inline_schema)), **keys)
+    if registry is None:
         raise ConfigError(
             f"table {table.table_name}: format avro needs sourceCluster {cluster.name}.schemaRegistry or an inline schema"
         )
-    conf = registry_config(cluster.schema_registry, cluster.name)
-    subject = subject_for(table.topic)
-    return DecoderSpec("avro-registry", table.topic, _latest_schema(conf, subject), conf)
+    schema = _latest_schema(registry, subject_for(table.topic))
+    return DecoderSpec("avro-registry", table.topic, schema, registry, **keys)
 
 
 def _latest_schema(conf: dict[str, str], subject: str) -> str:
@@ -85,7 +88,37 @@ def build_decoder(spec: DecoderSpec) -> Decoder:
         return _decode_json
     if spec.format == "avro-inline":
         return _inline_avro_decoder(spec.schema_str)
-    return _registry_avro_decoder(spec)
+    return _registry_avro_decoder(spec, spec.schema_str, key=False)
+
+
+def build_key_decoder(spec: DecoderSpec) -> Callable[[bytes], dict]:
+    """Decodes a Kafka key into {key field: value}, for tombstones of tables keyed by value fields."""
+    if spec.key_format == "string":
+        if len(spec.key_fields) != 1:
+            raise ConfigError(f"{spec.topic}: keyFormat string can only give one key field, not {spec.key_fields}")
+        field_name = spec.key_fields[0]
+
+        def from_string(data: bytes) -> dict:
+            try:
+                return {field_name: data.decode("utf-8")}
+            except UnicodeDecodeError:
+                raise ValueError("key is not valid UTF-8") from None
+
+        return from_string
+    if spec.key_format == "avro":
+        if not spec.registry_conf:
+            raise ConfigError(f"{spec.topic}: keyFormat avro needs a schema registry")
+        decode = _registry_avro_decoder(spec, None, key=True)
+    else:
+        decode = _decode_json
+
+    def keyed(data: bytes) -> dict:
+        value = decode(data)
+        if not isinstance(value, dict):
+            raise ValueError(f"key must decode to an object with fields {list(spec.key_fields)}")
+        return value
+
+    return keyed
 
 
 def _reject_constant(name: str) -> Any:
@@ -127,15 +160,15 @@ def _inline_avro_decoder(schema_str: str) -> Decoder:
     return decode
 
 
-def _registry_avro_decoder(spec: DecoderSpec) -> Decoder:
+def _registry_avro_decoder(spec: DecoderSpec, reader_schema: str | None, key: bool) -> Decoder:
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroDeserializer
     from confluent_kafka.schema_registry.error import SchemaRegistryError
     from confluent_kafka.serialization import MessageField, SerializationContext, SerializationError
 
     client = SchemaRegistryClient(spec.registry_conf)
-    deserializer = AvroDeserializer(client, schema_str=spec.schema_str)
-    context = SerializationContext(spec.topic, MessageField.VALUE)
+    deserializer = AvroDeserializer(client, schema_str=reader_schema)
+    context = SerializationContext(spec.topic, MessageField.KEY if key else MessageField.VALUE)
 
     def decode(data: bytes) -> Any:
         try:

@@ -12,14 +12,13 @@ from .partitioning import PartitionField
 OFFSETS_PROPERTY = "icefloe.offsets"
 TOPIC_PROPERTY = "icefloe.topic"
 RUN_PROPERTY = "icefloe.run-id"
-# Managed-table defaults: format v2, zstd Parquet, ~128 MiB files, writers may add columns (schema evolution),
+# Managed-table defaults: format v2, zstd Parquet, ~128 MiB files,
 # row-level changes as merge-on-read deletes (cheap upserts; compaction folds them away).
 DEFAULT_PROPERTIES = {
     "format-version": "2",
     "write.format.default": "parquet",
     "write.parquet.compression-codec": "zstd",
     "write.target-file-size-bytes": str(128 * 1024 * 1024),
-    "write.spark.accept-any-schema": "true",
     "write.delete.mode": "merge-on-read",
     "write.update.mode": "merge-on-read",
     "write.merge.mode": "merge-on-read",
@@ -70,6 +69,13 @@ class IcebergTable:
         )
         return True
 
+    def evolve(self, struct) -> list[str]:
+        """Bring the table's schema up to `struct` (new fields, widened types); returns what changed."""
+        changes = schema_changes(self.spark.table(self.full_name).schema, struct)
+        for change in changes:
+            self.spark.sql(f"ALTER TABLE {self.full_name} {change}")
+        return changes
+
     def main_snapshot_id(self) -> int | None:
         rows = self.spark.sql(f"SELECT snapshot_id FROM {self.full_name}.refs WHERE name = 'main'").collect()
         return rows[0].snapshot_id if rows else None
@@ -110,3 +116,32 @@ class IcebergTable:
     def branches(self, prefix: str) -> list[str]:
         rows = self.spark.sql(f"SELECT name FROM {self.full_name}.refs WHERE type = 'BRANCH'").collect()
         return [row.name for row in rows if row.name.startswith(prefix)]
+
+
+_WIDENINGS = {("int", "bigint"), ("float", "double")}
+
+
+def schema_changes(current, desired, path: str = "") -> list[str]:
+    """ALTER TABLE clauses that evolve `current` toward `desired` (both Spark StructTypes): new columns, nested
+    fields and the type promotions Iceberg allows. Columns the new schema lacks stay (readers see nulls)."""
+    from pyspark.sql import types as T
+
+    changes = []
+    have = {f.name.lower(): f for f in current.fields}
+    for field in desired.fields:
+        name = f"{path}`{field.name}`"
+        old = have.get(field.name.lower())
+        if old is None:
+            changes.append(f"ADD COLUMN {name} {field.dataType.simpleString()}")
+        elif isinstance(field.dataType, T.StructType) and isinstance(old.dataType, T.StructType):
+            changes.extend(schema_changes(old.dataType, field.dataType, f"{name}."))
+        elif old.dataType != field.dataType:
+            pair = (old.dataType.simpleString(), field.dataType.simpleString())
+            widening = pair in _WIDENINGS or (
+                isinstance(old.dataType, T.DecimalType) and isinstance(field.dataType, T.DecimalType)
+                and old.dataType.scale == field.dataType.scale and field.dataType.precision > old.dataType.precision
+            )  # fmt: skip
+            if not widening:
+                raise ConfigError(f"column {name.replace('`', '')} changed from {pair[0]} to {pair[1]}: not a safe evolution")
+            changes.append(f"ALTER COLUMN {name} TYPE {pair[1]}")
+    return changes

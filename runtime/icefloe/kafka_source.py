@@ -21,6 +21,7 @@ from .secrets import resolve_credentials
 from .spec import SourceCluster
 
 log = logging.getLogger(__name__)
+METADATA_TIMEOUT_S = 15.0
 PLAN_TIMEOUT_S = 30.0
 READ_STALL_TIMEOUT_S = 60.0
 
@@ -68,10 +69,10 @@ class OffsetRange:
         return self.end - self.start
 
 
-def list_partitions(conf: dict[str, str], topic: str, timeout: float = 15.0) -> list[int]:
+def list_partitions(conf: dict[str, str], topic: str) -> list[int]:
     admin = AdminClient(conf)
     try:
-        metadata = admin.list_topics(topic=topic, timeout=timeout)
+        metadata = admin.list_topics(topic=topic, timeout=METADATA_TIMEOUT_S)
     except KafkaException as error:
         raise SourceError(f"cannot reach Kafka at {conf['bootstrap.servers']}: {error.args[0].str()}") from None
     info = metadata.topics.get(topic)
@@ -98,6 +99,11 @@ def plan_ranges(
         start = committed.get(partition)
         if start is None:
             start = high if starting == "latest" else low
+        elif start > high:
+            raise SourceError(
+                f"{topic}[{partition}]: the table has read up to offset {start}, but the partition ends at {high}; "
+                "was the topic deleted and recreated? Materialize it into a new table"
+            )
         elif start < low:
             log.warning(
                 "%s[%d]: offsets %d..%d were deleted by retention before icefloe read them", topic, partition, start, low - 1

@@ -1,4 +1,12 @@
-"""One batch for one table: plan offsets, read and convert in executors, write, commit data and offsets together."""
+"""One batch for one table: plan offsets, read and convert in executors, write, commit data and offsets together.
+
+Error modes:
+  fail  the first bad record stops the batch; the batch is re-planned to end just before it and committed, then the
+        error is raised, so the table holds everything before the bad record and a fixed rerun resumes at it.
+  skip  bad records are counted and logged (partition, offset, error; never the payload); the rest is committed.
+  dlq   bad records go to the dead-letter table `<table>_dlq` first (its own offsets watermark keeps a crash and
+        rerun from adding them twice), then the rest is committed.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +14,26 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 
+from pyspark.sql.types import StructType
+
 from .commit import commit_on_branch, drop_stale_branches
+from .dead_letter import commit_dead_letters
 from .decoding import decoder_spec
 from .errors import IcefloeError, RecordError
 from .iceberg_table import OFFSETS_PROPERTY, RUN_PROPERTY, TOPIC_PROPERTY, IcebergTable
 from .kafka_source import OffsetRange, client_config, plan_ranges
 from .reader import ReadPlan, read_batches, unmark
-from .schema_mapping import avro_value_fields, inline_value_fields, table_struct
+from .schema_mapping import avro_value_fields, batch_struct, inline_value_fields, table_struct
 from .spec import IcefloeConfig, TableSpec
+from .upsert import merge_batch
 
 log = logging.getLogger(__name__)
 # Split long partitions so both cores (or many executors) share the work; each split is one Spark task.
 RECORDS_PER_TASK = 500_000
+LOGGED_FAILURES = 20
 
 
 @dataclass
@@ -29,6 +42,7 @@ class BatchResult:
     topic: str
     status: str  # committed | up-to-date
     rows_written: int = 0
+    records_failed: int = 0
     snapshot_id: int | None = None
     metadata_location: str | None = None
     offsets: dict[int, int] = field(default_factory=dict)
@@ -43,18 +57,31 @@ class BatchResult:
     def describe(self) -> str:
         if self.status == "up-to-date":
             return f"{self.identifier}: up to date at offsets {self.as_dict()['offsets']} (nothing committed)"
+        failed = f", {self.records_failed} bad records" if self.records_failed else ""
         return (
-            f"{self.identifier}: committed {self.rows_written} rows from {self.topic} in {self.seconds:.1f}s, "
+            f"{self.identifier}: committed {self.rows_written} rows from {self.topic}{failed} in {self.seconds:.1f}s, "
             f"snapshot {self.snapshot_id}, next offsets {self.as_dict()['offsets']}"
         )
 
 
-def _split(ranges: list[OffsetRange], size: int) -> list[OffsetRange]:
-    return [
-        OffsetRange(r.topic, r.partition, start, min(start + size, r.end))
-        for r in ranges
-        for start in range(r.start, r.end, size)
-    ]
+@dataclass
+class Batch:
+    """What one attempt reads: the ranges, and the offsets main records once they are committed."""
+
+    ranges: list[OffsetRange]
+    next_offsets: dict[int, int]
+
+    def tasks(self) -> list[OffsetRange]:
+        return [
+            OffsetRange(r.topic, r.partition, start, min(start + RECORDS_PER_TASK, r.end))
+            for r in self.ranges
+            for start in range(r.start, r.end, RECORDS_PER_TASK)
+        ]
+
+    def cut_before(self, partition: int, offset: int) -> "Batch":
+        """The same batch ending just before a bad record."""
+        ranges = [r if r.partition != partition else replace(r, end=min(r.end, offset)) for r in self.ranges]
+        return Batch([r for r in ranges if r.end > r.start], {**self.next_offsets, partition: offset})
 
 
 def materialize_once(spark, config: IcefloeConfig, table: TableSpec) -> BatchResult:
@@ -73,59 +100,133 @@ def materialize_once(spark, config: IcefloeConfig, table: TableSpec) -> BatchRes
     iceberg = IcebergTable(spark, identifier)
     if iceberg.ensure(struct, table.partitions, table.maintenance.target_file_size_mb, table.topic):
         log.info("%s: created table", identifier)
+    for change in iceberg.evolve(struct):
+        log.info("%s: schema evolved: %s", identifier, change)
     drop_stale_branches(iceberg)
     state = iceberg.committed_state(table.topic)
     ranges, next_offsets = plan_ranges(
         kafka_conf, table.topic, state.offsets, table.starting_offsets, table.max_records_per_run
     )
+    batch = Batch(ranges, next_offsets)
     if next_offsets == state.offsets:
-        return BatchResult(identifier, table.topic, "up-to-date", offsets=state.offsets, run_id=run_id,
-                           seconds=time.monotonic() - started)  # fmt: skip
+        return BatchResult(
+            identifier, table.topic, "up-to-date", snapshot_id=state.snapshot_id, offsets=state.offsets,
+            metadata_location=iceberg.metadata_location(), run_id=run_id, seconds=time.monotonic() - started,
+        )  # fmt: skip
     log.info("%s: reading %d records from %d partitions", identifier, sum(r.count for r in ranges), len(ranges))
 
     plan = ReadPlan(
         kafka_conf=kafka_conf,
         decoder=decoder,
-        table_schema_json=struct.json(),
+        batch_schema_json=batch_struct(struct).json(),
         value_fields=tuple(f.name for f in value_fields),
         strict=decoder.format == "json",
+        errors=table.errors,
+        needs_key=table.mode == "upsert" and not table.key,
+        max_record_bytes=table.max_record_bytes,
     )
-    tasks = _split(ranges, RECORDS_PER_TASK)
+    write = _upsert_writer(table, struct) if table.mode == "upsert" else _append_writer(struct)
 
-    def write(target: str) -> None:
-        rows = [(t.topic, t.partition, t.start, t.end) for t in tasks]
-        task_schema = "topic string, partition int, start long, end long"
-        task_rdd = spark.sparkContext.parallelize(rows, max(1, len(rows)))
-        frame = spark.createDataFrame(task_rdd, task_schema).mapInArrow(partial(read_batches, plan), struct)
-        (
-            frame.writeTo(target)
-            .option("mergeSchema", "true")
-            .option(f"snapshot-property.{OFFSETS_PROPERTY}", json.dumps({str(p): o for p, o in next_offsets.items()}))
-            .option(f"snapshot-property.{TOPIC_PROPERTY}", table.topic)
-            .option(f"snapshot-property.{RUN_PROPERTY}", run_id)
-            .append()
-        )
+    first_error: RecordError | None = None
+    while True:
+        try:
+            snapshot_id, rows, failed = _commit(spark, iceberg, table, plan, batch, state.snapshot_id, run_id, write)
+            break
+        except RecordError as error:  # only in fail mode: commit what comes before the bad record
+            first_error = first_error or error
+            log.error("%s: %s; committing the records before it", identifier, error)
+            batch = batch.cut_before(error.partition, error.offset)
+            if batch.next_offsets == state.offsets:
+                raise error
+    result = BatchResult(
+        identifier=identifier,
+        topic=table.topic,
+        status="committed",
+        rows_written=rows,
+        records_failed=failed,
+        snapshot_id=snapshot_id,
+        metadata_location=iceberg.metadata_location(),
+        offsets=batch.next_offsets,
+        seconds=time.monotonic() - started,
+        run_id=run_id,
+    )
+    if first_error is not None:
+        raise first_error
+    return result
 
+
+def _commit(spark, iceberg, table, plan, batch: Batch, base_snapshot_id, run_id, write) -> tuple[int, int, int]:
+    """Read the batch in executors and commit it; returns (main's snapshot, rows written, bad records)."""
+    rows = [(t.topic, t.partition, t.start, t.end) for t in batch.tasks()]
+    task_rdd = spark.sparkContext.parallelize(rows, max(1, len(rows)))
+    batch_schema = StructType.fromJson(json.loads(plan.batch_schema_json))
+    frame = spark.createDataFrame(task_rdd, "topic string, partition int, start long, end long").mapInArrow(
+        partial(read_batches, plan), batch_schema
+    )
+    properties = {
+        OFFSETS_PROPERTY: json.dumps({str(p): o for p, o in batch.next_offsets.items()}),
+        TOPIC_PROPERTY: table.topic,
+        RUN_PROPERTY: run_id,
+    }
+    failed = 0
     try:
-        snapshot_id = commit_on_branch(iceberg, state.snapshot_id, run_id, write)
+        if table.errors != "fail" or table.mode == "upsert":
+            # Read Kafka once: bad records, good rows and the merge all use this cached frame.
+            frame = frame.persist()
+        if table.errors != "fail":
+            bad = frame.where("icefloe_error_class IS NOT NULL")
+            failed = bad.count()
+            if failed:
+                _log_failures(iceberg.identifier, bad)
+                if table.errors == "dlq":
+                    commit_dead_letters(spark, iceberg.identifier, table.topic, bad, batch.next_offsets, run_id)
+            frame = frame.where("icefloe_error_class IS NULL")
+        written = {}
+
+        def write_branch(target: str) -> None:
+            written["rows"] = write(spark, frame, target, properties)
+
+        snapshot_id = commit_on_branch(iceberg, base_snapshot_id, run_id, write_branch)
+        return snapshot_id, written["rows"], failed
     except IcefloeError:
         raise
     except Exception as error:
         carried = unmark(str(error))
-        if isinstance(carried, RecordError):
-            raise RecordError(carried.partition, carried.offset, f"{carried.cause}", carried.kind) from None
         if carried is not None:
             raise carried from None
         raise
-    summary = iceberg.snapshot_summary(snapshot_id)
-    return BatchResult(
-        identifier=identifier,
-        topic=table.topic,
-        status="committed",
-        rows_written=int(summary.get("added-records", 0)),
-        snapshot_id=snapshot_id,
-        metadata_location=iceberg.metadata_location(),
-        offsets=next_offsets,
-        seconds=time.monotonic() - started,
-        run_id=run_id,
-    )
+    finally:
+        frame.unpersist()
+
+
+def _log_failures(identifier: str, bad) -> None:
+    sample = bad.select("kafka_partition", "kafka_offset", "icefloe_error_class", "icefloe_error_message")
+    for row in sample.orderBy("kafka_partition", "kafka_offset").limit(LOGGED_FAILURES).collect():
+        log.warning("%s: bad record at partition %d offset %d: %s: %s", identifier, *row)
+
+
+def _append_writer(struct):
+    columns = [f.name for f in struct.fields]
+
+    def append(spark, frame, target: str, properties: dict[str, str]) -> int:
+        writer = frame.select(*columns).writeTo(target)
+        for key, value in properties.items():
+            writer = writer.option(f"snapshot-property.{key}", value)
+        writer.append()
+        table = target.rsplit(".branch_", 1)[0]
+        added = spark.sql(
+            f"SELECT summary['added-records'] AS added FROM {table}.snapshots "
+            f"WHERE summary['{RUN_PROPERTY}'] = '{properties[RUN_PROPERTY]}'"
+        ).collect()
+        return int(added[0].added or 0) if added else 0
+
+    return append
+
+
+def _upsert_writer(table: TableSpec, struct):
+    key_columns = list(table.key) if table.key else ["kafka_key"]
+
+    def upsert(spark, frame, target: str, properties: dict[str, str]) -> int:
+        return merge_batch(spark, frame, target, struct, key_columns, properties)
+
+    return upsert

@@ -1,7 +1,9 @@
 """The executor side of a batch: read planned offset ranges, decode, convert, emit Arrow record batches.
 
-Runs inside Spark's `mapInArrow`. Everything it needs travels in a picklable `ReadPlan`. A bad record stops the
-task with a marked error that the driver turns back into a `RecordError` naming partition, offset and cause.
+Runs inside Spark's `mapInArrow`; everything it needs travels in a picklable `ReadPlan`. A record that cannot be
+read is handled per the table's error mode: with `fail` the task stops with a marked error that the driver turns
+back into a `RecordError`; with `skip` and `dlq` the record is emitted as a failed row (no value, its raw bytes and
+the error) so the driver can count it or send it to the dead-letter table. Environment failures always stop.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Iterator
 
 import pyarrow as pa
 
-from .decoding import DecoderSpec, build_decoder
+from .decoding import DecoderSpec, build_decoder, build_key_decoder
 from .errors import RecordError, SourceError
 from .kafka_source import OffsetRange, read_range
 
@@ -26,64 +28,118 @@ _MARKED = re.compile(_MARKER + r"(\{.*?\})" + _MARKER)
 class ReadPlan:
     kafka_conf: dict[str, str]
     decoder: DecoderSpec
-    table_schema_json: str  # the Spark StructType of the table, as JSON
+    batch_schema_json: str  # the Spark StructType executors emit (table columns + status columns), as JSON
     value_fields: tuple[str, ...]
     strict: bool  # JSON values are checked field by field; Avro values are typed by the decoder
+    errors: str = "fail"
+    needs_key: bool = False  # upsert keyed by the Kafka key: a record without one cannot be placed
+    max_record_bytes: int = 8 * 1024 * 1024
     batch_rows: int = 20_000
 
     def __repr__(self) -> str:  # the Kafka config may hold credentials
-        return f"ReadPlan(decoder={self.decoder!r}, fields={len(self.value_fields)})"
+        return f"ReadPlan(decoder={self.decoder!r}, errors={self.errors!r})"
+
+
+def schema_id(payload: bytes | None) -> int | None:
+    """The Schema Registry id in Confluent wire format, if the payload has that framing."""
+    if payload and len(payload) >= 5 and payload[0] == 0:
+        return int.from_bytes(payload[1:5], "big")
+    return None
 
 
 def read_batches(plan: ReadPlan, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """`mapInArrow` function: input rows are (topic, partition, start, end) tasks."""
-    from pyspark.sql import types as T
-
-    from .conversion import BatchBuilder, ValueConverter
-
-    table = T.StructType.fromJson(json.loads(plan.table_schema_json))
-    values = T.StructType([table[name] for name in plan.value_fields])
-    convert = ValueConverter(values, strict=plan.strict)
-    decode = build_decoder(plan.decoder)
-    builder = BatchBuilder(table, list(plan.value_fields))
     try:
-        for task_batch in tasks:
-            for task in task_batch.to_pylist():
-                offset_range = OffsetRange(task["topic"], task["partition"], task["start"], task["end"])
-                for msg in read_range(plan.kafka_conf, offset_range):
-                    payload = msg.value()
-                    value = None
-                    if payload is not None:  # a tombstone keeps its row of metadata in append mode
-                        try:
-                            value = convert(decode(payload))
-                        except ValueError as error:
-                            raise RecordError(msg.partition(), msg.offset(), str(error)) from None
-                    kind, ts = msg.timestamp()
-                    builder.add(
-                        value, msg.topic(), msg.partition(), msg.offset(), ts if kind else None,
-                        _TIMESTAMP_TYPES.get(kind), msg.key(), msg.headers(),
-                    )  # fmt: skip
-                    if len(builder) >= plan.batch_rows:
-                        yield _build(builder)
-        if len(builder):
-            yield _build(builder)
+        yield from _read(plan, tasks)
     except RecordError as error:
         raise RuntimeError(_mark("record", error.partition, error.offset, error.cause, error.kind)) from None
     except SourceError as error:
         raise RuntimeError(_mark("source", None, None, str(error), "SourceError")) from None
 
 
-def _build(builder) -> pa.RecordBatch:
+def _read(plan: ReadPlan, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    from pyspark.sql import types as T
+
+    from .conversion import BatchBuilder, ValueConverter
+
+    batch = T.StructType.fromJson(json.loads(plan.batch_schema_json))
+    convert = ValueConverter(T.StructType([batch[name] for name in plan.value_fields]), strict=plan.strict)
+    decode = build_decoder(plan.decoder)
+    decode_key = build_key_decoder(plan.decoder) if plan.decoder.key_fields else None
+    builder = BatchBuilder(batch, list(plan.value_fields))
+    for task_batch in tasks:
+        for task in task_batch.to_pylist():
+            offset_range = OffsetRange(task["topic"], task["partition"], task["start"], task["end"])
+            for msg in read_range(plan.kafka_conf, offset_range):
+                payload, key = msg.value(), msg.key()
+                value, failure = None, None
+                try:
+                    value = _value(plan, decode, decode_key, convert, payload, key)
+                except _Bad as bad:
+                    if plan.errors == "fail":
+                        raise RecordError(msg.partition(), msg.offset(), bad.message, bad.kind) from None
+                    failure = (bad.kind, bad.message, payload, schema_id(payload))
+                kind, ts = msg.timestamp()
+                builder.add(
+                    value, msg.topic(), msg.partition(), msg.offset(), ts if kind else None,
+                    _TIMESTAMP_TYPES.get(kind), key, msg.headers(),
+                    tombstone=payload is None and failure is None, error=failure, payload=payload,
+                )  # fmt: skip
+                if len(builder) >= plan.batch_rows:
+                    yield _build(plan, builder)
+    if len(builder):
+        yield _build(plan, builder)
+
+
+class _Bad(Exception):
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind, self.message = kind, message
+
+
+def _value(plan: ReadPlan, decode, decode_key, convert, payload: bytes | None, key: bytes | None) -> dict | None:
+    key_fields = plan.decoder.key_fields
+    if (plan.needs_key or (key_fields and payload is None)) and not key:
+        raise _Bad("InvalidKey", "upsert needs a non-empty record key, got " + ("none" if key is None else "an empty one"))
+    if payload is None:
+        if not key_fields:
+            return None  # a tombstone
+        try:  # a tombstone of a table keyed by value fields: its Kafka key names the row
+            decoded = {name: decode_key(key).get(name) for name in key_fields}
+        except ValueError as error:
+            raise _Bad("InvalidKey", f"tombstone key: {error}") from None
+    else:
+        if len(payload) > plan.max_record_bytes:
+            raise _Bad("RecordTooLarge", f"value of {len(payload)} bytes exceeds maxRecordBytes {plan.max_record_bytes}")
+        try:
+            decoded = decode(payload)
+        except ValueError as error:
+            raise _Bad("DecodeError", str(error)) from None
+    try:
+        value = convert(decoded)
+    except ValueError as error:
+        raise _Bad("ConversionError", str(error)) from None
+    missing = [name for name in key_fields if value.get(name) is None]
+    if missing:
+        raise _Bad("InvalidKey", f"key field(s) {missing} are null")
+    return value
+
+
+def _build(plan: ReadPlan, builder) -> pa.RecordBatch:
+    """Build the Arrow batch; a value Arrow refuses (rare: checks run first) becomes a bad record itself."""
     try:
         return builder.build()
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
-        # Find the record Arrow refused, so the error names it.
-        for value, partition, offset in zip(builder.values, builder.partitions, builder.offsets):
-            try:
-                builder.check_row(value)
-            except (pa.ArrowInvalid, pa.ArrowTypeError) as row_error:
-                raise RecordError(partition, offset, str(row_error)) from None
-        raise RecordError(builder.partitions[0], builder.offsets[0], str(error)) from None
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        pass
+    for index in range(len(builder)):
+        reason = builder.row_error(index)
+        if reason is None:
+            continue
+        partition, offset = builder.columns["kafka_partition"][index], builder.columns["kafka_offset"][index]
+        if plan.errors == "fail":
+            raise RecordError(partition, offset, reason, "ConversionError")
+        builder.fail_row(index, "ConversionError", reason, schema_id(builder.payloads[index]))
+    return builder.build()
 
 
 def _mark(kind: str, partition: int | None, offset: int | None, cause: str, error_class: str) -> str:

@@ -32,6 +32,15 @@ METADATA_FIELDS = [
     T.StructField("kafka_headers", HEADER_TYPE),
 ]
 assert tuple(f.name for f in METADATA_FIELDS) == METADATA_COLUMNS
+# Columns a batch carries beside the table's, never written to the table itself: whether the record was a
+# tombstone, and for a record that failed, the error and its raw bytes (for the dead-letter table).
+STATUS_FIELDS = [
+    T.StructField("icefloe_tombstone", T.BooleanType()),
+    T.StructField("icefloe_error_class", T.StringType()),
+    T.StructField("icefloe_error_message", T.StringType()),
+    T.StructField("icefloe_raw_value", T.BinaryType()),
+    T.StructField("icefloe_schema_id", T.IntegerType()),
+]
 
 _AVRO_PRIMITIVES: dict[str, T.DataType] = {
     "boolean": T.BooleanType(),
@@ -205,3 +214,8 @@ def table_struct(value_fields: list[T.StructField]) -> T.StructType:
     if clash:
         raise ConfigError(f"value fields {clash} clash with icefloe's Kafka metadata columns")
     return T.StructType([*value_fields, *METADATA_FIELDS])
+
+
+def batch_struct(table: T.StructType) -> T.StructType:
+    """What executors emit: the table's columns plus the record status columns."""
+    return T.StructType([*table.fields, *STATUS_FIELDS])

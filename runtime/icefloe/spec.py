@@ -191,6 +191,7 @@ class TableSpec(Model):
     schema_: InlineSchema | None = Field(default=None, alias="schema")
     mode: Literal["append", "upsert"] = "append"
     key: tuple[str, ...] | None = None
+    key_format: Literal["json", "avro", "string"] | None = None
     partition_by: tuple[str, ...] = ()
     errors: Literal["fail", "skip", "dlq"] = "fail"
     starting_offsets: Literal["earliest", "latest"] = "earliest"
@@ -198,6 +199,7 @@ class TableSpec(Model):
     continuous: bool = False
     retention: str | None = None
     max_records_per_run: int | None = Field(default=None, ge=1)
+    max_record_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
     enabled: bool = True
     maintenance: MaintenanceSpec = MaintenanceSpec()
 
@@ -238,11 +240,22 @@ class TableSpec(Model):
                     raise ValueError(f"partitionBy {partition.text!r} names unknown field {partition.source!r}")
         if self.key and self.mode != "upsert":
             raise ValueError("key is only used with mode: upsert")
+        if self.key and self.schema_ is not None:
+            missing = sorted(set(self.key) - {f.name for f in self.schema_.fields})
+            if missing:
+                raise ValueError(f"key names unknown fields {missing}")
+        if self.key_format and not self.key:
+            raise ValueError("keyFormat only applies with key: [fields] (the default key is the raw Kafka key)")
         return self
 
     @property
     def partitions(self) -> tuple[PartitionField, ...]:
         return tuple(parse_partition_field(text) for text in self.partition_by)
+
+    @property
+    def effective_key_format(self) -> str:
+        """How a tombstone's Kafka key is decoded to find the key fields (defaults to the value format)."""
+        return self.key_format or ("avro" if self.format == "avro" else "json")
 
     @property
     def inline_schema(self) -> InlineSchema | None:

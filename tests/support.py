@@ -1,0 +1,72 @@
+"""Test helpers: produce exact bytes to the broker, read tables back with pyiceberg and DuckDB."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any, Iterable
+
+from confluent_kafka import Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from icefloe.local.readers import duckdb_connect, pyiceberg_catalog
+
+
+def produce(bootstrap: str, topic: str, records: Iterable[dict[str, Any]]) -> list[tuple[int, int]]:
+    """Produce records given as {key, value, headers, partition}; returns (partition, offset) of each, in order."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    positions: list[tuple[int, int] | None] = []
+
+    def remember(index: int):
+        def on_delivery(error, msg) -> None:
+            assert error is None, error
+            positions[index] = (msg.partition(), msg.offset())
+
+        return on_delivery
+
+    for index, record in enumerate(records):
+        positions.append(None)
+        extra = {"partition": record["partition"]} if record.get("partition") is not None else {}
+        producer.produce(
+            topic, key=record.get("key"), value=record.get("value"), headers=record.get("headers"),
+            on_delivery=remember(index), **extra,
+        )  # fmt: skip
+        producer.poll(0)
+    assert producer.flush(30) == 0
+    return positions  # type: ignore[return-value]
+
+
+def avro_serializer(registry_url: str, topic: str, schema: str):
+    serializer = AvroSerializer(SchemaRegistryClient({"url": registry_url}), schema)
+    context = SerializationContext(topic, MessageField.VALUE)
+    return lambda value: serializer(value, context)
+
+
+def read_pyiceberg(state_dir: Path, identifier: str) -> list[dict]:
+    table = pyiceberg_catalog(state_dir).load_table(identifier)
+    return table.scan().to_arrow().to_pylist()
+
+
+def read_duckdb(metadata_location: str, columns: str = "*") -> list[dict]:
+    con = duckdb_connect()
+    cursor = con.execute(f"SELECT {columns} FROM iceberg_scan('{metadata_location}')")
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+
+def by_position(rows: list[dict]) -> dict[tuple[int, int], dict]:
+    """Rows keyed by (partition, offset); fails if any position appears twice."""
+    keyed: dict[tuple[int, int], dict] = {}
+    for row in rows:
+        position = (row["kafka_partition"], row["kafka_offset"])
+        assert position not in keyed, f"duplicate row for partition/offset {position}"
+        keyed[position] = row
+    return keyed
+
+
+def as_utc(value: Any) -> Any:
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return value.astimezone(dt.timezone.utc)
+    return value

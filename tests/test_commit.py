@@ -1,0 +1,91 @@
+"""The commit protocol: data and offsets land together, a concurrent writer cannot make a batch land twice."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from icefloe import commit as commit_module
+from icefloe.errors import CommitConflict
+from icefloe.iceberg_table import IcebergTable
+from icefloe.materializer import materialize_once
+from icefloe.runner import run_table
+from support import by_position, produce, read_pyiceberg
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+SCHEMA = {"fields": [{"name": "n", "type": "long"}]}
+
+
+def json_records(start: int, count: int) -> list[dict]:
+    return [{"value": json.dumps({"n": i}).encode(), "partition": i % 2} for i in range(start, start + count)]
+
+
+def test_offsets_are_in_the_same_snapshot_as_the_data(spark, broker, state_dir, topic, make_config):
+    broker.create_topic(topic, 2)
+    produce(broker.bootstrap_servers, topic, json_records(0, 10))
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA})
+    result = run_table(spark, config, config.tables[0], state_dir)
+    summary = IcebergTable(spark, result.identifier).snapshot_summary(result.snapshot_id)
+    assert json.loads(summary["icefloe.offsets"]) == {"0": 5, "1": 5}
+    assert summary["added-records"] == "10" and summary["icefloe.topic"] == topic
+
+
+def test_concurrent_commit_makes_the_batch_replan_not_duplicate(spark, broker, state_dir, topic, make_config, monkeypatch):
+    broker.create_topic(topic, 2)
+    produce(broker.bootstrap_servers, topic, json_records(0, 20))
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA})
+    table_spec = config.tables[0]
+    original = commit_module.commit_on_branch
+    intrusions = []
+
+    def racing_commit(table, base, run_id, write):
+        def write_after_a_rival(target):
+            if not intrusions:
+                # A rival run commits the same offsets to main while this batch is being written.
+                intrusions.append(original(table, base, "rival", write))
+            write(target)
+
+        return original(table, base, run_id, write_after_a_rival)
+
+    monkeypatch.setattr("icefloe.materializer.commit_on_branch", racing_commit)
+    with pytest.raises(CommitConflict, match="another writer committed"):
+        materialize_once(spark, config, table_spec)
+    monkeypatch.setattr("icefloe.materializer.commit_on_branch", original)
+
+    rows = read_pyiceberg(state_dir, config.identifier(table_spec))
+    assert len(by_position(rows)) == 20, "only the rival's commit is visible; the loser added nothing"
+    again = run_table(spark, config, table_spec, state_dir)
+    assert again.status == "up-to-date"
+
+
+def test_crash_before_publish_leaves_main_untouched_and_rerun_completes(spark, broker, state_dir, topic, make_config, monkeypatch):
+    broker.create_topic(topic, 2)
+    produce(broker.bootstrap_servers, topic, json_records(0, 8))
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA})
+    first = run_table(spark, config, config.tables[0], state_dir)
+    produce(broker.bootstrap_servers, topic, json_records(8, 6))
+    table = IcebergTable(spark, first.identifier)
+
+    class Crash(BaseException):
+        pass
+
+    real_sql = spark.sql
+
+    def crash_at_publish(query, *args, **kwargs):
+        if "fast_forward" in query:
+            raise Crash()  # the process dies between writing the branch and publishing it
+        return real_sql(query, *args, **kwargs)
+
+    monkeypatch.setattr(spark, "sql", crash_at_publish)
+    with pytest.raises(Crash):
+        # the `finally` that drops the branch is what a SIGKILL would skip: restore a leftover branch below
+        materialize_once(spark, config, config.tables[0])
+    monkeypatch.undo()
+    assert table.main_snapshot_id() == first.snapshot_id
+    real_sql(f"ALTER TABLE {table.full_name} CREATE BRANCH `icefloe_run_leftover`")
+
+    result = run_table(spark, config, config.tables[0], state_dir)
+    assert result.rows_written == 6
+    assert table.branches("icefloe_run_") == []
+    assert len(by_position(read_pyiceberg(state_dir, first.identifier))) == 14

@@ -1,0 +1,227 @@
+"""End to end: a real Tansu broker, the development Schema Registry, real Spark, tables read back independently."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import uuid
+from decimal import Decimal
+
+import pytest
+
+from icefloe.errors import RecordError
+from icefloe.iceberg_table import IcebergTable
+from icefloe.local.readers import pyiceberg_catalog
+from icefloe.materializer import materialize_once
+from icefloe.runner import run_table
+from support import as_utc, avro_serializer, by_position, produce, read_duckdb, read_pyiceberg
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+UTC = dt.timezone.utc
+
+ORDER_SCHEMA = json.dumps(
+    {
+        "type": "record",
+        "name": "Order",
+        "namespace": "test.icefloe",
+        "fields": [
+            {"name": "id", "type": "long"},
+            {"name": "name", "type": ["null", "string"], "default": None},
+            {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID", "SHIPPED"]}},
+            {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 3}},
+            {"name": "created_ms", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+            {"name": "created_us", "type": ["null", {"type": "long", "logicalType": "timestamp-micros"}], "default": None},
+            {"name": "local_ts", "type": {"type": "long", "logicalType": "local-timestamp-micros"}},
+            {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+            {"name": "ref", "type": {"type": "string", "logicalType": "uuid"}},
+            {"name": "blob", "type": ["null", "bytes"], "default": None},
+            {"name": "score", "type": "double"},
+            {"name": "ratio", "type": "float"},
+            {"name": "flag", "type": "boolean"},
+            {
+                "name": "address",
+                "type": [
+                    "null",
+                    {
+                        "type": "record",
+                        "name": "Address",
+                        "fields": [
+                            {"name": "street", "type": "string"},
+                            {
+                                "name": "geo",
+                                "type": {
+                                    "type": "record",
+                                    "name": "Geo",
+                                    "fields": [{"name": "lat", "type": "double"}, {"name": "lon", "type": ["null", "double"]}],
+                                },
+                            },
+                        ],
+                    },
+                ],
+                "default": None,
+            },
+            {
+                "name": "items",
+                "type": {
+                    "type": "array",
+                    "items": {"type": "record", "name": "Item", "fields": [{"name": "sku", "type": "string"}, {"name": "qty", "type": "int"}]},
+                },
+            },
+            {"name": "attrs", "type": {"type": "map", "values": ["null", "string"]}},
+            {"name": "checksum", "type": {"type": "fixed", "name": "Check", "size": 4}},
+        ],
+    }
+)
+
+
+FIELD_NAMES = [f["name"] for f in json.loads(ORDER_SCHEMA)["fields"]]
+
+
+def order(i: int, rng: random.Random) -> dict:
+    maybe = (lambda v: None if rng.random() < 0.3 else v)  # noqa: E731 - nulls in every optional field
+    return {
+        "id": i,
+        "name": maybe(f"customer-{i}-ü"),
+        "status": rng.choice(["NEW", "PAID", "SHIPPED"]),
+        "amount": Decimal(rng.randint(-10**9, 10**9)).scaleb(-3),
+        "created_ms": dt.datetime(2024, 2, 29, 23, 59, 59, 123000, tzinfo=UTC) + dt.timedelta(seconds=i),
+        "created_us": maybe(dt.datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC) - dt.timedelta(days=i)),
+        "local_ts": dt.datetime(2030, 1, 1, 8, 30, 0, 654321) + dt.timedelta(minutes=i),
+        "day": dt.date(1970, 1, 1) + dt.timedelta(days=i * 37),
+        "ref": uuid.UUID(int=rng.getrandbits(128)),
+        "blob": maybe(bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 16)))),
+        "score": rng.uniform(-1e6, 1e6),
+        "ratio": rng.choice([0.5, -1.25, 3.0, 0.0]),
+        "flag": rng.random() < 0.5,
+        "address": maybe({"street": f"{i} Main St", "geo": {"lat": rng.uniform(-90, 90), "lon": maybe(rng.uniform(-180, 180))}}),
+        "items": [{"sku": f"sku-{j}", "qty": j} for j in range(rng.randint(0, 3))],
+        "attrs": {f"k{j}": maybe(f"v{j}") for j in range(rng.randint(0, 3))},
+        "checksum": i.to_bytes(4, "big"),
+    }
+
+
+def expected_row(value: dict) -> dict:
+    """How each Avro value looks in the table (see schema_mapping's mapping table)."""
+    return {**value, "status": value["status"], "ref": str(value["ref"])}
+
+
+def normalize(row: dict) -> dict:
+    """Reader-specific shapes to plain Python: maps as dicts, timestamps in UTC."""
+    out = {}
+    for name, value in row.items():
+        if name == "attrs" and isinstance(value, list):
+            value = dict(value)
+        if name == "ratio" and value is not None:
+            value = float(value)
+        out[name] = as_utc(value)
+    return out
+
+
+def produce_orders(broker, registry, topic: str, ids: range, rng: random.Random) -> dict[tuple[int, int], dict]:
+    serialize = avro_serializer(registry.url, topic, ORDER_SCHEMA)
+    values = [order(i, rng) for i in ids]
+    records = [
+        {
+            "key": None if i % 7 == 0 else f"order-{i}".encode(),
+            "value": serialize(v),
+            "headers": [("trace", f"t{i}".encode()), ("empty", None)] if i % 2 else None,
+            "partition": i % 3,
+        }
+        for i, v in zip(ids, values)
+    ]
+    positions = produce(broker.bootstrap_servers, topic, records)
+    return {pos: {"value": v, "record": r} for pos, v, r in zip(positions, values, records)}
+
+
+def assert_rows_match(rows: list[dict], produced: dict, topic: str) -> None:
+    keyed = by_position(rows)
+    assert set(keyed) == set(produced), "table rows must be exactly the produced (partition, offset) pairs"
+    for position, sent in produced.items():
+        row = normalize(keyed[position])
+        value = sent["value"]
+        if value is None:
+            assert all(row[name] is None for name in FIELD_NAMES)
+        else:
+            for name, want in expected_row(value).items():
+                assert row[name] == want, f"{position} field {name}: {row[name]!r} != {want!r}"
+        record = sent["record"]
+        assert row["kafka_topic"] == topic
+        assert row["kafka_key"] == record["key"]
+        headers = [(h["key"], h["value"]) for h in row["kafka_headers"]] if row["kafka_headers"] else None
+        assert headers == record["headers"]
+        assert row["kafka_timestamp"].tzinfo is not None and row["kafka_timestamp_type"] == "CreateTime"
+
+
+def test_avro_topic_lands_field_by_field(spark, broker, registry, state_dir, topic, make_config):
+    broker.create_topic(topic, 3)
+    rng = random.Random(42)
+    produced = produce_orders(broker, registry, topic, range(240), rng)
+    # A tombstone keeps its (partition, offset) as a row of metadata in an append table.
+    tomb = produce(broker.bootstrap_servers, topic, [{"key": b"gone", "value": None, "partition": 1}])[0]
+    produced[tomb] = {"value": None, "record": {"key": b"gone", "headers": None}}
+    config = make_config({"topic": topic, "partitionBy": ["day(created_ms)"]})
+
+    result = run_table(spark, config, config.tables[0], state_dir)
+
+    assert result.status == "committed" and result.rows_written == len(produced)
+    assert result.offsets == {p: 1 + max(o for (q, o) in produced if q == p) for p in range(3)}
+    iceberg_rows = read_pyiceberg(state_dir, result.identifier)
+    assert_rows_match(iceberg_rows, produced, topic)
+    duck_rows = read_duckdb(result.metadata_location)
+    assert_rows_match(duck_rows, produced, topic)
+    spec = pyiceberg_catalog(state_dir).load_table(result.identifier).spec()
+    assert [(f.name, str(f.transform)) for f in spec.fields] == [("created_ms_day", "day")]
+
+
+def test_second_run_commits_nothing_and_new_records_only_add_rows(spark, broker, registry, state_dir, topic, make_config):
+    broker.create_topic(topic, 3)
+    rng = random.Random(7)
+    produced = produce_orders(broker, registry, topic, range(90), rng)
+    config = make_config({"topic": topic})
+    first = run_table(spark, config, config.tables[0], state_dir)
+    assert first.rows_written == 90
+
+    again = run_table(spark, config, config.tables[0], state_dir)
+    assert again.status == "up-to-date" and again.snapshot_id == first.snapshot_id
+    table = IcebergTable(spark, first.identifier)
+    assert table.main_snapshot_id() == first.snapshot_id, "a run with nothing new must not commit"
+
+    produced |= produce_orders(broker, registry, topic, range(90, 130), rng)
+    third = run_table(spark, config, config.tables[0], state_dir)
+    assert third.rows_written == 40
+    assert_rows_match(read_pyiceberg(state_dir, first.identifier), produced, topic)
+
+
+def test_bad_record_stops_with_partition_offset_and_commits_nothing(spark, broker, registry, state_dir, topic, make_config):
+    broker.create_topic(topic, 3)
+    rng = random.Random(3)
+    produce_orders(broker, registry, topic, range(30), rng)
+    config = make_config({"topic": topic})
+    first = run_table(spark, config, config.tables[0], state_dir)
+    # Wrong magic byte, then a good record behind it in the same partition.
+    bad = produce(broker.bootstrap_servers, topic, [{"value": b"\x07not-avro", "partition": 2}])[0]
+    produce_orders(broker, registry, topic, range(30, 33), rng)
+
+    with pytest.raises(RecordError) as caught:
+        materialize_once(spark, config, config.tables[0])
+    assert (caught.value.partition, caught.value.offset) == bad
+    assert "magic byte" in caught.value.cause.lower()
+    assert IcebergTable(spark, first.identifier).main_snapshot_id() == first.snapshot_id
+
+
+def test_schema_evolution_adds_a_column(spark, broker, registry, state_dir, topic, make_config):
+    broker.create_topic(topic, 1)
+    v1 = {"type": "record", "name": "User", "fields": [{"name": "id", "type": "long"}, {"name": "age", "type": "int"}]}
+    v2 = {**v1, "fields": [*v1["fields"], {"name": "email", "type": ["null", "string"], "default": None}]}
+    first = avro_serializer(registry.url, topic, json.dumps(v1))
+    produce(broker.bootstrap_servers, topic, [{"value": first({"id": i, "age": 30 + i})} for i in range(3)])
+    config = make_config({"topic": topic})
+    run_table(spark, config, config.tables[0], state_dir)
+
+    second = avro_serializer(registry.url, topic, json.dumps(v2))
+    produce(broker.bootstrap_servers, topic, [{"value": second({"id": 9, "age": 50, "email": "a@b.c"})}])
+    result = run_table(spark, config, config.tables[0], state_dir)
+    assert result.rows_written == 1
+    rows = sorted(read_pyiceberg(state_dir, result.identifier), key=lambda r: r["id"])
+    assert [(r["id"], r["age"], r["email"]) for r in rows] == [(0, 30, None), (1, 31, None), (2, 32, None), (9, 50, "a@b.c")]
