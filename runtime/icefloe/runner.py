@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import signal
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
 from .errors import CommitConflict, ConfigError, IcefloeError, RecordError, SourceError
+from .iceberg_table import IcebergTable
+from .kafka_source import client_config, plan_ranges
+from .maintenance import is_due, maintain
 from .materializer import BatchResult, materialize_once
 from .session import spark_session
 from .spec import IcefloeConfig, TableSpec, load_config
@@ -64,29 +69,110 @@ def run_tables(
     state_dir: Path,
     continuous: bool,
     on_result: Callable[[BatchResult], None],
+    stop: threading.Event | None = None,
 ) -> int:
-    """Materialize the chosen tables once; returns the number of tables that failed."""
+    """Materialize the chosen tables (once, or until stopped); returns the number of tables that failed."""
     config = load_config(config_path)
     tables = config.select(table_names)
     if not tables:
         raise ConfigError(f"{config_path}: no enabled tables to run")
-    if continuous:
-        raise ConfigError("--continuous is not available in this version; use --once on a schedule")
     spark = spark_session(config.catalog, state_dir)
+    if continuous:
+        return run_continuously(spark, config, tables, state_dir, on_result, stop or stop_on_signals())
     failures = 0
     for table in tables:
-        identifier = config.identifier(table)
-        try:
-            on_result(run_table(spark, config, table, state_dir))
-        except RecordError as error:
+        if not _run_and_maintain(spark, config, table, state_dir, on_result):
             failures += 1
-            log.error("table %s (topic %s): %s; nothing at or after offset %d of partition %d was committed",
-                      identifier, table.topic, error, error.offset, error.partition)  # fmt: skip
-        except IcefloeError as error:
-            failures += 1
-            log.error("table %s (topic %s): %s", identifier, table.topic, error)
     return failures
 
 
+def _run_and_maintain(spark, config: IcefloeConfig, table: TableSpec, state_dir: Path, on_result) -> bool:
+    """One batch, then maintenance if it is due; False (after logging why) if the table failed."""
+    identifier = config.identifier(table)
+    try:
+        on_result(run_table(spark, config, table, state_dir))
+        if table.maintenance.enabled:
+            with table_lock(state_dir, identifier, config.catalog.type == "local"):
+                iceberg = IcebergTable(spark, identifier)
+                if is_due(iceberg, table):
+                    maintain(iceberg, table)
+        return True
+    except RecordError as error:
+        log.error("table %s (topic %s): %s; nothing at or after offset %d of partition %d was committed",
+                  identifier, table.topic, error, error.offset, error.partition)  # fmt: skip
+    except IcefloeError as error:
+        log.error("table %s (topic %s): %s", identifier, table.topic, error)
+    return False
+
+
+def stop_on_signals() -> threading.Event:
+    """SIGTERM/SIGINT finish the batch in flight, then stop (a SIGKILL is safe too: nothing half-committed)."""
+    stop = threading.Event()
+
+    def request_stop(signum, _frame) -> None:
+        log.info("received %s: stopping after the batch in flight", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    return stop
+
+
+def pending_records(config: IcefloeConfig, table: TableSpec, committed: dict[int, int]) -> int:
+    conf = client_config(config.cluster(table.source_cluster))
+    ranges, _ = plan_ranges(conf, table.topic, committed, table.starting_offsets, None)
+    return sum(r.count for r in ranges)
+
+
+def run_continuously(spark, config, tables, state_dir, on_result, stop: threading.Event, poll_s: float = 1.0) -> int:
+    """Micro-batches per table: commit when `refresh` has elapsed or `commitRecords` are waiting, whichever first.
+
+    A table that fails is suspended (the others go on); the loop ends when stopped or when all are suspended.
+    """
+    last_batch = {config.identifier(t): 0.0 for t in tables}
+    committed: dict[str, dict[int, int]] = {}
+    suspended: set[str] = set()
+    while not stop.is_set() and len(suspended) < len(tables):
+        for table in tables:
+            identifier = config.identifier(table)
+            if stop.is_set() or identifier in suspended:
+                continue
+            waited = time.monotonic() - last_batch[identifier]
+            due = waited >= table.refresh_seconds
+            if not due and table.commit_records and identifier in committed:
+                try:
+                    due = pending_records(config, table, committed[identifier]) >= table.commit_records
+                except SourceError as error:
+                    log.warning("%s: %s", identifier, error)
+            if not due:
+                continue
+            last_batch[identifier] = time.monotonic()
+
+            def remember(result: BatchResult, key=identifier) -> None:
+                committed[key] = result.offsets
+                on_result(result)
+
+            if not _run_and_maintain(spark, config, table, state_dir, remember):
+                suspended.add(identifier)
+                log.error("%s: suspended until restart", identifier)
+        stop.wait(poll_s)
+    return len(suspended)
+
+
 def maintain_tables(config_path: str, table_names: list[str], state_dir: Path, on_result: Callable) -> int:
-    raise ConfigError("icefloe maintain is not available in this version")
+    """`icefloe maintain`: maintenance now for the chosen tables that exist."""
+    config = load_config(config_path)
+    spark = spark_session(config.catalog, state_dir)
+    failures = 0
+    for table in config.select(table_names):
+        identifier = config.identifier(table)
+        try:
+            with table_lock(state_dir, identifier, config.catalog.type == "local"):
+                iceberg = IcebergTable(spark, identifier)
+                if not iceberg.exists():
+                    raise ConfigError(f"table {identifier} does not exist yet (run icefloe run first)")
+                on_result(maintain(iceberg, table).as_dict())
+        except IcefloeError as error:
+            failures += 1
+            log.error("table %s: %s", identifier, error)
+    return failures

@@ -197,6 +197,7 @@ class TableSpec(Model):
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     refresh: str = "15m"
     continuous: bool = False
+    commit_records: int | None = Field(default=None, ge=1)
     retention: str | None = None
     max_records_per_run: int | None = Field(default=None, ge=1)
     max_record_bytes: int = Field(default=8 * 1024 * 1024, ge=1)

@@ -1,0 +1,128 @@
+"""Table maintenance: compaction, delete-file folding, retention TTL, snapshot expiry, orphan cleanup, manifests.
+
+Runs between the table's own commits (the runner serializes them per table), so it never races icefloe's writes.
+A maintenance commit carries no offsets: `IcebergTable.committed_state` walks past it to the newest snapshot that
+does, and snapshot expiry always keeps that snapshot, so the offsets are never expired away.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+
+from .catalog import CATALOG
+from .iceberg_table import OFFSETS_PROPERTY, IcebergTable
+from .spec import TableSpec, duration_seconds
+
+log = logging.getLogger(__name__)
+LAST_MAINTENANCE_PROPERTY = "icefloe.last-maintenance-ms"
+
+
+@dataclass
+class MaintenanceResult:
+    identifier: str
+    data_files_before: int = 0
+    data_files_after: int = 0
+    delete_files_before: int = 0
+    delete_files_after: int = 0
+    rewritten_files: int = 0
+    expired_snapshots: int = 0
+    orphan_files_removed: int = 0
+    rows_expired_by_ttl: int = 0
+    snapshots_after: int = 0
+    seconds: float = 0.0
+    steps: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.identifier}: data files {self.data_files_before} -> {self.data_files_after}, delete files "
+            f"{self.delete_files_before} -> {self.delete_files_after}, expired {self.expired_snapshots} snapshots, "
+            f"removed {self.orphan_files_removed} orphan files, TTL deleted {self.rows_expired_by_ttl} rows "
+            f"({self.seconds:.1f}s)"
+        )
+
+
+def _millis(moment: dt.datetime) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _file_counts(table: IcebergTable) -> tuple[int, int]:
+    rows = table.spark.sql(f"SELECT content, count(*) AS n FROM {table.full_name}.files GROUP BY content").collect()
+    counts = {row.content: row.n for row in rows}
+    return counts.get(0, 0), counts.get(1, 0) + counts.get(2, 0)
+
+
+def is_due(table: IcebergTable, spec: TableSpec) -> bool:
+    rows = table.spark.sql(f"SHOW TBLPROPERTIES {table.full_name} ('{LAST_MAINTENANCE_PROPERTY}')").collect()
+    last = rows[0].value if rows else None
+    if last is None or not str(last).isdigit():
+        return True
+    return time.time() * 1000 - int(last) >= duration_seconds(spec.maintenance.interval) * 1000
+
+
+def maintain(table: IcebergTable, spec: TableSpec) -> MaintenanceResult:
+    started = time.monotonic()
+    spark, name, settings = table.spark, table.full_name, spec.maintenance
+    result = MaintenanceResult(table.identifier)
+    result.data_files_before, result.delete_files_before = _file_counts(table)
+    now = dt.datetime.now(dt.timezone.utc)
+
+    if spec.retention:
+        cutoff = now - dt.timedelta(seconds=duration_seconds(spec.retention))
+        before = spark.table(name).count()
+        spark.sql(f"DELETE FROM {name} WHERE kafka_timestamp < TIMESTAMP '{_millis(cutoff)}+00:00'")
+        result.rows_expired_by_ttl = before - spark.table(name).count()
+        result.steps.append("retention")
+
+    target = settings.target_file_size_mb * 1024 * 1024
+    rewritten = spark.sql(
+        f"CALL {CATALOG}.system.rewrite_data_files(table => '{table.identifier}', options => map("
+        f"'target-file-size-bytes', '{target}', 'min-input-files', '2', 'delete-file-threshold', '1', "
+        "'remove-dangling-deletes', 'true', 'rewrite-all', 'false'))"
+    ).collect()
+    result.rewritten_files = rewritten[0].rewritten_data_files_count if rewritten else 0
+    if result.delete_files_before:
+        spark.sql(f"CALL {CATALOG}.system.rewrite_position_delete_files(table => '{table.identifier}')").collect()
+    spark.sql(f"CALL {CATALOG}.system.rewrite_manifests(table => '{table.identifier}')").collect()
+    result.steps += ["compaction", "manifests"]
+
+    # Expire old snapshots, but never the newest one carrying offsets: it is where the next run resumes.
+    keep_from = now - dt.timedelta(seconds=duration_seconds(settings.snapshot_retention))
+    offsets_at = spark.sql(
+        f"SELECT max(committed_at) AS at FROM {name}.snapshots WHERE summary['{OFFSETS_PROPERTY}'] IS NOT NULL"
+    ).collect()[0].at
+    if offsets_at is not None:
+        keep_from = min(keep_from, offsets_at.replace(tzinfo=dt.timezone.utc) if offsets_at.tzinfo is None else offsets_at)
+    snapshots_before = spark.sql(f"SELECT count(*) AS n FROM {name}.snapshots").collect()[0].n
+    spark.sql(
+        f"CALL {CATALOG}.system.expire_snapshots(table => '{table.identifier}', "
+        f"older_than => TIMESTAMP '{_millis(keep_from.astimezone(dt.timezone.utc))}+00:00', "
+        f"retain_last => {settings.min_snapshots_to_keep})"
+    ).collect()
+    result.steps.append("expire-snapshots")
+
+    result.orphan_files_removed = _remove_orphans(table, now - dt.timedelta(seconds=duration_seconds(settings.orphan_file_age)))
+    result.steps.append("orphans")
+
+    spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('{LAST_MAINTENANCE_PROPERTY}' = '{int(time.time() * 1000)}')")
+    result.data_files_after, result.delete_files_after = _file_counts(table)
+    result.snapshots_after = spark.sql(f"SELECT count(*) AS n FROM {name}.snapshots").collect()[0].n
+    result.expired_snapshots = snapshots_before - result.snapshots_after
+    result.seconds = time.monotonic() - started
+    log.info("%s", result)
+    return result
+
+
+def _remove_orphans(table: IcebergTable, older_than: dt.datetime) -> int:
+    """Iceberg's action API (the SQL procedure refuses ages under 24 h; icefloe's own writes are serialized with it)."""
+    spark = table.spark
+    jvm = spark._jvm
+    java_table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table.full_name)
+    action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession).deleteOrphanFiles(java_table)
+    outcome = action.olderThan(int(older_than.timestamp() * 1000)).execute()
+    return sum(1 for _ in outcome.orphanFileLocations())
