@@ -28,7 +28,7 @@ def produce(bootstrap: str, topic: str, records: Iterable[dict[str, Any]]) -> li
 
     for index, record in enumerate(records):
         positions.append(None)
-        extra = {"partition": record["partition"]} if record.get("partition") is not None else {}
+        extra = {name: record[name] for name in ("partition", "timestamp") if record.get(name) is not None}
         producer.produce(
             topic, key=record.get("key"), value=record.get("value"), headers=record.get("headers"),
             on_delivery=remember(index), **extra,

@@ -29,8 +29,9 @@ _MAX_TS = dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.timezone.utc)
 class ValueConverter:
     """Compiles a converter for a Spark struct; `strict` is for JSON, where types must be checked by hand."""
 
-    def __init__(self, struct: T.StructType, strict: bool):
+    def __init__(self, struct: T.StructType, strict: bool, required: frozenset[str] = frozenset()):
         self.strict = strict
+        self.required = required  # dotted paths of fields declared `optional: false`
         self.convert = self._struct(struct, "")
 
     def __call__(self, record: Any) -> Any:
@@ -61,7 +62,8 @@ class ValueConverter:
         return _primitive(dtype, path, self.strict)
 
     def _struct(self, struct: T.StructType, path: str) -> Convert:
-        fields = [(f.name, self._compile(f.dataType, f"{path}.{f.name}".lstrip("."))) for f in struct.fields]
+        paths = [f"{path}.{f.name}".lstrip(".") for f in struct.fields]
+        fields = [(f.name, self._compile(f.dataType, p), p in self.required) for f, p in zip(struct.fields, paths)]
         where = path or "value"
 
         def record(value: Any) -> Any:
@@ -69,8 +71,10 @@ class ValueConverter:
                 raise ValueError(f"{where}: expected an object/record, got {type(value).__name__}")
             # Fields outside the declared schema are ignored, as a schema-on-read table would.
             out = {}
-            for name, convert in fields:
+            for name, convert, required in fields:
                 item = value.get(name)
+                if item is None and required:
+                    raise ValueError(f"{where}.{name}: required field is missing or null".removeprefix("value."))
                 out[name] = None if item is None else convert(item)
             return out
 

@@ -26,7 +26,7 @@ from .errors import IcefloeError, RecordError
 from .iceberg_table import OFFSETS_PROPERTY, RUN_PROPERTY, TOPIC_PROPERTY, IcebergTable
 from .kafka_source import OffsetRange, client_config, plan_ranges
 from .reader import ReadPlan, read_batches, unmark
-from .schema_mapping import avro_value_fields, batch_struct, inline_value_fields, table_struct
+from .schema_mapping import avro_value_fields, batch_struct, inline_value_fields, required_paths, table_struct
 from .spec import IcefloeConfig, TableSpec
 from .upsert import merge_batch
 
@@ -121,6 +121,7 @@ def materialize_once(spark, config: IcefloeConfig, table: TableSpec) -> BatchRes
         batch_schema_json=batch_struct(struct).json(),
         value_fields=tuple(f.name for f in value_fields),
         strict=decoder.format == "json",
+        required=required_paths(table.inline_schema) if decoder.format == "json" else frozenset(),
         errors=table.errors,
         needs_key=table.mode == "upsert" and not table.key,
         max_record_bytes=table.max_record_bytes,

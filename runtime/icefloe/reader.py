@@ -31,6 +31,7 @@ class ReadPlan:
     batch_schema_json: str  # the Spark StructType executors emit (table columns + status columns), as JSON
     value_fields: tuple[str, ...]
     strict: bool  # JSON values are checked field by field; Avro values are typed by the decoder
+    required: frozenset[str] = frozenset()  # inline fields declared `optional: false`
     errors: str = "fail"
     needs_key: bool = False  # upsert keyed by the Kafka key: a record without one cannot be placed
     max_record_bytes: int = 8 * 1024 * 1024
@@ -63,7 +64,8 @@ def _read(plan: ReadPlan, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.Record
     from .conversion import BatchBuilder, ValueConverter
 
     batch = T.StructType.fromJson(json.loads(plan.batch_schema_json))
-    convert = ValueConverter(T.StructType([batch[name] for name in plan.value_fields]), strict=plan.strict)
+    values = T.StructType([batch[name] for name in plan.value_fields])
+    convert = ValueConverter(values, strict=plan.strict, required=plan.required)
     decode = build_decoder(plan.decoder)
     decode_key = build_key_decoder(plan.decoder) if plan.decoder.key_fields else None
     builder = BatchBuilder(batch, list(plan.value_fields))

@@ -172,6 +172,23 @@ def inline_value_fields(schema: InlineSchema) -> list[T.StructField]:
     return [T.StructField(f.name, inline_type(f, f.name), True) for f in schema.fields]
 
 
+def required_paths(schema: InlineSchema | None) -> frozenset[str]:
+    """Dotted paths of inline fields declared `optional: false` (checked per record, not by the table)."""
+    paths: set[str] = set()
+
+    def walk(fields, prefix: str) -> None:
+        for f in fields:
+            path = f"{prefix}{f.name}"
+            if not f.optional:
+                paths.add(path)
+            if f.type == "struct":
+                walk(f.fields, path + ".")
+
+    if schema is not None:
+        walk(schema.fields, "")
+    return frozenset(paths)
+
+
 def inline_to_avro(schema: InlineSchema, name: str = "Value") -> dict[str, Any]:
     """An Avro record schema equivalent to an inline schema, for Avro topics decoded without a registry."""
     counter = iter(range(1_000_000))

@@ -1,0 +1,201 @@
+"""A catalogue of poison records, each checked in every error mode (fail, skip, dlq).
+
+Every poison sits in its own partition between two good records. skip and dlq must commit every good record and
+account for every bad one (dlq: exactly once in the dead-letter table, with its raw bytes and error class); fail
+must stop with the poison named and commit exactly the good record before it in each partition.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from decimal import Decimal
+
+import pytest
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+from icefloe import decoding, runner
+from icefloe.errors import RecordError, SourceError
+from icefloe.iceberg_table import IcebergTable
+from icefloe.materializer import materialize_once
+from support import avro_serializer, by_position, produce, read_pyiceberg
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+AVRO_SCHEMA = {
+    "type": "record",
+    "name": "Payment",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "payer", "type": "string"},
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    ],
+}
+JSON_SCHEMA = {
+    "fields": [
+        {"name": "id", "type": "long", "optional": False},
+        {"name": "small", "type": "int"},
+        {"name": "price", "type": "decimal(5,2)"},
+        {"name": "ratio", "type": "double"},
+        {"name": "at", "type": "timestamptz"},
+        {"name": "day", "type": "date"},
+        {"name": "blob", "type": "binary"},
+        {"name": "tags", "type": "list", "element": {"type": "long"}},
+        {"name": "owner", "type": "struct", "fields": [{"name": "name", "type": "string", "optional": False}]},
+    ]
+}
+MAX_BYTES = 4096
+
+
+def payment(i: int, at: int = 1_700_000_000_000) -> dict:
+    return {"id": i, "payer": f"p{i}", "amount": Decimal("3.10"), "at": at}
+
+
+def avro_poisons(registry_url: str, topic: str) -> list[tuple[str, str, bytes | None, bytes]]:
+    """(name, expected error class(es), key, value) for an Avro topic read through the registry."""
+    good = avro_serializer(registry_url, topic, json.dumps(AVRO_SCHEMA))
+    sample = good({"id": 1, "payer": "ann", "amount": Decimal("12.50"), "at": 0})
+    framed = sample[:5]  # magic byte + schema id
+    other = {"type": "record", "name": "Other", "fields": [{"name": "x", "type": "boolean"}]}
+    other_id = SchemaRegistryClient({"url": registry_url}).register_schema(
+        f"{topic}-other-value", Schema(json.dumps(other), "AVRO")
+    )
+    wide_schema = {**AVRO_SCHEMA, "fields": [
+        {**f, "type": {**f["type"], "precision": 20}} if f["name"] == "amount" else f for f in AVRO_SCHEMA["fields"]
+    ]}  # fmt: skip
+    wide = avro_serializer(registry_url, f"{topic}-wide", json.dumps(wide_schema))
+    return [
+        ("wrong magic byte", "DecodeError", b"k", b"\x01" + sample[1:]),
+        ("unknown schema id", "DecodeError", b"k", b"\x00" + struct.pack(">I", 987654) + sample[5:]),
+        ("truncated avro", "DecodeError", b"k", sample[:8]),
+        ("written with another schema", "DecodeError", b"k", b"\x00" + struct.pack(">I", other_id) + b"\x01"),
+        ("empty value", "DecodeError", b"k", b""),
+        ("framing only", "DecodeError", b"k", framed),
+        # id=1 (zigzag 0x02), then a 2-byte string (0x04) that is not UTF-8, then the rest of the sample after "ann"
+        ("invalid utf-8 in string", "DecodeError", b"k", framed + b"\x02\x04\xff\xfe" + sample[10:]),
+        ("oversized record", "RecordTooLarge", b"k", framed + b"\x00" * (MAX_BYTES + 1)),
+        ("decimal beyond precision", "DecodeError|ConversionError", b"k",
+         wide({"id": 2, "payer": "bob", "amount": Decimal("1234567890.12"), "at": 0})),
+        # `at` is the last field and 0 encodes as one byte: replace it by a timestamp far past year 9999
+        ("timestamp out of range", "DecodeError", b"k", sample[:-1] + _zigzag(2**62)),
+    ]  # fmt: skip
+
+
+def _zigzag(number: int) -> bytes:
+    encoded, out = (number << 1) ^ (number >> 63), bytearray()
+    while encoded > 0x7F:
+        out.append((encoded & 0x7F) | 0x80)
+        encoded >>= 7
+    out.append(encoded)
+    return bytes(out)
+
+
+def json_poisons() -> list[tuple[str, str, bytes | None, bytes | None]]:
+    ok = {"id": 1, "small": 2, "price": "1.25", "ratio": 0.5, "at": "2024-01-01T00:00:00Z", "day": "2024-01-01",
+          "blob": "aGVsbG8=", "tags": [1, 2], "owner": {"name": "ann"}}  # fmt: skip
+
+    def with_(**changes) -> bytes:
+        return json.dumps({**ok, **changes}).encode()
+
+    return [
+        ("not an object", "DecodeError", b"k1", b"[1, 2, 3]"),
+        ("invalid json", "DecodeError", b"k2", b'{"id": 1,'),
+        ("invalid utf-8", "DecodeError", b"k3", b'{"id": "\xff"}'),
+        ("NaN token", "DecodeError", b"k4", b'{"id": 1, "ratio": NaN}'),
+        ("Infinity token", "DecodeError", b"k5", b'{"id": 1, "ratio": -Infinity}'),
+        ("wrong type", "ConversionError", b"k6", with_(id="seven")),
+        ("missing required field", "ConversionError", b"k7", json.dumps({k: v for k, v in ok.items() if k != "id"}).encode()),
+        ("missing required nested field", "ConversionError", b"k8", with_(owner={})),
+        ("int out of range", "ConversionError", b"k9", with_(small=2**40)),
+        ("decimal beyond precision", "ConversionError", b"k10", with_(price="123456.78")),
+        ("decimal NaN", "ConversionError", b"k11", with_(price="NaN")),
+        ("timestamp out of range", "ConversionError", b"k12", with_(at="10000-01-01T00:00:00Z")),
+        ("timestamp epoch overflow", "ConversionError", b"k13", with_(at=10**18)),
+        ("invalid date", "ConversionError", b"k14", with_(day="2024-02-30")),
+        ("bad base64", "ConversionError", b"k15", with_(blob="***")),
+        ("list element wrong type", "ConversionError", b"k16", with_(tags=[1, "two"])),
+        ("bool where number", "ConversionError", b"k17", with_(ratio=True)),
+        ("null key in upsert", "InvalidKey", None, with_(id=99)),
+        ("empty key in upsert", "InvalidKey", b"", with_(id=98)),
+        ("oversized record", "RecordTooLarge", b"k20", with_(owner={"name": "x" * MAX_BYTES})),
+    ]
+
+
+def good_json(i: int) -> bytes:
+    return json.dumps({"id": i, "small": i, "price": "9.99", "ratio": 1.5, "at": 1_700_000_000_000 + i,
+                       "day": "2020-02-29", "blob": "", "tags": [], "owner": {"name": f"o{i}"}}).encode()  # fmt: skip
+
+
+def lay_out(broker, topic: str, poisons, good) -> tuple[dict, dict]:
+    """Each poison in its own partition as good, POISON, good; returns (good positions, poison positions->spec)."""
+    broker.create_topic(topic, len(poisons))
+    records, kinds = [], []
+    for partition, (name, kind, key, value) in enumerate(poisons):
+        records += [
+            {"key": f"g{partition}a".encode(), "value": good(2 * partition), "partition": partition},
+            {"key": key, "value": value, "partition": partition},
+            {"key": f"g{partition}b".encode(), "value": good(2 * partition + 1), "partition": partition},
+        ]
+        kinds += ["good", (name, kind), "good"]
+    positions = produce(broker.bootstrap_servers, topic, records)
+    goods = {p: r for p, r, k in zip(positions, records, kinds) if k == "good"}
+    bads = {p: k for p, k in zip(positions, kinds) if k != "good"}
+    return goods, bads
+
+
+def check_mode(spark, state_dir, config, table, mode, goods, bads):
+    if mode == "fail":
+        with pytest.raises(RecordError) as caught:
+            materialize_once(spark, config, table)
+        assert (caught.value.partition, caught.value.offset) in bads
+        rows = by_position(read_pyiceberg(state_dir, config.identifier(table)))
+        assert set(rows) == {p for p in goods if (p[0], p[1] + 1) in bads}, "exactly the good record before each poison"
+        return
+    result = materialize_once(spark, config, table)
+    assert result.records_failed == len(bads), "every bad record accounted for"
+    rows = by_position(read_pyiceberg(state_dir, config.identifier(table)))
+    assert set(rows) == set(goods), "every good record in the table"
+    if mode == "dlq":
+        dead = by_position(read_pyiceberg(state_dir, config.identifier(table) + "_dlq"))
+        assert set(dead) == set(bads)
+        for position, (name, kind) in bads.items():
+            row = dead[position]
+            assert row["error_class"] in kind.split("|"), f"{name}: {row['error_class']} {row['error_message']}"
+            assert row["error_message"] and row["run_id"] == result.run_id
+        again = materialize_once(spark, config, table)
+        assert again.status == "up-to-date"
+        assert len(read_pyiceberg(state_dir, config.identifier(table) + "_dlq")) == len(bads)
+
+
+@pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
+def test_json_poison_catalogue(spark, broker, state_dir, topic, make_config, mode):
+    poisons = json_poisons()
+    goods, bads = lay_out(broker, topic, poisons, good_json)
+    config = make_config({"topic": topic, "format": "json", "schema": JSON_SCHEMA, "mode": "upsert",
+                          "errors": mode, "maxRecordBytes": MAX_BYTES})  # fmt: skip
+    check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
+
+
+@pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
+def test_avro_poison_catalogue(spark, broker, registry, state_dir, topic, make_config, mode):
+    poisons = avro_poisons(registry.url, topic)
+    serialize = avro_serializer(registry.url, topic, json.dumps(AVRO_SCHEMA))
+    goods, bads = lay_out(broker, topic, poisons, lambda i: serialize(payment(i)))
+    config = make_config({"topic": topic, "errors": mode, "maxRecordBytes": MAX_BYTES})
+    check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
+
+
+def test_unreachable_registry_is_not_a_bad_record(spark, broker, registry, state_dir, topic, make_config, monkeypatch):
+    """An environment failure must fail the run, never send good records to the DLQ."""
+    broker.create_topic(topic, 1)
+    serialize = avro_serializer(registry.url, topic, json.dumps(AVRO_SCHEMA))
+    produce(broker.bootstrap_servers, topic, [{"value": serialize(payment(1))}])
+    schema = json.dumps(AVRO_SCHEMA)
+    monkeypatch.setattr(decoding, "_latest_schema", lambda conf, subject: schema)  # the driver saw the registry...
+    monkeypatch.setattr(runner, "SOURCE_BACKOFF_S", 0.05)
+    config = make_config({"topic": topic, "errors": "dlq"}, registry_url="http://127.0.0.1:9")  # ...executors cannot
+    with pytest.raises(SourceError, match="unreachable|registry"):
+        runner.run_table(spark, config, config.tables[0], state_dir)
+    assert not IcebergTable(spark, config.identifier(config.tables[0]) + "_dlq").exists()
+    assert read_pyiceberg(state_dir, config.identifier(config.tables[0])) == []

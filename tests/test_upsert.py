@@ -1,0 +1,123 @@
+"""Upsert tables: the newest value per key wins, tombstones delete, reruns and crashes change nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import zlib
+
+import pytest
+import yaml
+
+from icefloe.runner import run_table
+from support import produce, read_duckdb, read_pyiceberg
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+SCHEMA = {"fields": [{"name": "account", "type": "string"}, {"name": "balance", "type": "long"}, {"name": "seq", "type": "long"}]}
+
+
+def changes(rng: random.Random, keys: int, count: int, start_seq: int = 0) -> list[dict]:
+    """Random upserts and tombstones over `keys` keys; a key always goes to the same partition, like Kafka's."""
+    out = []
+    for seq in range(start_seq, start_seq + count):
+        key = f"acct-{rng.randrange(keys)}"
+        value = None if rng.random() < 0.15 else json.dumps({"account": key, "balance": rng.randrange(10**6), "seq": seq}).encode()
+        out.append({"key": key.encode(), "value": value, "partition": zlib.crc32(key.encode()) % 3})
+    return out
+
+
+def expected_state(records: list[dict]) -> dict[bytes, dict | None]:
+    """What the topic implies: the last value per key (None after a tombstone)."""
+    state: dict[bytes, dict | None] = {}
+    for record in records:
+        state[record["key"]] = None if record["value"] is None else json.loads(record["value"])
+    return {k: v for k, v in state.items() if v is not None}
+
+
+def table_state(rows: list[dict]) -> dict[bytes, dict]:
+    keyed = {}
+    for row in rows:
+        assert row["kafka_key"] not in keyed, f"two rows for key {row['kafka_key']!r}"
+        keyed[row["kafka_key"]] = {"account": row["account"], "balance": row["balance"], "seq": row["seq"]}
+    return keyed
+
+
+def test_last_value_per_key_wins_and_tombstones_delete(spark, broker, state_dir, topic, make_config):
+    broker.create_topic(topic, 3)
+    rng = random.Random(11)
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert"})
+    sent: list[dict] = []
+    for batch in range(3):  # several batches: later ones update and delete rows earlier ones wrote
+        records = changes(rng, keys=40, count=150, start_seq=batch * 150)
+        produce(broker.bootstrap_servers, topic, records)
+        sent += records
+        result = run_table(spark, config, config.tables[0], state_dir)
+        assert result.status == "committed"
+        assert table_state(read_pyiceberg(state_dir, result.identifier)) == expected_state(sent)
+    assert table_state(read_duckdb(result.metadata_location)) == expected_state(sent)
+    assert run_table(spark, config, config.tables[0], state_dir).status == "up-to-date"
+
+
+def test_key_fields_with_json_key_tombstones(spark, broker, state_dir, topic, make_config):
+    """`key: [account]`: rows are matched on the value field; a tombstone's JSON key names the row to delete."""
+    broker.create_topic(topic, 1)
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert", "key": ["account"]})
+
+    def upsert(account, balance, seq):
+        return {"key": json.dumps({"account": account}).encode(),
+                "value": json.dumps({"account": account, "balance": balance, "seq": seq}).encode()}  # fmt: skip
+
+    produce(broker.bootstrap_servers, topic, [upsert("a", 1, 0), upsert("b", 2, 1), upsert("a", 3, 2),
+                                              {"key": json.dumps({"account": "b"}).encode(), "value": None}])  # fmt: skip
+    result = run_table(spark, config, config.tables[0], state_dir)
+    rows = read_pyiceberg(state_dir, result.identifier)
+    assert [(r["account"], r["balance"]) for r in rows] == [("a", 3)]
+
+
+def stack_file(path, bootstrap, table: dict):
+    path.write_text(yaml.safe_dump({"config": {
+        "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": bootstrap}],
+        "icefloe:tables": [{"sourceCluster": "local", **table}],
+    }}))  # fmt: skip
+    return path
+
+
+def test_sigkill_at_random_points_then_rerun_gives_the_last_value_per_key(broker, spark, state_dir, topic, tmp_path):
+    broker.create_topic(topic, 3)
+    rng = random.Random(int(os.environ.get("ICEFLOE_CRASH_SEED", time.time())))
+    sent = changes(rng, keys=5000, count=60_000)
+    produce(broker.bootstrap_servers, topic, sent)
+    path = stack_file(tmp_path / "Pulumi.upsert.yaml", broker.bootstrap_servers,
+                      {"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert", "maxRecordsPerRun": 25_000})  # fmt: skip
+    env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[2]"}
+    command = [sys.executable, "-m", "icefloe.cli", "run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)]
+    kills = 0
+    for _ in range(3):
+        process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+        started = threading.Event()
+
+        def watch(stream=process.stderr, seen=started) -> None:
+            for line in stream:
+                if "records from" in line:
+                    seen.set()
+
+        threading.Thread(target=watch, daemon=True).start()
+        assert started.wait(120)
+        time.sleep(rng.uniform(0.0, 5.0))  # somewhere in reading, merging, the offsets commit or publishing
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+            kills += 1
+        process.wait(60)
+    assert kills >= 1, "no run was killed mid-way: the test did not test a crash"
+    for _ in range(4):
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        if json.loads(done.stdout.strip().splitlines()[-1])["status"] == "up-to-date":
+            break
+    assert table_state(read_pyiceberg(state_dir, f"local.{topic}")) == expected_state(sent)
