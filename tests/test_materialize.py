@@ -134,14 +134,18 @@ def produce_orders(broker, registry, topic: str, ids: range, rng: random.Random)
     return {pos: {"value": v, "record": r} for pos, v, r in zip(positions, values, records)}
 
 
-def assert_rows_match(rows: list[dict], produced: dict, topic: str) -> None:
+def assert_rows_match(rows: list[dict], produced: dict, topic: str, empty_for_null_struct_list: bool = False) -> None:
+    """`empty_for_null_struct_list`: pyiceberg 0.12 reads a null list<struct> as [] (apache/iceberg-python#3833;
+    the Parquet file holds a null, which DuckDB reads back as null)."""
     keyed = by_position(rows)
     assert set(keyed) == set(produced), "table rows must be exactly the produced (partition, offset) pairs"
     for position, sent in produced.items():
         row = normalize(keyed[position])
         value = sent["value"]
         if value is None:
-            assert all(row[name] is None for name in FIELD_NAMES)
+            if empty_for_null_struct_list and row["items"] == []:
+                row["items"] = None
+            assert all(row[name] is None for name in FIELD_NAMES), str({n: row[n] for n in FIELD_NAMES if row[n] is not None})
         else:
             for name, want in expected_row(value).items():
                 assert row[name] == want, f"{position} field {name}: {row[name]!r} != {want!r}"
@@ -166,10 +170,10 @@ def test_avro_topic_lands_field_by_field(spark, broker, registry, state_dir, top
 
     assert result.status == "committed" and result.rows_written == len(produced)
     assert result.offsets == {p: 1 + max(o for (q, o) in produced if q == p) for p in range(3)}
-    iceberg_rows = read_pyiceberg(state_dir, result.identifier)
-    assert_rows_match(iceberg_rows, produced, topic)
     duck_rows = read_duckdb(result.metadata_location)
     assert_rows_match(duck_rows, produced, topic)
+    iceberg_rows = read_pyiceberg(state_dir, result.identifier)
+    assert_rows_match(iceberg_rows, produced, topic, empty_for_null_struct_list=True)
     spec = pyiceberg_catalog(state_dir).load_table(result.identifier).spec()
     assert [(f.name, str(f.transform)) for f in spec.fields] == [("created_ms_day", "day")]
 
@@ -193,21 +197,31 @@ def test_second_run_commits_nothing_and_new_records_only_add_rows(spark, broker,
     assert_rows_match(read_pyiceberg(state_dir, first.identifier), produced, topic)
 
 
-def test_bad_record_stops_with_partition_offset_and_commits_nothing(spark, broker, registry, state_dir, topic, make_config):
+def test_bad_record_stops_there_and_a_fixed_rerun_resumes_at_it(spark, broker, registry, state_dir, topic, make_config):
     broker.create_topic(topic, 3)
     rng = random.Random(3)
     produce_orders(broker, registry, topic, range(30), rng)
     config = make_config({"topic": topic})
-    first = run_table(spark, config, config.tables[0], state_dir)
-    # Wrong magic byte, then a good record behind it in the same partition.
+    run_table(spark, config, config.tables[0], state_dir)
+    # Wrong magic byte in partition 2, with good records behind it in every partition.
     bad = produce(broker.bootstrap_servers, topic, [{"value": b"\x07not-avro", "partition": 2}])[0]
-    produce_orders(broker, registry, topic, range(30, 33), rng)
+    later = produce_orders(broker, registry, topic, range(30, 36), rng)
 
     with pytest.raises(RecordError) as caught:
         materialize_once(spark, config, config.tables[0])
     assert (caught.value.partition, caught.value.offset) == bad
     assert "magic byte" in caught.value.cause.lower()
-    assert IcebergTable(spark, first.identifier).main_snapshot_id() == first.snapshot_id
+    identifier = config.identifier(config.tables[0])
+    state = IcebergTable(spark, identifier).committed_state(topic)
+    assert state.offsets == {0: 12, 1: 12, 2: bad[1]}, "nothing at or past the bad record is committed"
+    positions = set(by_position(read_pyiceberg(state_dir, identifier)))
+    assert {p for p in later if p[0] != 2} <= positions and not {p for p in later if p[0] == 2} & positions
+
+    # The fix (here: skip bad records) resumes exactly at the bad record.
+    fixed = make_config({"topic": topic, "errors": "skip"})
+    result = run_table(spark, fixed, fixed.tables[0], state_dir)
+    assert result.records_failed == 1 and result.rows_written == 2
+    assert len(by_position(read_pyiceberg(state_dir, identifier))) == 36
 
 
 def test_schema_evolution_adds_a_column(spark, broker, registry, state_dir, topic, make_config):
