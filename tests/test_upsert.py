@@ -91,14 +91,14 @@ def stack_file(path, bootstrap, table: dict):
 def test_sigkill_at_random_points_then_rerun_gives_the_last_value_per_key(broker, spark, state_dir, topic, tmp_path):
     broker.create_topic(topic, 3)
     rng = random.Random(int(os.environ.get("ICEFLOE_CRASH_SEED", time.time())))
-    sent = changes(rng, keys=5000, count=60_000)
+    sent = changes(rng, keys=5000, count=40_000)
     produce(broker.bootstrap_servers, topic, sent)
     path = stack_file(tmp_path / "Pulumi.upsert.yaml", broker.bootstrap_servers,
-                      {"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert", "maxRecordsPerRun": 25_000})  # fmt: skip
+                      {"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert", "maxRecordsPerRun": 15_000})  # fmt: skip
     env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[2]"}
     command = [sys.executable, "-m", "icefloe.cli", "run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)]
     kills = 0
-    for _ in range(3):
+    for _ in range(2):
         process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
         started = threading.Event()
 

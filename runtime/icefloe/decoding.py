@@ -182,7 +182,7 @@ def _registry_avro_decoder(spec: DecoderSpec, reader_schema: str | None, key: bo
         except (OSError, ConnectionError) as error:
             raise SourceError(f"schema registry {spec.registry_conf['url']} unreachable: {error}") from None
         except Exception as error:
-            if type(error).__module__.split(".")[0] in ("httpx", "httpcore", "requests", "urllib3"):
+            if type(error).__module__.split(".")[0].rstrip("0123456789") in ("httpx", "httpcore", "requests", "urllib3"):
                 raise SourceError(f"schema registry {spec.registry_conf['url']} unreachable: {error}") from None
             raise ValueError(f"Avro payload cannot be decoded: {type(error).__name__}: {error}") from None
 

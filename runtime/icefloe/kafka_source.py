@@ -113,7 +113,8 @@ def plan_ranges(
         if budget is not None:
             end = min(end, start + budget)
             budget -= max(0, end - start)
-        next_offsets[partition] = max(start, end)
+        if partition in committed or end > low:  # an empty, never-read partition needs no commit
+            next_offsets[partition] = max(start, end)
         if end > start:
             ranges.append(OffsetRange(topic, partition, start, end))
     return ranges, next_offsets

@@ -1,8 +1,8 @@
 """One batch for one table: plan offsets, read and convert in executors, write, commit data and offsets together.
 
-Error modes:
-  fail  the first bad record stops the batch; the batch is re-planned to end just before it and committed, then the
-        error is raised, so the table holds everything before the bad record and a fixed rerun resumes at it.
+Executors read every record once into a cached frame, bad records included as failed rows; then the error mode:
+  fail  each partition is cut just before its first bad record, what comes before is committed, and the error of the
+        earliest bad record is raised: the table holds everything before it and a fixed rerun resumes at it.
   skip  bad records are counted and logged (partition, offset, error; never the payload); the rest is committed.
   dlq   bad records go to the dead-letter table `<table>_dlq` first (its own offsets watermark keeps a crash and
         rerun from adding them twice), then the rest is committed.
@@ -17,6 +17,7 @@ import uuid
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 
+from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from .commit import commit_on_branch, drop_stale_branches
@@ -122,23 +123,14 @@ def materialize_once(spark, config: IcefloeConfig, table: TableSpec) -> BatchRes
         value_fields=tuple(f.name for f in value_fields),
         strict=decoder.format == "json",
         required=required_paths(table.inline_schema) if decoder.format == "json" else frozenset(),
-        errors=table.errors,
         needs_key=table.mode == "upsert" and not table.key,
         max_record_bytes=table.max_record_bytes,
     )
     write = _upsert_writer(table, struct) if table.mode == "upsert" else _append_writer(struct)
 
-    first_error: RecordError | None = None
-    while True:
-        try:
-            snapshot_id, rows, failed = _commit(spark, iceberg, table, plan, batch, state.snapshot_id, run_id, write)
-            break
-        except RecordError as error:  # only in fail mode: commit what comes before the bad record
-            first_error = first_error or error
-            log.error("%s: %s; committing the records before it", identifier, error)
-            batch = batch.cut_before(error.partition, error.offset)
-            if batch.next_offsets == state.offsets:
-                raise error
+    snapshot_id, rows, failed, batch, first_error = _commit(
+        spark, iceberg, table, plan, batch, state, run_id, write
+    )
     result = BatchResult(
         identifier=identifier,
         topic=table.topic,
@@ -152,52 +144,74 @@ def materialize_once(spark, config: IcefloeConfig, table: TableSpec) -> BatchRes
         run_id=run_id,
     )
     if first_error is not None:
+        log.error("%s: committed up to the bad record: %s", identifier, result.describe())
         raise first_error
     return result
 
 
-def _commit(spark, iceberg, table, plan, batch: Batch, base_snapshot_id, run_id, write) -> tuple[int, int, int]:
-    """Read the batch in executors and commit it; returns (main's snapshot, rows written, bad records)."""
+def _commit(spark, iceberg, table, plan, batch: Batch, state, run_id, write):
+    """Read the batch in executors, apply the error mode, commit; returns
+    (main's snapshot or None, rows written, bad records, the batch as committed, the error to raise in fail mode)."""
     rows = [(t.topic, t.partition, t.start, t.end) for t in batch.tasks()]
     task_rdd = spark.sparkContext.parallelize(rows, max(1, len(rows)))
     batch_schema = StructType.fromJson(json.loads(plan.batch_schema_json))
-    frame = spark.createDataFrame(task_rdd, "topic string, partition int, start long, end long").mapInArrow(
-        partial(read_batches, plan), batch_schema
+    # Kafka is read once: the error accounting, the dead letters and the write all use this cached frame.
+    frame = (
+        spark.createDataFrame(task_rdd, "topic string, partition int, start long, end long")
+        .mapInArrow(partial(read_batches, plan), batch_schema)
+        .persist()
     )
-    properties = {
-        OFFSETS_PROPERTY: json.dumps({str(p): o for p, o in batch.next_offsets.items()}),
-        TOPIC_PROPERTY: table.topic,
-        RUN_PROPERTY: run_id,
-    }
-    failed = 0
     try:
-        if table.errors != "fail" or table.mode == "upsert":
-            # Read Kafka once: bad records, good rows and the merge all use this cached frame.
-            frame = frame.persist()
-        if table.errors != "fail":
-            bad = frame.where("icefloe_error_class IS NOT NULL")
-            failed = bad.count()
-            if failed:
-                _log_failures(iceberg.identifier, bad)
-                if table.errors == "dlq":
-                    commit_dead_letters(spark, iceberg.identifier, table.topic, bad, batch.next_offsets, run_id)
-            frame = frame.where("icefloe_error_class IS NULL")
+        bad = frame.where("icefloe_error_class IS NOT NULL")
+        first_bad = {
+            row.kafka_partition: (row.first, row.failed)
+            for row in bad.groupBy("kafka_partition").agg(
+                F.min("kafka_offset").alias("first"), F.count("*").alias("failed")
+            ).collect()
+        }
+        good = frame.where("icefloe_error_class IS NULL")
+        failed, error = sum(n for _, n in first_bad.values()), None
+        if failed:
+            _log_failures(iceberg.identifier, bad)
+            if table.errors == "fail":
+                error = _first_error(bad, first_bad)
+                for partition, (offset, _) in first_bad.items():
+                    batch = batch.cut_before(partition, offset)
+                    good = good.where((F.col("kafka_partition") != partition) | (F.col("kafka_offset") < offset))
+                failed = 0
+                if batch.next_offsets == state.offsets:
+                    return None, 0, 0, batch, error
+            elif table.errors == "dlq":
+                commit_dead_letters(spark, iceberg.identifier, table.topic, bad, batch.next_offsets, run_id)
+        properties = {
+            OFFSETS_PROPERTY: json.dumps({str(p): o for p, o in batch.next_offsets.items()}),
+            TOPIC_PROPERTY: table.topic,
+            RUN_PROPERTY: run_id,
+        }
         written = {}
 
         def write_branch(target: str) -> None:
-            written["rows"] = write(spark, frame, target, properties)
+            written["rows"] = write(spark, good, target, properties)
 
-        snapshot_id = commit_on_branch(iceberg, base_snapshot_id, run_id, write_branch)
-        return snapshot_id, written["rows"], failed
+        snapshot_id = commit_on_branch(iceberg, state.snapshot_id, run_id, write_branch)
+        return snapshot_id, written["rows"], failed, batch, error
     except IcefloeError:
         raise
-    except Exception as error:
-        carried = unmark(str(error))
+    except Exception as failure:
+        carried = unmark(str(failure))
         if carried is not None:
             raise carried from None
         raise
     finally:
         frame.unpersist()
+
+
+def _first_error(bad, first_bad: dict[int, tuple[int, int]]) -> RecordError:
+    """The bad record that stops a `fail` table: the earliest offset, lowest partition first on ties."""
+    partition = min(first_bad, key=lambda p: (first_bad[p][0], p))
+    row = bad.where((F.col("kafka_partition") == partition) & (F.col("kafka_offset") == first_bad[partition][0]))
+    detail = row.select("icefloe_error_class", "icefloe_error_message").first()
+    return RecordError(partition, first_bad[partition][0], detail.icefloe_error_message, detail.icefloe_error_class)
 
 
 def _log_failures(identifier: str, bad) -> None:

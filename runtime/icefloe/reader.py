@@ -1,9 +1,8 @@
 """The executor side of a batch: read planned offset ranges, decode, convert, emit Arrow record batches.
 
 Runs inside Spark's `mapInArrow`; everything it needs travels in a picklable `ReadPlan`. A record that cannot be
-read is handled per the table's error mode: with `fail` the task stops with a marked error that the driver turns
-back into a `RecordError`; with `skip` and `dlq` the record is emitted as a failed row (no value, its raw bytes and
-the error) so the driver can count it or send it to the dead-letter table. Environment failures always stop.
+read is emitted as a failed row (no value; its raw bytes and the error), and the driver applies the table's error
+mode to those rows. An environment failure stops the task with a marked `SourceError` the driver recovers.
 """
 
 from __future__ import annotations
@@ -16,12 +15,12 @@ from typing import Iterator
 import pyarrow as pa
 
 from .decoding import DecoderSpec, build_decoder, build_key_decoder
-from .errors import RecordError, SourceError
+from .errors import SourceError
 from .kafka_source import OffsetRange, read_range
 
 _TIMESTAMP_TYPES = {0: None, 1: "CreateTime", 2: "LogAppendTime"}
 _MARKER = "ICEFLOE-ERROR"
-_MARKED = re.compile(_MARKER + r"(\{.*?\})" + _MARKER)
+_MARKED = re.compile(_MARKER + r'("(?:[^"\\]|\\.)*")' + _MARKER)
 
 
 @dataclass(frozen=True)
@@ -32,13 +31,12 @@ class ReadPlan:
     value_fields: tuple[str, ...]
     strict: bool  # JSON values are checked field by field; Avro values are typed by the decoder
     required: frozenset[str] = frozenset()  # inline fields declared `optional: false`
-    errors: str = "fail"
     needs_key: bool = False  # upsert keyed by the Kafka key: a record without one cannot be placed
     max_record_bytes: int = 8 * 1024 * 1024
     batch_rows: int = 20_000
 
     def __repr__(self) -> str:  # the Kafka config may hold credentials
-        return f"ReadPlan(decoder={self.decoder!r}, errors={self.errors!r})"
+        return f"ReadPlan(decoder={self.decoder!r})"
 
 
 def schema_id(payload: bytes | None) -> int | None:
@@ -52,10 +50,8 @@ def read_batches(plan: ReadPlan, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa
     """`mapInArrow` function: input rows are (topic, partition, start, end) tasks."""
     try:
         yield from _read(plan, tasks)
-    except RecordError as error:
-        raise RuntimeError(_mark("record", error.partition, error.offset, error.cause, error.kind)) from None
     except SourceError as error:
-        raise RuntimeError(_mark("source", None, None, str(error), "SourceError")) from None
+        raise RuntimeError(f"{_MARKER}{json.dumps(str(error))}{_MARKER}") from None
 
 
 def _read(plan: ReadPlan, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -78,8 +74,6 @@ def _read(plan: ReadPlan, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.Record
                 try:
                     value = _value(plan, decode, decode_key, convert, payload, key)
                 except _Bad as bad:
-                    if plan.errors == "fail":
-                        raise RecordError(msg.partition(), msg.offset(), bad.message, bad.kind) from None
                     failure = (bad.kind, bad.message, payload, schema_id(payload))
                 kind, ts = msg.timestamp()
                 builder.add(
@@ -88,9 +82,9 @@ def _read(plan: ReadPlan, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.Record
                     tombstone=payload is None and failure is None, error=failure, payload=payload,
                 )  # fmt: skip
                 if len(builder) >= plan.batch_rows:
-                    yield _build(plan, builder)
+                    yield _build(builder)
     if len(builder):
-        yield _build(plan, builder)
+        yield _build(builder)
 
 
 class _Bad(Exception):
@@ -127,7 +121,7 @@ def _value(plan: ReadPlan, decode, decode_key, convert, payload: bytes | None, k
     return value
 
 
-def _build(plan: ReadPlan, builder) -> pa.RecordBatch:
+def _build(builder) -> pa.RecordBatch:
     """Build the Arrow batch; a value Arrow refuses (rare: checks run first) becomes a bad record itself."""
     try:
         return builder.build()
@@ -137,24 +131,11 @@ def _build(plan: ReadPlan, builder) -> pa.RecordBatch:
         reason = builder.row_error(index)
         if reason is None:
             continue
-        partition, offset = builder.columns["kafka_partition"][index], builder.columns["kafka_offset"][index]
-        if plan.errors == "fail":
-            raise RecordError(partition, offset, reason, "ConversionError")
         builder.fail_row(index, "ConversionError", reason, schema_id(builder.payloads[index]))
     return builder.build()
 
 
-def _mark(kind: str, partition: int | None, offset: int | None, cause: str, error_class: str) -> str:
-    detail = {"kind": kind, "partition": partition, "offset": offset, "cause": cause, "class": error_class}
-    return f"{_MARKER}{json.dumps(detail)}{_MARKER}"
-
-
-def unmark(text: str) -> Exception | None:
-    """The icefloe error carried in a Spark failure's text, if any."""
+def unmark(text: str) -> SourceError | None:
+    """The environment failure carried in a Spark failure's text, if any."""
     match = _MARKED.search(text)
-    if not match:
-        return None
-    detail = json.loads(match.group(1))
-    if detail["kind"] == "record":
-        return RecordError(detail["partition"], detail["offset"], detail["cause"], detail["class"])
-    return SourceError(detail["cause"])
+    return SourceError(json.loads(match.group(1))) if match else None
