@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    for noisy in ("py4j", "urllib3", "botocore"):
+    for noisy in ("py4j", "urllib3", "botocore", "httpx", "httpx2"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         if args.command == "run":

@@ -27,17 +27,17 @@ ACCOUNTS = ["ABC123", "LMN456", "XYZ789"]
 
 
 def trades(count: int, seed: int = 7, start_ms: int | None = None) -> Iterator[tuple[str, dict]]:
-    """(key, value) pairs; the key is the account, so one account's trades stay in order in one partition."""
+    """(key, value) pairs; the key is the user, so one user's trades stay in order in one partition."""
     rng = random.Random(seed)
     now_ms = start_ms if start_ms is not None else int(time.time() * 1000) - count
     for index in range(count):
-        account = rng.choice(ACCOUNTS)
-        yield account, {
+        userid = f"User_{rng.randint(1, 9)}"
+        yield userid, {
             "side": rng.choice(("BUY", "SELL")),
             "quantity": rng.randint(1, 5000),
             "symbol": rng.choice(SYMBOLS),
             "price": rng.randint(5, 1000),
-            "account": account,
-            "userid": f"User_{rng.randint(1, 9)}",
+            "account": rng.choice(ACCOUNTS),
+            "userid": userid,
             "event_time": now_ms + index,
         }
