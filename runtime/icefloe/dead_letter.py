@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from .commit import commit_on_branch, drop_stale_branches
-from .iceberg_table import OFFSETS_PROPERTY, RUN_PROPERTY, TOPIC_PROPERTY, IcebergTable
+from .iceberg_table import OFFSETS_PROPERTY, RUN_PROPERTY, TOPIC_PROPERTY, IcebergTable, append_with_properties
 from .schema_mapping import METADATA_FIELDS
 
 DLQ_STRUCT = T.StructType(
@@ -55,10 +55,6 @@ def commit_dead_letters(spark, identifier: str, topic: str, bad, next_offsets: d
     properties = {OFFSETS_PROPERTY: json.dumps({str(p): o for p, o in marks.items()}), TOPIC_PROPERTY: topic,
                   RUN_PROPERTY: run_id}  # fmt: skip
 
-    def write(target: str) -> None:
-        writer = rows.writeTo(target)
-        for key, value in properties.items():
-            writer = writer.option(f"snapshot-property.{key}", value)
-        writer.append()
-
-    return commit_on_branch(dlq, state.snapshot_id, f"{run_id}_dlq", write)
+    return commit_on_branch(
+        dlq, state.snapshot_id, f"{run_id}_dlq", lambda target: append_with_properties(rows, target, properties)
+    )

@@ -27,6 +27,14 @@ DEFAULT_PROPERTIES = {
 }
 
 
+def append_with_properties(frame, target: str, properties: dict[str, str]) -> None:
+    """Append `frame` to `target` (a table or branch) in one snapshot whose summary carries `properties`."""
+    writer = frame.writeTo(target)
+    for key, value in properties.items():
+        writer = writer.option(f"snapshot-property.{key}", value)
+    writer.append()
+
+
 @dataclass(frozen=True)
 class CommittedState:
     """The table's current snapshot and the next Kafka offset per partition recorded in its ancestry."""
@@ -61,12 +69,7 @@ class IcebergTable:
         )
         # A first, empty snapshot gives every later commit a base to branch from.
         empty = self.spark.createDataFrame([], struct)
-        (
-            empty.writeTo(self.full_name)
-            .option(f"snapshot-property.{OFFSETS_PROPERTY}", "{}")
-            .option(f"snapshot-property.{TOPIC_PROPERTY}", topic)
-            .append()
-        )
+        append_with_properties(empty, self.full_name, {OFFSETS_PROPERTY: "{}", TOPIC_PROPERTY: topic})
         return True
 
     def evolve(self, struct) -> list[str]:

@@ -24,7 +24,7 @@ from .commit import commit_on_branch, drop_stale_branches
 from .dead_letter import commit_dead_letters
 from .decoding import decoder_spec
 from .errors import IcefloeError, RecordError
-from .iceberg_table import OFFSETS_PROPERTY, RUN_PROPERTY, TOPIC_PROPERTY, IcebergTable
+from .iceberg_table import OFFSETS_PROPERTY, RUN_PROPERTY, TOPIC_PROPERTY, IcebergTable, append_with_properties
 from .kafka_source import OffsetRange, client_config, plan_ranges
 from .reader import ReadPlan, read_batches, unmark
 from .schema_mapping import avro_value_fields, batch_struct, inline_value_fields, required_paths, table_struct
@@ -224,10 +224,7 @@ def _append_writer(struct):
     columns = [f.name for f in struct.fields]
 
     def append(spark, frame, target: str, properties: dict[str, str]) -> int:
-        writer = frame.select(*columns).writeTo(target)
-        for key, value in properties.items():
-            writer = writer.option(f"snapshot-property.{key}", value)
-        writer.append()
+        append_with_properties(frame.select(*columns), target, properties)
         table = target.rsplit(".branch_", 1)[0]
         added = spark.sql(
             f"SELECT summary['added-records'] AS added FROM {table}.snapshots "

@@ -11,6 +11,8 @@ from __future__ import annotations
 from pyspark.sql import Window
 from pyspark.sql import functions as F
 
+from .iceberg_table import append_with_properties
+
 
 def merge_batch(spark, frame, target: str, struct, key_columns: list[str], properties: dict[str, str]) -> int:
     """Merge one batch into `target` (a branch); returns the number of changes applied (upserts + deletes)."""
@@ -35,8 +37,5 @@ def merge_batch(spark, frame, target: str, struct, key_columns: list[str], prope
     )
     applied = changes.count()
     spark.catalog.dropTempView(view)
-    writer = spark.createDataFrame([], struct).writeTo(target)
-    for key, value in properties.items():
-        writer = writer.option(f"snapshot-property.{key}", value)
-    writer.append()
+    append_with_properties(spark.createDataFrame([], struct), target, properties)
     return applied
