@@ -20,6 +20,9 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 Convert = Callable[[Any], Any]
+# Types a decoder (fastavro) already hands over exactly as Arrow takes them; Arrow itself rejects what overflows.
+_AVRO_NATIVE = (T.BooleanType, T.IntegerType, T.FloatType, T.DoubleType, T.DecimalType, T.TimestampType,
+                T.TimestampNTZType, T.DateType, T.BinaryType)  # fmt: skip
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -32,16 +35,19 @@ class ValueConverter:
     def __init__(self, struct: T.StructType, strict: bool, required: frozenset[str] = frozenset()):
         self.strict = strict
         self.required = required  # dotted paths of fields declared `optional: false`
-        self.convert = self._struct(struct, "")
+        self.convert = self._struct(struct, "", top=True)
 
     def __call__(self, record: Any) -> Any:
         return self.convert(record)
 
-    def _compile(self, dtype: T.DataType, path: str) -> Convert:
+    def _compile(self, dtype: T.DataType, path: str) -> Convert | None:
+        """A converter for one type, or None where values pass through unchanged (decoder output, not JSON)."""
         if isinstance(dtype, T.StructType):
             return self._struct(dtype, path)
         if isinstance(dtype, T.ArrayType):
             element = self._compile(dtype.elementType, f"{path}[]")
+            if element is None:
+                return None
 
             def array(value: Any) -> Any:
                 if not isinstance(value, list):
@@ -52,6 +58,9 @@ class ValueConverter:
         if isinstance(dtype, T.MapType):
             key = self._compile(dtype.keyType, f"{path}.key")
             item = self._compile(dtype.valueType, f"{path}{{}}")
+            if key is None and item is None:
+                return None
+            key, item = key or _same, item or _same
 
             def mapping(value: Any) -> Any:
                 if not isinstance(value, dict):
@@ -59,12 +68,32 @@ class ValueConverter:
                 return [(key(k), None if v is None else item(v)) for k, v in value.items()]
 
             return mapping
+        if not self.strict and isinstance(dtype, _AVRO_NATIVE):
+            return None
         return _primitive(dtype, path, self.strict)
 
-    def _struct(self, struct: T.StructType, path: str) -> Convert:
+    def _struct(self, struct: T.StructType, path: str, top: bool = False) -> Convert | None:
         paths = [f"{path}.{f.name}".lstrip(".") for f in struct.fields]
-        fields = [(f.name, self._compile(f.dataType, p), p in self.required) for f, p in zip(struct.fields, paths)]
+        fields = [(f.name, self._compile(f.dataType, p) or _same, p in self.required) for f, p in zip(struct.fields, paths)]
         where = path or "value"
+        if not self.strict:
+            converted = [(name, convert) for name, convert, _ in fields if convert is not _same]
+            if not converted and not top:
+                return None
+
+            def lenient(value: Any) -> Any:
+                if not isinstance(value, dict):
+                    raise ValueError(f"{where}: expected a record, got {type(value).__name__}")
+                if not converted:
+                    return value
+                out = dict(value)
+                for name, convert in converted:
+                    item = out.get(name)
+                    if item is not None:
+                        out[name] = convert(item)
+                return out
+
+            return lenient
 
         def record(value: Any) -> Any:
             if not isinstance(value, dict):
@@ -79,6 +108,10 @@ class ValueConverter:
             return out
 
         return record
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _check_int(bounds: tuple[int, int], path: str, strict: bool) -> Convert:
@@ -249,7 +282,7 @@ class BatchBuilder:
     def clear(self) -> None:
         self.values: list[Any] = []
         self.payloads: list[bytes | None] = []  # kept (by reference) so a row refused later keeps its raw bytes
-        self.columns: dict[str, list[Any]] = {name: [] for name in _ROW_COLUMNS}
+        self.rows: list[tuple] = []  # metadata and status per record, in _ROW_COLUMNS order
 
     def __len__(self) -> int:
         return len(self.values)
@@ -266,12 +299,11 @@ class BatchBuilder:
             tombstone,
             *(error if error is not None else (None, None, None, None)),
         )  # fmt: skip
-        for name, item in zip(_ROW_COLUMNS, row):
-            self.columns[name].append(item)
+        self.rows.append(row)
 
     def build(self) -> pa.RecordBatch:
         values = pa.array(self.values, type=self.value_type).flatten()
-        columns = self.columns
+        columns = dict(zip(_ROW_COLUMNS, zip(*self.rows)))
         timestamps = pa.array(columns["kafka_timestamp"], type=pa.int64()).cast(pa.timestamp("ms"))
         rest = [
             pa.array(columns[name], type=self.schema.field(name).type)
@@ -287,8 +319,7 @@ class BatchBuilder:
         """Turn row `index` into a failed record: no value, its raw bytes and the error."""
         self.values[index] = None
         status = (False, kind, message, self.payloads[index], schema_id)
-        for name, item in zip(_ROW_COLUMNS[-5:], status):
-            self.columns[name][index] = item
+        self.rows[index] = self.rows[index][: -len(status)] + status
 
     def row_error(self, index: int) -> str | None:
         """Why Arrow refuses row `index` (None if it does not), to pinpoint a bad record in a failed batch."""
