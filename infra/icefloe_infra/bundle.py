@@ -21,7 +21,11 @@ from pathlib import Path
 
 import icefloe
 
-PLATFORMS = {"X86_64": "manylinux2014_x86_64", "ARM64": "manylinux2014_aarch64"}
+# EMR 7.x runs Amazon Linux 2023 (glibc 2.34): manylinux_2_28 and older wheels all load there.
+PLATFORMS = {
+    arch: [f"manylinux_2_28_{cpu}", f"manylinux_2_17_{cpu}", f"manylinux2014_{cpu}"]
+    for arch, cpu in (("X86_64", "x86_64"), ("ARM64", "aarch64"))
+}
 ENTRY_POINT = (
     '"""icefloe on EMR Serverless: the job\'s entry point (icefloe and its dependencies are in ./deps)."""\n'
     "import sys\n\n"
@@ -73,7 +77,7 @@ def build_bundle(
         if requirements:
             subprocess.run(
                 [sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--target", str(deps),
-                 "--platform", PLATFORMS[architecture], "--python-version", python_version,
+                 *(arg for tag in PLATFORMS[architecture] for arg in ("--platform", tag)), "--python-version", python_version,
                  "--implementation", "cp", "--only-binary=:all:", *requirements],
                 check=True,
             )  # fmt: skip

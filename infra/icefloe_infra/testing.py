@@ -16,6 +16,7 @@ import pulumi
 import yaml
 
 ACCOUNT_ID = "123456789012"
+_SIG, _SECRET = "4dabf18193072939515e22adb298388d", "1b47061264138c4ac30d75fd1eb44270"  # Pulumi's wire markers
 REGION = "eu-west-1"
 
 
@@ -44,6 +45,19 @@ class ProgramRun(list):
         return found[0]
 
 
+def _plain(value: Any) -> Any:
+    """Inputs as the engine would serialize them: assets and archives become their path (JSON-able values only)."""
+    if isinstance(value, dict):
+        if value.get(_SIG) == _SECRET:  # a secret: the engine would encrypt it in state; policies see the value
+            return _plain(value["value"])
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (pulumi.Asset, pulumi.Archive)):
+        return {"asset": getattr(value, "path", None) or getattr(value, "text", None)}
+    return value
+
+
 @dataclass
 class _Recorder(pulumi.runtime.Mocks):
     resources: list[RecordedResource] = field(default_factory=list)
@@ -52,13 +66,15 @@ class _Recorder(pulumi.runtime.Mocks):
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         service = args.typ.split(":")[1].split("/")[0] if ":" in args.typ else "x"
         physical = args.inputs.get("name") or args.inputs.get("bucket") or f"{args.name}-0001"
-        outputs = dict(args.inputs)
+        inputs = _plain(dict(args.inputs))
+        outputs = dict(inputs)
         if args.typ == "aws:s3/bucket:Bucket":
             outputs |= {"bucket": physical, "arn": f"arn:aws:s3:::{physical}"}
             resource_id = physical
         else:
             resource_id = f"{args.name}-id"
-            outputs.setdefault("arn", f"arn:aws:{service}:{REGION}:{ACCOUNT_ID}:{args.typ.split(':')[-1].lower()}/{args.name}")
+            where = "" if service == "iam" else REGION  # IAM ARNs carry no region
+            outputs.setdefault("arn", f"arn:aws:{service}:{where}:{ACCOUNT_ID}:{args.typ.split(':')[-1].lower()}/{args.name}")
         if args.typ == "random:index/randomPassword:RandomPassword":
             outputs["result"] = "generated0external0id0for0tests"
         if args.typ == "aws:cloudwatch/logGroup:LogGroup":
@@ -68,7 +84,7 @@ class _Recorder(pulumi.runtime.Mocks):
             resource_id = "00fabcdefghij123"
         outputs.setdefault("id", resource_id)
         with self.lock:
-            self.resources.append(RecordedResource(args.typ, args.name, dict(args.inputs), resource_id, outputs,
+            self.resources.append(RecordedResource(args.typ, args.name, inputs, resource_id, outputs,
                                                    bool(args.custom)))  # fmt: skip
         return resource_id, outputs
 
