@@ -316,3 +316,18 @@ def test_program_inputs_replay_against_moto(program):
                         "DeadLetterConfig": {"Arn": target["deadLetterConfig"]["arn"]}},
             )  # fmt: skip
         assert len(scheduler.list_schedules()["Schedules"]) == 3
+
+
+def test_bring_your_own_bucket_creates_no_bucket_and_scopes_roles_to_it(tmp_path):
+    byo = tmp_path / "Pulumi.byo.yaml"
+    byo.write_text((ROOT / "examples" / "Pulumi.minimal.yaml").read_text() + (
+        "  icefloe:storage:\n    existingBucket: corp-lake\n"
+        "    existingKmsKeyArn: arn:aws:kms:us-east-1:123456789012:key/1111-2222\n"
+    ))  # fmt: skip
+    program = run_program(byo)
+    assert program.of_type("aws:s3/bucket:Bucket") == [] and program.of_type("aws:kms/key:Key") == []
+    assert program.outputs["warehouseUri"] == "s3://corp-lake/warehouse"
+    job = {s["Sid"]: s for s in statements(next(p for p in program.of_type("aws:iam/rolePolicy:RolePolicy") if p.name == "icefloe-job-policy"))}
+    assert job["WarehouseReadWrite"]["Resource"] == ["arn:aws:s3:::corp-lake/warehouse/*"]
+    assert job["DataKey"]["Resource"] == ["arn:aws:kms:us-east-1:123456789012:key/1111-2222"]
+    assert len(program.of_type("aws:scheduler/schedule:Schedule")) == 1
