@@ -10,6 +10,14 @@ from .catalog import spark_catalog_conf
 from .spec import CatalogSpec
 
 SQLITE_JDBC_JAR = "/usr/share/java/sqlite-jdbc.jar"
+# A continuous run issues thousands of small queries: keep Spark's UI and listener bookkeeping bounded.
+BOUNDED_BOOKKEEPING = {
+    "spark.sql.ui.retainedExecutions": "20",
+    "spark.ui.retainedJobs": "50",
+    "spark.ui.retainedStages": "50",
+    "spark.ui.retainedTasks": "1000",
+    "spark.ui.dagGraph.retainedRootRDDs": "20",
+}
 
 
 def local_jars() -> list[str]:
@@ -31,7 +39,7 @@ def spark_session(catalog: CatalogSpec, state_dir: Path):
     """A local session (2 cores here) for a local catalog; otherwise the cluster's session, configured for Glue."""
     from pyspark.sql import SparkSession
 
-    conf = spark_catalog_conf(catalog, state_dir)
+    conf = spark_catalog_conf(catalog, state_dir) | BOUNDED_BOOKKEEPING
     if catalog.type == "local":
         # Executors must run this interpreter, which has icefloe's dependencies.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
