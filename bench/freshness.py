@@ -31,6 +31,29 @@ RESULTS = Path(__file__).parent / "results"
 TOPIC = "bench_fresh"
 
 
+def tree_rss_mib(pid: int) -> float:
+    """Resident memory of a process and all its descendants (the Python driver and Spark's JVM)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            for line in Path(f"/proc/{current}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+        todo.extend(children.get(current, []))
+    return total / 1024
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -85,7 +108,8 @@ def main() -> None:
                             seen[int(partition)] = max(seen.get(int(partition), 0), end)
                         summary = snapshot.summary.additional_properties
                         samples.append({"t": round(now - started, 1), "data_files": int(summary.get("total-data-files", 0)),
-                                        "bytes": int(summary.get("total-files-size", 0))})  # fmt: skip
+                                        "bytes": int(summary.get("total-files-size", 0)),
+                                        "job_rss_mib": round(tree_rss_mib(job.pid))})  # fmt: skip
                     time.sleep(0.2)
 
             started = time.time()
@@ -132,6 +156,9 @@ def main() -> None:
         "files_over_time": samples,
         "before_maintenance": {"data_files": before.get("data_files"), "bytes": before.get("bytes")},
         "after_maintenance": {"data_files": maintenance["data_files_after"], "snapshots": maintenance["snapshots_after"]},
+        "job_rss_mib": {"first_commit": samples[0]["job_rss_mib"] if samples else None,
+                        "last_commit": samples[-1]["job_rss_mib"] if samples else None,
+                        "max": max((s["job_rss_mib"] for s in samples), default=None)},
         "machine": f"{os.cpu_count()} cores shared by broker, producer, Spark and the reader",
     }
     RESULTS.mkdir(exist_ok=True)
@@ -152,6 +179,10 @@ def main() -> None:
         "",
         "File count over time (seconds since start: data files): "
         + ", ".join(f"{s['t']}: {s['data_files']}" for s in samples[:: max(1, len(samples) // 12)]),
+        "",
+        f"Continuous job memory (driver + JVM RSS, MiB): {report['job_rss_mib']['first_commit']} at the first commit, "
+        f"{report['job_rss_mib']['last_commit']} at the last, max {report['job_rss_mib']['max']} "
+        f"(a {args.seconds}s run: a trend, not an hours-long soak).",
     ]
     (RESULTS / "freshness.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -1,27 +1,38 @@
-"""The Pulumi program under Pulumi's mocks (the CLI and AWS provider cannot run here), and its inputs replayed
-against moto so botocore checks the AWS API shapes."""
+"""The Pulumi program under Pulumi's mocks (the CLI and AWS provider cannot run here), from the example stack files:
+every resource `pulumi up` would create, with the inputs that matter for safety and for the runtime."""
 
 from __future__ import annotations
 
+import gc
+import hashlib
 import json
 import re
-import tarfile
+import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
+from icefloe.catalog import EMR_ICEBERG_JAR
 from icefloe.cli import build_parser
-from icefloe.errors import ConfigError
 from icefloe.spec import load_config
-from icefloe_infra import emr as emr_module
 from icefloe_infra import iam as iam_module
-from icefloe_infra.bundle import build_bundle
-from icefloe_infra.deployment import load_stack_config
-from icefloe_infra.testing import ACCOUNT_ID, run_program, stack_config
+from icefloe_infra import jobs as jobs_module
+from icefloe_infra.testing import ACCOUNT_ID, REGION, decrypted_value, run_program, small_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "Pulumi.example.yaml"
-PASSWORD = "registry-password-set-with-pulumi-config-secret"
+MINIMAL = ROOT / "examples" / "Pulumi.minimal.yaml"
+BUCKET = "aws:s3/bucket:Bucket"
+ROLE, ROLE_POLICY = "aws:iam/role:Role", "aws:iam/rolePolicy:RolePolicy"
+SCHEDULE = "aws:scheduler/schedule:Schedule"
+OBJECT = "aws:s3/bucketObjectv2:BucketObjectv2"
+
+
+@pytest.fixture(autouse=True)
+def _collect_after_failed_programs():
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="module")
@@ -29,305 +40,418 @@ def program():
     return run_program(EXAMPLE)
 
 
-def doc(value):
+def document(value):
     return json.loads(value) if isinstance(value, str) else value
 
 
 def statements(resource) -> list[dict]:
-    policy = doc(resource.inputs.get("policy") or resource.inputs.get("assumeRolePolicy"))
-    return policy["Statement"]
+    return document(resource.inputs.get("policy") or resource.inputs.get("assumeRolePolicy"))["Statement"]
 
+
+def as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def policy_of(program, role_name: str) -> dict[str, dict]:
+    role = program.named(role_name)
+    (attached,) = [p for p in program.of_type(ROLE_POLICY) if p.inputs["role"] == role.id]
+    return {s["Sid"]: s for s in statements(attached)}
+
+
+def spark_conf(parameters: str) -> dict[str, str]:
+    words = shlex.split(parameters)
+    assert words[::2] == ["--conf"] * (len(words) // 2), parameters
+    return dict(word.split("=", 1) for word in words[1::2])
+
+
+# --- storage ------------------------------------------------------------------------------------------------
 
 def test_lakehouse_bucket_is_encrypted_private_versioned_and_tls_only(program):
-    bucket = program.one("aws:s3/bucket:Bucket")
+    bucket = program.one(BUCKET)
     key = program.one("aws:kms/key:Key")
-    assert key.inputs["enableKeyRotation"] is True
-    rule = program.one("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration").inputs["rules"][0]
+    assert key.inputs["enableKeyRotation"] is True and key.inputs["deletionWindowInDays"] == 30
+    encryption = program.one("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration")
+    (rule,) = encryption.inputs["rules"]
     assert rule["applyServerSideEncryptionByDefault"] == {"sseAlgorithm": "aws:kms", "kmsMasterKeyId": key.outputs["arn"]}
-    assert rule["bucketKeyEnabled"] is True
+    assert rule["bucketKeyEnabled"] is True and encryption.inputs["bucket"] == bucket.id
     block = program.one("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").inputs
-    assert all(block[k] is True for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets"))
-    assert program.one("aws:s3/bucketVersioning:BucketVersioning").inputs["versioningConfiguration"]["status"] == "Enabled"
+    assert [block[k] for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")] == [True] * 4
+    assert program.one("aws:s3/bucketVersioning:BucketVersioning").inputs["versioningConfiguration"] == {"status": "Enabled"}
     (deny,) = statements(program.one("aws:s3/bucketPolicy:BucketPolicy"))
-    assert deny["Effect"] == "Deny" and deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
-    assert deny["Resource"] == [bucket.outputs["arn"], bucket.outputs["arn"] + "/*"]
-    rules = {r["id"]: r for r in program.one("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration").inputs["rules"]}
-    assert rules["abort-incomplete-multipart-uploads"]["abortIncompleteMultipartUpload"]["daysAfterInitiation"] == 7
-    assert rules["expire-old-versions"]["noncurrentVersionExpiration"]["noncurrentDays"] == 30
-    assert bucket.inputs["tags"]["icefloe:stack"] == "example" and bucket.inputs["tags"]["icefloe:owner"]
+    assert deny == {"Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
+                    "Resource": [bucket.outputs["arn"], bucket.outputs["arn"] + "/*"],
+                    "Condition": {"Bool": {"aws:SecureTransport": "false"}}}
+    lifecycle = program.one("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration").inputs["rules"]
+    rules = {r["id"]: r for r in lifecycle}
+    assert rules["abort-incomplete-multipart-uploads"]["abortIncompleteMultipartUpload"] == {"daysAfterInitiation": 7}
+    assert rules["expire-old-versions"]["noncurrentVersionExpiration"] == {"noncurrentDays": 30}
+    assert all(r["status"] == "Enabled" for r in lifecycle)
+    assert bucket.inputs["forceDestroy"] is False
+    assert bucket.inputs["tags"] == {"icefloe:stack": "example", "icefloe:owner": "data-platform@example.com",
+                                     "cost-center": "analytics", "icefloe:role": "lakehouse"}
 
 
-def test_glue_database_per_cluster_points_at_the_warehouse(program):
+def test_bring_your_own_bucket_creates_no_bucket_and_scopes_roles_to_it(tmp_path):
+    document_ = yaml.safe_load(MINIMAL.read_text())
+    document_["config"]["icefloe:storage"] = {
+        "existingBucket": "corp-lake", "existingKmsKeyArn": "arn:aws:kms:us-east-1:123456789012:key/1111-2222"}
+    byo = tmp_path / "Pulumi.byo.yaml"
+    byo.write_text(yaml.safe_dump(document_))
+    run = run_program(byo)
+    assert run.of_type(BUCKET) == [] and run.of_type("aws:kms/key:Key") == []
+    assert run.of_type("aws:s3/bucketPolicy:BucketPolicy") == []  # the user's bucket policy is theirs
+    assert run.outputs["warehouseUri"] == "s3://corp-lake/warehouse"
+    job = policy_of(run, "icefloe-job-role")
+    assert job["WarehouseReadWrite"]["Resource"] == ["arn:aws:s3:::corp-lake/warehouse/*"]
+    assert job["DataKey"]["Resource"] == ["arn:aws:kms:us-east-1:123456789012:key/1111-2222"]
+    assert {o.inputs["bucket"] for o in run.of_type(OBJECT)} == {"corp-lake"}
+
+
+# --- Glue ----------------------------------------------------------------------------------------------------
+
+def test_one_glue_database_per_cluster_at_the_warehouse_kept_on_destroy(program, tmp_path):
     (database,) = program.of_type("aws:glue/catalogDatabase:CatalogDatabase")
-    assert database.inputs["name"] == "main"
+    assert database.inputs["name"] == "main" and program.outputs["glueDatabases"] == ["main"]
     assert database.inputs["locationUri"] == program.outputs["warehouseUri"] + "/main.db"
     assert database.inputs["tags"]["icefloe:stack"] == "example"
+    assert database.inputs["tags"]["icefloe:owner"] == "data-platform@example.com"
+    # Tables are the runtime's: nothing in the program declares one, so `pulumi destroy` cannot delete them.
+    assert program.of_type("aws:glue/catalogTable:CatalogTable") == []
 
+
+def retained_on_delete(path: Path, classes: list[tuple[object, str]]) -> dict[str, bool]:
+    """Run the program and record retainOnDelete per resource: resource options never reach the mocks."""
+    seen: dict[str, bool] = {}
+
+    def spying_on(real):
+        def spy(resource_name, *args, opts=None, **kwargs):
+            seen[resource_name] = bool(opts and opts.retain_on_delete)
+            return real(resource_name, *args, opts=opts, **kwargs)
+
+        return spy
+
+    with pytest.MonkeyPatch.context() as patch:
+        for module, name in classes:
+            patch.setattr(module, name, spying_on(getattr(module, name)))
+        run_program(path)
+    return seen
+
+
+def test_data_outlives_destroy_unless_the_user_opts_in(tmp_path):
+    import pulumi_aws as aws
+
+    classes = [(aws.glue, "CatalogDatabase"), (aws.kms, "Key"), (aws.s3, "Bucket"),
+               (aws.s3, "BucketServerSideEncryptionConfiguration"), (aws.s3, "BucketPublicAccessBlock"),
+               (aws.s3, "BucketVersioning"), (aws.s3, "BucketPolicy"), (aws.s3, "BucketLifecycleConfiguration"),
+               (aws.emrserverless, "Application")]
+    results = {}
+    for opt_in in (False, True):
+        document_ = yaml.safe_load(MINIMAL.read_text())
+        document_["config"]["icefloe:glue"] = {"deleteTablesOnDestroy": opt_in}
+        document_["config"]["icefloe:storage"] = {"forceDestroy": opt_in}
+        path = tmp_path / f"Pulumi.destroy{int(opt_in)}.yaml"
+        path.write_text(yaml.safe_dump(document_))
+        results[opt_in] = retained_on_delete(path, classes)
+    data = {"icefloe-glue-events", "icefloe-lakehouse-key", "icefloe-lakehouse-bucket", "icefloe-lakehouse-encryption",
+            "icefloe-lakehouse-public-access", "icefloe-lakehouse-versioning", "icefloe-lakehouse-tls-only",
+            "icefloe-lakehouse-lifecycle"}
+    assert set(results[False]) == data | {"icefloe-emr-spark"}
+    assert all(results[False][n] for n in data) and not any(results[True][n] for n in data)
+    assert results[False]["icefloe-emr-spark"] is False  # compute goes with the stack
+
+
+# --- IAM ----------------------------------------------------------------------------------------------------
 
 def test_external_roles_trust_exactly_the_principal_and_require_the_external_id(program):
-    roles = {r.name: r for r in program.of_type("aws:iam/role:Role")}
-    (snowflake,) = statements(roles["icefloe-snowflake-role"])
+    (snowflake,) = statements(program.named("icefloe-snowflake-role"))
     assert snowflake == {"Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::210987654321:user/snowflake-integration"},
-                         "Action": "sts:AssumeRole", "Condition": {"StringEquals": {"sts:ExternalId": "MYORG_SFCRole=2_abcdefg"}}}
-    (athena,) = statements(roles["icefloe-athena-analytics-role"])
+                         "Action": "sts:AssumeRole",
+                         "Condition": {"StringEquals": {"sts:ExternalId": "MYORG_SFCRole=2_abcdefg"}}}
+    (athena,) = statements(program.named("icefloe-athena-analytics-role"))
     generated = program.outputs["externalIds"]["athena-analytics"]
-    assert athena["Principal"] == {"AWS": "arn:aws:iam::111122223333:role/analytics-athena"}
-    assert athena["Condition"] == {"StringEquals": {"sts:ExternalId": generated}} and len(generated) >= 16
-    (job,) = statements(roles["icefloe-job-role"])
-    assert job["Principal"] == {"Service": "emr-serverless.amazonaws.com"}
-    assert job["Condition"] == {"StringEquals": {"aws:SourceAccount": ACCOUNT_ID}}
+    assert athena == {"Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::111122223333:role/analytics-athena"},
+                      "Action": "sts:AssumeRole", "Condition": {"StringEquals": {"sts:ExternalId": generated}}}
+    password = program.one("random:index/randomPassword:RandomPassword").inputs
+    assert password["length"] >= 32 and password["special"] is False  # ExternalId allows [\w+=,.@:/-]
+    assert "externalIds" in program.secret_outputs
+
+
+def test_service_roles_trust_their_service_for_this_account_only(program):
+    for role, service in (("icefloe-job-role", "emr-serverless.amazonaws.com"),
+                          ("icefloe-schedules-role", "scheduler.amazonaws.com")):
+        (trust,) = statements(program.named(role))
+        assert trust == {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole",
+                         "Condition": {"StringEquals": {"aws:SourceAccount": ACCOUNT_ID}}}
+    assert len(program.of_type(ROLE)) == 4  # job, scheduler, two external readers
 
 
 def test_no_statement_grants_wildcard_actions_and_every_resource_is_scoped(program):
-    bucket_arn = program.one("aws:s3/bucket:Bucket").outputs["arn"]
-    for policy in program.of_type("aws:iam/rolePolicy:RolePolicy"):
-        for statement in statements(policy):
-            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
-            assert all("*" not in action for action in actions), (policy.name, actions)
-            resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
-            assert "*" not in resources, (policy.name, statement)
-            for arn in resources:
-                if arn.startswith("arn:aws:s3"):
+    bucket_arn = program.one(BUCKET).outputs["arn"]
+    own = {ACCOUNT_ID}
+    for attached in program.of_type(ROLE_POLICY):
+        for statement in statements(attached):
+            assert statement["Effect"] == "Allow"
+            for action in as_list(statement["Action"]):
+                assert "*" not in action, (attached.name, action)
+            for arn in as_list(statement["Resource"]):
+                assert arn != "*" and arn.startswith("arn:aws:"), (attached.name, arn)
+                service, region, account = arn.split(":")[2:5]
+                if service == "s3":
                     assert arn == bucket_arn or arn.startswith(bucket_arn + "/"), arn
-    job = {s["Sid"]: s for s in statements(next(p for p in program.of_type("aws:iam/rolePolicy:RolePolicy") if p.name == "icefloe-job-policy"))}
-    assert job["WarehouseReadWrite"]["Resource"] == [f"{bucket_arn}/warehouse/*"]
-    assert job["KafkaCredentials"]["Resource"][0].startswith("arn:aws:secretsmanager:eu-west-1:123456789012:secret:icefloe/kafka-main")
-    assert job["JobLogs"]["Resource"][0].startswith("arn:aws:logs:")
-    external = statements(next(p for p in program.of_type("aws:iam/rolePolicy:RolePolicy") if p.name == "icefloe-snowflake-read"))
-    assert all(not a.startswith(("s3:Put", "s3:Delete", "glue:Create", "glue:Update", "glue:Delete"))
-               for s in external for a in s["Action"])  # fmt: skip
+                else:
+                    assert account in own and region in ("", REGION), arn
 
+
+def test_job_role_reaches_its_prefixes_key_tables_secrets_and_logs(program):
+    bucket_arn = program.one(BUCKET).outputs["arn"]
+    job = policy_of(program, "icefloe-job-role")
+    assert job["WarehouseReadWrite"]["Resource"] == [f"{bucket_arn}/warehouse/*"]
+    assert job["ReadBundleAndConfig"] == {"Sid": "ReadBundleAndConfig", "Effect": "Allow", "Action": ["s3:GetObject"],
+                                          "Resource": [f"{bucket_arn}/icefloe/*"]}
+    assert job["WriteJobLogs"]["Action"] == ["s3:PutObject"] and job["WriteJobLogs"]["Resource"] == [f"{bucket_arn}/logs/*"]
+    assert job["ListWarehouse"]["Condition"] == {"StringLike": {"s3:prefix": ["warehouse/*", "warehouse"]}}
+    assert job["DataKey"]["Resource"] == [program.outputs["kmsKeyArn"]]
+    glue = f"arn:aws:glue:{REGION}:{ACCOUNT_ID}"
+    assert job["GlueTables"]["Resource"] == [f"{glue}:catalog", f"{glue}:database/main", f"{glue}:table/main/*"]
+    created = program.one("aws:secretsmanager/secret:Secret").outputs["arn"]
+    assert job["KafkaCredentials"]["Resource"] == [
+        "arn:aws:secretsmanager:eu-west-1:123456789012:secret:icefloe/kafka-main-AbCdEf", created]
+    log_group = program.one("aws:cloudwatch/logGroup:LogGroup").outputs["arn"]
+    assert job["JobLogs"]["Resource"] == [f"{log_group}:*"]
+
+
+def test_external_roles_only_read(program):
+    for name in ("icefloe-snowflake-role", "icefloe-athena-analytics-role"):
+        read = policy_of(program, name)
+        actions = {a for s in read.values() for a in as_list(s["Action"])}
+        assert actions == {"s3:GetObject", "s3:GetObjectVersion", "s3:ListBucket", "s3:GetBucketLocation",
+                           "kms:Decrypt", "kms:DescribeKey", "glue:GetCatalog", "glue:GetDatabase",
+                           "glue:GetDatabases", "glue:GetTable", "glue:GetTables", "glue:GetPartitions"}
+        assert read["ReadWarehouse"]["Resource"] == [program.one(BUCKET).outputs["arn"] + "/warehouse/*"]
+
+
+def test_scheduler_role_starts_jobs_on_this_application_and_passes_only_the_job_role(program):
+    policy = policy_of(program, "icefloe-schedules-role")
+    app_arn = program.one("aws:emrserverless/application:Application").outputs["arn"]
+    assert policy["StartTableJobs"]["Resource"] == [app_arn, f"{app_arn}/jobruns/*"]
+    assert policy["PassJobRole"]["Resource"] == [program.outputs["jobRoleArn"]]
+    assert policy["PassJobRole"]["Condition"] == {"StringEquals": {"iam:PassedToService": "emr-serverless.amazonaws.com"}}
+    assert policy["DeadLetters"]["Resource"] == [program.one("aws:sqs/queue:Queue").outputs["arn"]]
+
+
+# --- EMR and the bundle ----------------------------------------------------------------------------------------
 
 def test_emr_application_is_bounded_and_logs_to_the_bucket_and_cloudwatch(program):
     app = program.one("aws:emrserverless/application:Application").inputs
-    assert app["type"] == "spark" and re.match(r"emr-7\.\d+\.\d+$", app["releaseLabel"]) and app["architecture"] == "X86_64"
-    assert app["autoStartConfiguration"]["enabled"] and app["autoStopConfiguration"] == {"enabled": True, "idleTimeoutMinutes": 15}
+    assert app["type"] == "spark" and app["releaseLabel"] == "emr-7.5.0" and app["architecture"] == "X86_64"
+    assert app["autoStartConfiguration"] == {"enabled": True}
+    assert app["autoStopConfiguration"] == {"enabled": True, "idleTimeoutMinutes": 15}
     assert app["maximumCapacity"] == {"cpu": "16 vCPU", "memory": "64 GB", "disk": "200 GB"}
+    assert app["imageConfiguration"] == {"imageUri": "123456789012.dkr.ecr.eu-west-1.amazonaws.com/icefloe-emr:7.5.0-py311"}
+    assert "networkConfiguration" not in app
     monitoring = app["monitoringConfiguration"]
-    assert monitoring["s3MonitoringConfiguration"]["logUri"] == f"s3://{program.outputs['bucket']}/logs/"
-    assert monitoring["cloudwatchLoggingConfiguration"]["enabled"] is True
+    assert monitoring["s3MonitoringConfiguration"] == {"logUri": f"s3://{program.outputs['bucket']}/logs/",
+                                                       "encryptionKeyArn": program.outputs["kmsKeyArn"]}
+    assert monitoring["cloudwatchLoggingConfiguration"] == {
+        "enabled": True, "logGroupName": program.outputs["logGroup"], "logStreamNamePrefix": "icefloe"}
     assert program.one("aws:cloudwatch/logGroup:LogGroup").inputs["retentionInDays"] == 30
 
 
-def test_one_schedule_per_enabled_table_with_a_job_the_runtime_accepts(program, tmp_path):
-    schedules = {s.inputs["description"].split()[-1]: s for s in program.of_type("aws:scheduler/schedule:Schedule")}
+def test_vpc_subnets_and_security_groups_reach_the_application(tmp_path):
+    document_ = yaml.safe_load(MINIMAL.read_text())
+    document_["config"]["icefloe:emr"] |= {"subnetIds": ["subnet-0a1b", "subnet-0c2d"], "securityGroupIds": ["sg-0123"],
+                                          "architecture": "ARM64"}
+    path = tmp_path / "Pulumi.vpc.yaml"
+    path.write_text(yaml.safe_dump(document_))
+    built = []
+
+    def build(architecture, python_version):
+        built.append((architecture, python_version))
+        return small_bundle(architecture, python_version)
+
+    run = run_program(path, build=build)
+    app = run.one("aws:emrserverless/application:Application").inputs
+    assert app["networkConfiguration"] == {"subnetIds": ["subnet-0a1b", "subnet-0c2d"], "securityGroupIds": ["sg-0123"]}
+    assert app["architecture"] == "ARM64" and built == [("ARM64", "3.11")]  # the bundle follows the application
+
+
+def test_bundle_entry_point_and_config_are_content_addressed_objects(program):
+    objects = {o.name: o.inputs for o in program.of_type(OBJECT)}
+    digest = program.outputs["bundleDigest"]
+    assert objects["icefloe-runtime-bundle"]["key"] == f"icefloe/bundle/{digest}/deps.tar.gz"
+    assert objects["icefloe-runtime-entry-point"]["key"] == f"icefloe/bundle/{digest}/main.py"
+    assert Path(objects["icefloe-runtime-bundle"]["source"]["asset"]).name.startswith("icefloe-deps-" + digest[:16])
+    config = objects["icefloe-runtime-job-config"]
+    assert config["key"] == f"icefloe/config/{hashlib.sha256(config['content'].encode()).hexdigest()}.json"
+    assert program.outputs["jobConfigUri"] == f"s3://{program.outputs['bucket']}/{config['key']}"
+
+
+# --- schedules ----------------------------------------------------------------------------------------------
+
+def scheduled(program) -> dict[str, dict]:
+    return {s.inputs["description"].removeprefix("icefloe: materialize "): s.inputs for s in program.of_type(SCHEDULE)}
+
+
+def test_one_schedule_per_enabled_table_at_its_refresh(program):
+    schedules = scheduled(program)
     assert set(schedules) == {"main.stock_trades", "main.accounts", "main.clickstream"}  # audit_log is disabled
-    assert schedules["main.stock_trades"].inputs["scheduleExpression"] == "rate(15 minutes)"
-    assert schedules["main.accounts"].inputs["scheduleExpression"] == "rate(5 minutes)"
-    config_object = next(o for o in program.of_type("aws:s3/bucketObjectv2:BucketObjectv2") if o.name == "icefloe-job-config")
-    for identifier, schedule in schedules.items():
-        target = schedule.inputs["target"]
+    assert schedules["main.stock_trades"]["scheduleExpression"] == "rate(15 minutes)"
+    assert schedules["main.accounts"]["scheduleExpression"] == "rate(5 minutes)"
+    assert schedules["main.clickstream"]["scheduleExpression"] == "rate(60 minutes)"  # restarts the streaming job
+    for schedule in schedules.values():
+        assert schedule["state"] == "ENABLED" and schedule["flexibleTimeWindow"] == {"mode": "OFF"}
+        target = schedule["target"]
         assert target["arn"] == "arn:aws:scheduler:::aws-sdk:emrserverless:startJobRun"
+        assert target["roleArn"] == program.outputs["schedulerRoleArn"]
         assert target["retryPolicy"] == {"maximumRetryAttempts": 3, "maximumEventAgeInSeconds": 3600}
-        assert target["deadLetterConfig"]["arn"].startswith("arn:aws:sqs:")
-        request = json.loads(target["input"])
-        assert request["ClientToken"] == "<aws.scheduler.execution-id>"
-        assert request["ExecutionRoleArn"] == program.outputs["jobRoleArn"]
+        assert target["deadLetterConfig"] == {"arn": program.one("aws:sqs/queue:Queue").outputs["arn"]}
+    assert program.one("aws:sqs/queue:Queue").inputs["messageRetentionSeconds"] == 14 * 86400
+
+
+def test_each_schedule_starts_a_job_the_runtime_entry_point_accepts(program, tmp_path):
+    bucket = program.outputs["bucket"]
+    for identifier, schedule in scheduled(program).items():
+        request = json.loads(schedule["target"]["input"])
+        assert set(request) == {"ApplicationId", "ExecutionRoleArn", "ClientToken", "Name", "Mode",
+                                "ExecutionTimeoutMinutes", "JobDriver", "ConfigurationOverrides"}
+        assert request["ClientToken"] == "<aws.scheduler.execution-id>"  # unique per firing
         assert request["ApplicationId"] == program.outputs["applicationId"]
+        assert request["ExecutionRoleArn"] == program.outputs["jobRoleArn"]
         driver = request["JobDriver"]["SparkSubmit"]
-        args = build_parser().parse_args(driver["EntryPointArguments"])  # the runtime's own parser accepts it
+        args = build_parser().parse_args(driver["EntryPointArguments"])  # the runtime's own parser
         assert args.command == "run" and args.table == [identifier] and args.json
-        assert args.config == f"s3://{program.outputs['bucket']}/{config_object.inputs['key']}"
-        assert args.continuous == (identifier == "main.clickstream") and request["Mode"] == ("STREAMING" if args.continuous else "BATCH")
-        assert driver["EntryPoint"].endswith(f"/icefloe/bundle/{program.outputs['bundleDigest']}/main.py")
-        assert "spark.sql.catalog.icefloe.type=glue" in driver["SparkSubmitParameters"]
-        assert f"deps.tar.gz#deps" in driver["SparkSubmitParameters"]
-    # The config the job reads is the validated spec on Glue, with the stack-created secret referenced by ARN.
+        assert args.config == program.outputs["jobConfigUri"]
+        continuous = identifier == "main.clickstream"
+        assert (args.continuous, args.once) == (continuous, not continuous)
+        assert request["Mode"] == ("STREAMING" if continuous else "BATCH")
+        assert request["ExecutionTimeoutMinutes"] == {"main.stock_trades": 60, "main.accounts": 30,
+                                                      "main.clickstream": 60}[identifier]
+        assert driver["EntryPoint"] == f"s3://{bucket}/icefloe/bundle/{program.outputs['bundleDigest']}/main.py"
+        logs = request["ConfigurationOverrides"]["MonitoringConfiguration"]["S3MonitoringConfiguration"]
+        assert logs == {"LogUri": f"s3://{bucket}/logs/", "EncryptionKeyArn": program.outputs["kmsKeyArn"]}
+
+
+def test_spark_parameters_come_from_the_runtime_catalog_settings(program):
+    from icefloe.catalog import spark_catalog_conf
+    from icefloe.spec import CatalogSpec
+
+    request = json.loads(next(iter(scheduled(program).values()))["target"]["input"])
+    conf = spark_conf(request["JobDriver"]["SparkSubmit"]["SparkSubmitParameters"])
+    expected_catalog = spark_catalog_conf(CatalogSpec(type="glue", warehouse=program.outputs["warehouseUri"]))
+    assert conf.items() >= expected_catalog.items()
+    bucket, digest = program.outputs["bucket"], program.outputs["bundleDigest"]
+    assert conf["spark.jars"] == EMR_ICEBERG_JAR
+    assert conf["spark.archives"] == f"s3://{bucket}/icefloe/bundle/{digest}/deps.tar.gz#deps"
+    for key in ("spark.emr-serverless.driverEnv.PYSPARK_DRIVER_PYTHON", "spark.emr-serverless.driverEnv.PYSPARK_PYTHON",
+                "spark.executorEnv.PYSPARK_PYTHON"):
+        assert conf[key] == "/usr/bin/python3.11"
+    assert conf["spark.executorEnv.PYTHONPATH"] == conf["spark.emr-serverless.driverEnv.PYTHONPATH"] == "./deps"
+    assert conf["spark.executor.instances"] == "1" and conf["spark.dynamicAllocation.maxExecutors"] == "4"
+
+
+def test_short_refreshes_run_continuously_and_schedule_settings_apply(tmp_path):
+    document_ = yaml.safe_load(MINIMAL.read_text())
+    document_["config"]["icefloe:tables"] = [
+        {"sourceCluster": "events", "topic": "orders", "refresh": "2m"},
+        {"sourceCluster": "events", "topic": "payments", "refresh": "90s"},
+        {"sourceCluster": "events", "topic": "daily", "refresh": "1d"},
+    ]
+    document_["config"]["icefloe:schedule"] = {"continuousBelow": "100s", "maximumRetryAttempts": 0,
+                                              "maximumEventAge": "5m", "state": "DISABLED"}
+    path = tmp_path / "Pulumi.short.yaml"
+    path.write_text(yaml.safe_dump(document_))
+    run = run_program(path)
+    schedules = scheduled(run)
+    modes = {k: json.loads(s["target"]["input"])["Mode"] for k, s in schedules.items()}
+    assert modes == {"events.orders": "BATCH", "events.payments": "STREAMING", "events.daily": "BATCH"}
+    assert schedules["events.orders"]["scheduleExpression"] == "rate(2 minutes)"
+    assert schedules["events.daily"]["scheduleExpression"] == "rate(1440 minutes)"
+    assert json.loads(schedules["events.daily"]["target"]["input"])["ExecutionTimeoutMinutes"] == 720
+    assert all(s["state"] == "DISABLED" for s in schedules.values())
+    assert all(s["target"]["retryPolicy"] == {"maximumRetryAttempts": 0, "maximumEventAgeInSeconds": 300}
+               for s in schedules.values())
+    assert run.outputs["scheduledTables"] == {"events.orders": "rate(2 minutes)", "events.payments": "continuous",
+                                              "events.daily": "rate(1440 minutes)"}
+
+
+# --- the job's config and secrets ---------------------------------------------------------------------------------
+
+def test_job_config_is_the_validated_spec_on_glue_with_secrets_by_arn(program, tmp_path):
+    body = next(o for o in program.of_type(OBJECT) if o.name == "icefloe-runtime-job-config").inputs["content"]
+    assert set(json.loads(body)) == {"config"}
     path = tmp_path / "job.json"
-    path.write_text(config_object.inputs["content"])
-    job_config = load_config(str(path))
-    assert job_config.catalog.type == "glue" and job_config.catalog.warehouse == program.outputs["warehouseUri"]
-    registry_ref = job_config.source_clusters[0].schema_registry.credentials_secret
-    assert registry_ref.secret_arn and registry_ref.secret_arn.startswith("arn:aws:secretsmanager:")
-    assert config_object.inputs["key"].startswith("icefloe/config/") and config_object.inputs["key"].endswith(".json")
+    path.write_text(body)
+    config = load_config(str(path))  # the runtime's own loader
+    assert config.catalog.type == "glue" and config.catalog.warehouse == program.outputs["warehouseUri"]
+    cluster = config.source_clusters[0]
+    assert cluster.credentials_secret.secret_arn == "arn:aws:secretsmanager:eu-west-1:123456789012:secret:icefloe/kafka-main-AbCdEf"
+    assert cluster.schema_registry.credentials_secret.secret_arn == program.one("aws:secretsmanager/secret:Secret").outputs["arn"]
+    assert [config.identifier(t) for t in config.tables] == program.outputs["tables"]
+    assert [t.enabled for t in config.tables] == [True, True, True, False]
 
 
-def test_secrets_never_appear_in_plain_text_outside_the_secret_version(program):
-    created = program.of_type("aws:secretsmanager/secretVersion:SecretVersion")
-    assert len(created) == 1 and PASSWORD in created[0].inputs["secretString"]
+def test_secret_values_appear_only_in_the_secret_version(program):
+    password = json.loads(program.config["icefloe:secrets"])["registry"]["password"]
+    assert password == decrypted_value(
+        yaml.safe_load(EXAMPLE.read_text())["config"]["icefloe:secrets"]["registry"]["password"]["secure"])
+    (version,) = program.of_type("aws:secretsmanager/secretVersion:SecretVersion")
+    assert json.loads(version.inputs["secretString"]) == {"username": "icefloe", "password": password}
     for resource in program:
-        if resource is not created[0]:
-            assert PASSWORD not in json.dumps(resource.inputs), resource.name
-    assert PASSWORD not in json.dumps(program.outputs)
+        if resource is not version:
+            assert password not in json.dumps(resource.inputs), resource.name
+    assert password not in json.dumps(program.outputs)
+    secret = program.one("aws:secretsmanager/secret:Secret").inputs
+    assert secret["kmsKeyId"] == program.outputs["kmsKeyArn"]
 
 
 def test_outputs_name_everything_a_user_needs(program):
     outputs = program.outputs
     assert outputs["tables"] == ["main.stock_trades", "main.accounts", "main.clickstream", "main.audit_log"]
-    assert outputs["glueDatabases"] == ["main"] and outputs["warehouseUri"].startswith("s3://")
+    assert outputs["warehouseUri"] == f"s3://{outputs['bucket']}/warehouse"
+    assert outputs["applicationId"] == program.one("aws:emrserverless/application:Application").id
     assert set(outputs["externalRoleArns"]) == {"snowflake", "athena-analytics"}
+    assert set(outputs["externalIds"]) == {"snowflake", "athena-analytics"} and program.secret_outputs == {"externalIds"}
     snippets = outputs["snippets"]
-    assert 'FROM "main"."stock_trades"' in snippets["athena"] and "iceberg_scan" in snippets["duckdb"]
+    assert 'FROM "main"."stock_trades"' in snippets["athena"]
+    assert f"ATTACH '{ACCOUNT_ID}' AS icefloe (TYPE iceberg, ENDPOINT_TYPE glue)" in snippets["duckdb"]
+    assert "FROM icefloe.main.stock_trades" in snippets["duckdb"]
     assert outputs["externalRoleArns"]["snowflake"] in snippets["snowflake"]
+    assert "MYORG_SFCRole" not in json.dumps(snippets)  # ExternalIds only in the secret output
 
 
-def test_bad_stack_config_fails_with_the_key_named(tmp_path):
-    _, config = stack_config(EXAMPLE)
-    raw = {k.split(":", 1)[1]: json.loads(v) if v[:1] in "[{" else v for k, v in config.items() if k.startswith("icefloe:")}
-    broken = {**raw, "emr": {**raw["emr"], "releaseLabel": "emr-6.15.0"}}
-    with pytest.raises(ConfigError, match=r"icefloe:emr\.releaseLabel: String should match pattern"):
-        load_stack_config(broken)
-    broken = {**raw, "tables": [{**raw["tables"][0], "partitonBy": ["day(x)"]}]}
-    with pytest.raises(ConfigError, match=r"icefloe:tables\[0\] \(stock_trades\)\.partitonBy: Extra inputs"):
-        load_stack_config(broken)
-    broken = {**raw, "secrets": {}}
-    with pytest.raises(ConfigError, match="names secret 'registry', which icefloe:secrets does not declare"):
-        load_stack_config(broken)
-    bad_file = tmp_path / "Pulumi.bad.yaml"
-    bad_file.write_text(EXAMPLE.read_text().replace("format: avro", "format: avr", 1))
-    with pytest.raises(Exception, match=r"icefloe:tables\[0\] \(stock_trades\)\.format"):
-        run_program(bad_file)
+# --- the program against the policy pack -------------------------------------------------------------------------
 
-
-def test_bundle_is_deterministic_and_has_the_entry_point(tmp_path):
-    first = build_bundle(requirements=[], out_dir=tmp_path / "a")
-    second = build_bundle(requirements=[], out_dir=tmp_path / "b")
-    assert first.digest == second.digest, "same inputs, same bytes, same S3 key"
-    with tarfile.open(first.archive) as tar:
-        names = set(tar.getnames())
-    assert {"./icefloe/cli.py", "./icefloe/materializer.py", "./icefloe/spec.py"} <= names
-    assert not any("__pycache__" in n for n in names)
-    entry = first.entry_point.read_text()
-    assert 'sys.path.insert(0, "./deps")' in entry and "from icefloe.cli import main" in entry
-    compile(entry, "main.py", "exec")
-
-
-@pytest.mark.bundle
-def test_real_bundle_holds_manylinux_cp311_wheels_for_the_architecture(tmp_path):
-    bundle = build_bundle("X86_64", "3.11", out_dir=tmp_path)
-    with tarfile.open(bundle.archive) as tar:
-        names = tar.getnames()
-    extensions = [n for n in names if n.endswith(".so")]
-    assert any(n.startswith("./confluent_kafka/") for n in extensions)
-    assert any(n.startswith("./pyarrow/") for n in extensions)
-    assert any("pydantic_core" in n and "cpython-311-x86_64-linux-gnu" in n for n in extensions)
-    wheels = [n for n in names if n.endswith(".dist-info/WHEEL")]
-    with tarfile.open(bundle.archive) as tar:
-        tags = {line for w in wheels for line in tar.extractfile(w).read().decode().splitlines() if line.startswith("Tag:")}
-    assert any("cp311" in t and "manylinux" in t and "x86_64" in t for t in tags)
-    assert not any("aarch64" in t or "macosx" in t or "win" in t for t in tags)
-    assert not any(n.startswith("./pyspark/") for n in names), "EMR provides Spark"
-
-
-def test_unsafe_variants_are_rejected_by_the_rule_that_names_them(monkeypatch):
+def mandatory(run) -> set[str]:
     from icefloe_policies.runner import run_pack
 
-    assert [v for v in run_pack(run_program(EXAMPLE)) if v.level == "mandatory"] == []
+    return {v.policy for v in run_pack(run) if v.level == "mandatory"}
 
-    def violations():
-        return {v.policy for v in run_pack(run_program(EXAMPLE)) if v.level == "mandatory"}
 
+def test_examples_pass_the_pack_and_unsafe_variants_are_caught(monkeypatch):
+    assert mandatory(run_program(EXAMPLE)) == set() and mandatory(run_program(MINIMAL)) == set()
     with monkeypatch.context() as patch:  # an external role without the ExternalId condition
         patch.setattr(iam_module, "external_trust", lambda principal, _id: iam_module.policy(
             {"Effect": "Allow", "Principal": {"AWS": principal}, "Action": "sts:AssumeRole"}))  # fmt: skip
-        assert "iam-external-trust-requires-external-id" in violations()
-    with monkeypatch.context() as patch:  # a public bucket
-        import pulumi_aws as aws
-
-        real = aws.s3.BucketPublicAccessBlock
-        patch.setattr(aws.s3, "BucketPublicAccessBlock", lambda name, **kw: real(name, **{**kw, "block_public_policy": False, "restrict_public_buckets": False}))
-        assert "s3-bucket-public-access-block" in violations()
+        assert "iam-external-trust-requires-external-id" in mandatory(run_program(EXAMPLE))
     with monkeypatch.context() as patch:  # a plaintext password in a job argument
-        real_request = emr_module.start_job_run_request
-
-        def leaky(**kw):
-            request = real_request(**kw)
-            request["JobDriver"]["SparkSubmit"]["EntryPointArguments"] += ["--sasl-password", "Tr0ub4dor&3xyz!"]
-            return request
-
-        patch.setattr("icefloe_infra.stack.start_job_run_request", leaky)
-        assert "no-plaintext-credentials" in violations()
+        real = jobs_module.TableJob.arguments
+        patch.setattr(jobs_module.TableJob, "arguments",
+                      lambda self, uri: real(self, uri) + ["--sasl-password", "Tr0ub4dor&3xyz!"])
+        assert "no-plaintext-credentials" in mandatory(run_program(EXAMPLE))
 
 
-def test_program_inputs_replay_against_moto(program):
-    """Feed the exact inputs the program declares to the AWS APIs (moto), so botocore checks their shapes."""
-    boto3 = pytest.importorskip("boto3")
-    from moto import mock_aws
-
-    region = "eu-west-1"
-    with mock_aws():
-        kms = boto3.client("kms", region_name=region)
-        key_arn = kms.create_key(Description=program.one("aws:kms/key:Key").inputs["description"])["KeyMetadata"]["Arn"]
-        kms.enable_key_rotation(KeyId=key_arn)
-        s3 = boto3.client("s3", region_name=region)
-        bucket = program.outputs["bucket"]
-        s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": region})
-        rule = program.one("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration").inputs["rules"][0]
-        s3.put_bucket_encryption(Bucket=bucket, ServerSideEncryptionConfiguration={"Rules": [{
-            "ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": rule["applyServerSideEncryptionByDefault"]["sseAlgorithm"],
-                                                   "KMSMasterKeyID": key_arn},
-            "BucketKeyEnabled": rule["bucketKeyEnabled"]}]})  # fmt: skip
-        block = program.one("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").inputs
-        s3.put_public_access_block(Bucket=bucket, PublicAccessBlockConfiguration={
-            "BlockPublicAcls": block["blockPublicAcls"], "IgnorePublicAcls": block["ignorePublicAcls"],
-            "BlockPublicPolicy": block["blockPublicPolicy"], "RestrictPublicBuckets": block["restrictPublicBuckets"]})  # fmt: skip
-        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
-        s3.put_bucket_policy(Bucket=bucket, Policy=program.one("aws:s3/bucketPolicy:BucketPolicy").inputs["policy"])
-        assert s3.get_bucket_encryption(Bucket=bucket)["ServerSideEncryptionConfiguration"]["Rules"][0]["BucketKeyEnabled"]
-
-        iam = boto3.client("iam", region_name=region)
-        policies = {p.inputs["role"]: p for p in program.of_type("aws:iam/rolePolicy:RolePolicy")}
-        for role in program.of_type("aws:iam/role:Role"):
-            iam.create_role(RoleName=role.name, AssumeRolePolicyDocument=role.inputs["assumeRolePolicy"])
-            attached = policies[role.id]
-            iam.put_role_policy(RoleName=role.name, PolicyName=attached.name, PolicyDocument=attached.inputs["policy"])
-        for role in program.of_type("aws:iam/role:Role"):
-            trust = iam.get_role(RoleName=role.name)["Role"]["AssumeRolePolicyDocument"]
-            assert trust == json.loads(role.inputs["assumeRolePolicy"])
-
-        glue = boto3.client("glue", region_name=region)
-        for database in program.of_type("aws:glue/catalogDatabase:CatalogDatabase"):
-            glue.create_database(DatabaseInput={"Name": database.inputs["name"], "LocationUri": database.inputs["locationUri"],
-                                                "Description": database.inputs["description"]})  # fmt: skip
-        assert glue.get_database(Name="main")["Database"]["LocationUri"].endswith("/main.db")
-
-        emr = boto3.client("emr-serverless", region_name=region)
-        app = program.one("aws:emrserverless/application:Application").inputs
-        created = emr.create_application(
-            # The provider documents lowercase "spark" (the service accepts either case); moto knows only "SPARK".
-            name="icefloe", releaseLabel=app["releaseLabel"], type=app["type"].upper(), architecture=app["architecture"],
-            autoStartConfiguration=app["autoStartConfiguration"],
-            autoStopConfiguration={"enabled": app["autoStopConfiguration"]["enabled"],  # mocks hand numbers over as floats
-                                   "idleTimeoutMinutes": int(app["autoStopConfiguration"]["idleTimeoutMinutes"])},
-            maximumCapacity=app["maximumCapacity"], clientToken="replay",
-        )  # fmt: skip
-        scheduler = boto3.client("scheduler", region_name=region)
-        for schedule in program.of_type("aws:scheduler/schedule:Schedule"):
-            target = schedule.inputs["target"]
-            request = json.loads(target["input"])
-            request["ApplicationId"] = created["applicationId"]
-            request["ClientToken"] = "execution-1234"  # what the Scheduler substitutes per firing
-            run = emr.start_job_run(
-                applicationId=request["ApplicationId"], executionRoleArn=request["ExecutionRoleArn"],
-                clientToken=request["ClientToken"], name=request["Name"], executionTimeoutMinutes=request["ExecutionTimeoutMinutes"],
-                jobDriver={"sparkSubmit": {"entryPoint": request["JobDriver"]["SparkSubmit"]["EntryPoint"],
-                                           "entryPointArguments": request["JobDriver"]["SparkSubmit"]["EntryPointArguments"],
-                                           "sparkSubmitParameters": request["JobDriver"]["SparkSubmit"]["SparkSubmitParameters"]}},
-                configurationOverrides={"monitoringConfiguration": {"s3MonitoringConfiguration": {
-                    "logUri": request["ConfigurationOverrides"]["MonitoringConfiguration"]["S3MonitoringConfiguration"]["LogUri"]}}},
-            )  # fmt: skip
-            assert run["jobRunId"]
-            scheduler.create_schedule(
-                Name=schedule.name[:64], ScheduleExpression=schedule.inputs["scheduleExpression"],
-                FlexibleTimeWindow={"Mode": schedule.inputs["flexibleTimeWindow"]["mode"]},
-                Target={"Arn": target["arn"], "RoleArn": target["roleArn"], "Input": target["input"],
-                        "RetryPolicy": {"MaximumRetryAttempts": int(target["retryPolicy"]["maximumRetryAttempts"]),
-                                        "MaximumEventAgeInSeconds": int(target["retryPolicy"]["maximumEventAgeInSeconds"])},
-                        "DeadLetterConfig": {"Arn": target["deadLetterConfig"]["arn"]}},
-            )  # fmt: skip
-        assert len(scheduler.list_schedules()["Schedules"]) == 3
-
-
-def test_bring_your_own_bucket_creates_no_bucket_and_scopes_roles_to_it(tmp_path):
-    byo = tmp_path / "Pulumi.byo.yaml"
-    byo.write_text((ROOT / "examples" / "Pulumi.minimal.yaml").read_text() + (
-        "  icefloe:storage:\n    existingBucket: corp-lake\n"
-        "    existingKmsKeyArn: arn:aws:kms:us-east-1:123456789012:key/1111-2222\n"
-    ))  # fmt: skip
-    program = run_program(byo)
-    assert program.of_type("aws:s3/bucket:Bucket") == [] and program.of_type("aws:kms/key:Key") == []
-    assert program.outputs["warehouseUri"] == "s3://corp-lake/warehouse"
-    job = {s["Sid"]: s for s in statements(next(p for p in program.of_type("aws:iam/rolePolicy:RolePolicy") if p.name == "icefloe-job-policy"))}
-    assert job["WarehouseReadWrite"]["Resource"] == ["arn:aws:s3:::corp-lake/warehouse/*"]
-    assert job["DataKey"]["Resource"] == ["arn:aws:kms:us-east-1:123456789012:key/1111-2222"]
-    assert len(program.of_type("aws:scheduler/schedule:Schedule")) == 1
+def test_resource_names_are_stable(program):
+    # Renaming a logical resource makes `pulumi up` replace it (a new bucket, new roles): catch it in review.
+    names = sorted(r.name for r in program if r.custom)
+    assert names == sorted([
+        "icefloe-lakehouse-key", "icefloe-lakehouse-bucket", "icefloe-lakehouse-encryption",
+        "icefloe-lakehouse-versioning", "icefloe-lakehouse-public-access", "icefloe-lakehouse-tls-only",
+        "icefloe-lakehouse-lifecycle", "icefloe-glue-main", "icefloe-logs", "icefloe-secrets-registry",
+        "icefloe-secrets-registry-value", "icefloe-job-role", "icefloe-job-policy", "icefloe-snowflake-role",
+        "icefloe-snowflake-read", "icefloe-athena-analytics-external-id", "icefloe-athena-analytics-role",
+        "icefloe-athena-analytics-read", "icefloe-runtime-bundle", "icefloe-runtime-entry-point",
+        "icefloe-runtime-job-config", "icefloe-emr-spark", "icefloe-schedules-dlq", "icefloe-schedules-role",
+        "icefloe-schedules-start-jobs", "icefloe-schedules-main-stock-trades", "icefloe-schedules-main-accounts",
+        "icefloe-schedules-main-clickstream",
+    ])
+    assert all(re.fullmatch(r"[a-z0-9-]+", n) for n in names)

@@ -1,9 +1,12 @@
 """The runtime bundle: icefloe and its Python dependencies, built for EMR Serverless and stored content-addressed.
 
-`build_bundle` installs the runtime's dependencies as manylinux wheels for the application's architecture and
-Python (pip's --platform/--python-version, binary wheels only), adds the `icefloe` package, and packs a
-deterministic tar.gz: the same inputs give the same bytes and so the same S3 key. Spark unpacks it as `./deps` on
-the driver and every executor (`spark.archives`), and the entry point puts that on `sys.path`.
+`build_bundle` installs the runtime's dependencies as binary wheels for the application's architecture and Python
+(pip's --platform/--python-version/--only-binary, so it works from any machine), adds the `icefloe` package, and
+packs a deterministic tar.gz: the same inputs give the same bytes and so the same S3 key. Spark unpacks it as
+`./deps` beside the driver and every executor (`spark.archives`), and the entry point puts that on `sys.path`.
+
+Builds are cached by their inputs (requirements, platform, Python, the runtime's source), so `pulumi preview`
+after the first one costs nothing; pip's own cache keeps the wheels.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
 import subprocess
 import sys
 import tarfile
@@ -21,6 +25,8 @@ from pathlib import Path
 
 import icefloe
 
+# Bump when the archive layout changes, so cached bundles are rebuilt.
+LAYOUT_VERSION = 2
 # EMR 7.x runs Amazon Linux 2023 (glibc 2.34): manylinux_2_28 and older wheels all load there.
 PLATFORMS = {
     arch: [f"manylinux_2_28_{cpu}", f"manylinux_2_17_{cpu}", f"manylinux2014_{cpu}"]
@@ -34,6 +40,8 @@ ENTRY_POINT = (
     "sys.exit(main())\n"
 )
 CACHE = Path.home() / ".cache" / "icefloe" / "bundles"
+# Console scripts pip writes for the build machine's interpreter; nothing on EMR runs them.
+_SKIP_TOP = {"bin"}
 
 
 @dataclass(frozen=True)
@@ -51,15 +59,38 @@ def runtime_requirements() -> list[str]:
     return list(tomllib.loads(pyproject.read_text())["project"]["dependencies"])
 
 
+def _files(root: Path) -> list[Path]:
+    return [
+        path for path in sorted(root.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+        and path.relative_to(root).parts[0] not in _SKIP_TOP
+    ]  # fmt: skip
+
+
+def _source_digest(package: Path) -> str:
+    digest = hashlib.sha256()
+    for path in _files(package):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def _add_tree(tar: tarfile.TarFile, root: Path, prefix: str) -> None:
-    for path in sorted(root.rglob("*")):
-        if "__pycache__" in path.parts or path.suffix == ".pyc" or not path.is_file():
-            continue
+    for path in _files(root):
         info = tar.gettarinfo(str(path), arcname=f"{prefix}/{path.relative_to(root).as_posix()}")
         info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
         info.mode = 0o755 if path.stat().st_mode & 0o111 else 0o644
         with path.open("rb") as handle:
             tar.addfile(info, handle)
+
+
+def _pip_install(requirements: list[str], architecture: str, python_version: str, target: Path) -> None:
+    platforms = [arg for tag in PLATFORMS[architecture] for arg in ("--platform", tag)]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-warn-conflicts",
+         "--no-compile", "--target", str(target), *platforms, "--python-version", python_version,
+         "--implementation", "cp", "--only-binary=:all:", *requirements],
+        check=True,
+    )  # fmt: skip
 
 
 def build_bundle(
@@ -68,28 +99,37 @@ def build_bundle(
     requirements: list[str] | None = None,
     out_dir: Path | None = None,
 ) -> Bundle:
-    requirements = runtime_requirements() if requirements is None else requirements
+    if architecture not in PLATFORMS:
+        raise ValueError(f"architecture must be one of {sorted(PLATFORMS)}, got {architecture!r}")
+    requirements = runtime_requirements() if requirements is None else list(requirements)
     out_dir = out_dir or CACHE
     out_dir.mkdir(parents=True, exist_ok=True)
+    package = Path(icefloe.__file__).parent
+    inputs = {"layout": LAYOUT_VERSION, "requirements": requirements, "architecture": architecture,
+              "python": python_version, "platforms": PLATFORMS[architecture], "source": _source_digest(package)}
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:24]
+    entry_point = out_dir / "main.py"
+    entry_point.write_text(ENTRY_POINT)
+    index = out_dir / f"inputs-{key}.json"
+    if index.exists():
+        cached = json.loads(index.read_text())
+        archive = out_dir / cached["archive"]
+        if archive.exists() and hashlib.sha256(archive.read_bytes()).hexdigest() == cached["digest"]:
+            return Bundle(archive, entry_point, cached["digest"], architecture, python_version)
+
     with tempfile.TemporaryDirectory(prefix="icefloe-bundle-") as work:
         deps = Path(work) / "deps"
         deps.mkdir()
         if requirements:
-            subprocess.run(
-                [sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--target", str(deps),
-                 *(arg for tag in PLATFORMS[architecture] for arg in ("--platform", tag)), "--python-version", python_version,
-                 "--implementation", "cp", "--only-binary=:all:", *requirements],
-                check=True,
-            )  # fmt: skip
+            _pip_install(requirements, architecture, python_version, deps)
         buffer = io.BytesIO()
         # mtime=0 in the gzip header too, so identical contents give identical archives.
         with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
             _add_tree(tar, deps, ".")
-            _add_tree(tar, Path(icefloe.__file__).parent, "./icefloe")
+            _add_tree(tar, package, "./icefloe")
         data = buffer.getvalue()
     digest = hashlib.sha256(data).hexdigest()
     archive = out_dir / f"icefloe-deps-{digest[:16]}.tar.gz"
     archive.write_bytes(data)
-    entry_point = out_dir / "main.py"
-    entry_point.write_text(ENTRY_POINT)
+    index.write_text(json.dumps({"archive": archive.name, "digest": digest, "inputs": inputs}, indent=1))
     return Bundle(archive, entry_point, digest, architecture, python_version)

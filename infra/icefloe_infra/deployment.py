@@ -1,7 +1,7 @@
 """Deployment settings: the `icefloe:*` keys only the Pulumi program reads (storage, EMR, access, secrets, tags).
 
 Same style as the topic-spec model (camelCase, unknown keys are errors); `load_stack_config` validates both from
-one `pulumi.Config("icefloe")`, so a typo fails at `pulumi preview` with the key named.
+the stack's `icefloe:*` config, so a typo fails at `pulumi preview` with the key named.
 """
 
 from __future__ import annotations
@@ -10,12 +10,27 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints, ValidationError, model_validator
+from pydantic import Field, SecretStr, StringConstraints, ValidationError, field_validator, model_validator
 
 from icefloe.errors import ConfigError
-from icefloe.spec import CONFIG_KEYS, DEPLOYMENT_KEYS, IcefloeConfig, Model, parse_config
+from icefloe.spec import (CONFIG_KEYS, DEPLOYMENT_KEYS, NAMESPACE, IcefloeConfig, Model, TableSpec, duration_seconds,
+                          parse_config)
 
 AWS_ARN = r"^arn:aws[a-z-]*:"
+# An ECR image: <account>.dkr.ecr.<region>.amazonaws.com/<repository>:<tag> or @sha256:<digest>.
+ECR_IMAGE = r"^\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/[a-z0-9._/-]+(:[\w.-]{1,128}|@sha256:[0-9a-f]{64})$"
+LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 3653)
+# EMR 7.x release images run Python 3.9; the runtime needs 3.11 (see infra/README.md, "Python on EMR").
+DEFAULT_PYTHON = "/usr/bin/python3.11"
+RUNTIME_PYTHON_VERSION = "3.11"
+STREAMING_SINCE = (7, 1, 0)  # EMR Serverless StartJobRun mode STREAMING
+
+
+def _duration(value: str, low: float, high: float, what: str) -> str:
+    seconds = duration_seconds(value)
+    if not low <= seconds <= high:
+        raise ValueError(f"{what} must be between {low:g}s and {high:g}s, got {value}")
+    return value
 
 
 class StorageSpec(Model):
@@ -31,13 +46,44 @@ class StorageSpec(Model):
     def _byo_needs_key(self) -> "StorageSpec":
         if self.existing_bucket and not self.existing_kms_key_arn:
             raise ValueError("existingBucket needs existingKmsKeyArn (the key that encrypts it)")
+        if self.existing_kms_key_arn and not self.existing_bucket:
+            raise ValueError("existingKmsKeyArn is only used with existingBucket")
         return self
 
 
 class CapacitySpec(Model):
+    """The application's ceiling across all running jobs (EMR Serverless `maximumCapacity`)."""
+
     cpu: Annotated[str, StringConstraints(pattern=r"^\d+ ?vCPU$")] = "16 vCPU"
     memory: Annotated[str, StringConstraints(pattern=r"^\d+ ?GB$")] = "64 GB"
     disk: Annotated[str, StringConstraints(pattern=r"^\d+ ?GB$")] = "200 GB"
+
+
+class JobSizing(Model):
+    """Spark driver and executors of one table's job. EMR Serverless workers take 1, 2, 4, 8 or 16 vCPUs."""
+
+    driver_cores: Literal[1, 2, 4, 8, 16] = 1
+    driver_memory: Annotated[str, StringConstraints(pattern=r"^\d+g$")] = "4g"
+    executor_cores: Literal[1, 2, 4, 8, 16] = 2
+    executor_memory: Annotated[str, StringConstraints(pattern=r"^\d+g$")] = "8g"
+    initial_executors: int = Field(default=1, ge=1, le=100)
+    max_executors: int = Field(default=4, ge=1, le=1000)
+
+    @model_validator(mode="after")
+    def _executors(self) -> "JobSizing":
+        if self.initial_executors > self.max_executors:
+            raise ValueError("initialExecutors must not exceed maxExecutors")
+        return self
+
+    def spark_conf(self) -> dict[str, str]:
+        return {
+            "spark.driver.cores": str(self.driver_cores),
+            "spark.driver.memory": self.driver_memory,
+            "spark.executor.cores": str(self.executor_cores),
+            "spark.executor.memory": self.executor_memory,
+            "spark.executor.instances": str(self.initial_executors),
+            "spark.dynamicAllocation.maxExecutors": str(self.max_executors),
+        }
 
 
 class EmrSpec(Model):
@@ -45,17 +91,25 @@ class EmrSpec(Model):
     architecture: Literal["X86_64", "ARM64"] = "X86_64"
     maximum_capacity: CapacitySpec = CapacitySpec()
     idle_timeout_minutes: int = Field(default=15, ge=1, le=10080)
-    subnet_ids: tuple[str, ...] = ()
-    security_group_ids: tuple[str, ...] = ()
-    # EMR 7.x images run Python 3.9; icefloe needs 3.11 (see infra/README.md for the two-line Dockerfile).
-    image_uri: str | None = None
-    python: str = "/usr/bin/python3.11"
+    subnet_ids: tuple[Annotated[str, StringConstraints(pattern=r"^subnet-[0-9a-f]+$")], ...] = ()
+    security_group_ids: tuple[Annotated[str, StringConstraints(pattern=r"^sg-[0-9a-f]+$")], ...] = ()
+    image_uri: Annotated[str, StringConstraints(pattern=ECR_IMAGE)] | None = None
+    python: Annotated[str, StringConstraints(pattern=r"^/[\w./-]+$")] = DEFAULT_PYTHON
+    job: JobSizing = JobSizing()
+    # How long one continuous (STREAMING) job runs before the next one replaces it.
     streaming_job_minutes: int = Field(default=60, ge=5, le=1440)
 
     @model_validator(mode="after")
-    def _network_pairs(self) -> "EmrSpec":
+    def _image_and_network(self) -> "EmrSpec":
         if bool(self.subnet_ids) != bool(self.security_group_ids):
             raise ValueError("subnetIds and securityGroupIds go together")
+        # Without an image the jobs would start on the release image's Python 3.9 and fail on import; say so now.
+        if self.image_uri is None and "python" not in self.model_fields_set:
+            raise ValueError(
+                "imageUri is required: EMR 7.x release images run Python 3.9 and the icefloe runtime needs "
+                f"{RUNTIME_PYTHON_VERSION} (build the two-line image in infra/README.md, 'Python on EMR'), "
+                f"or set python to a {RUNTIME_PYTHON_VERSION} interpreter that your release image has"
+            )
         return self
 
 
@@ -70,64 +124,147 @@ class ExternalAccessSpec(Model):
 class SecretSpec(Model):
     """Credentials created in Secrets Manager from Pulumi secret config (`pulumi config set --secret --path ...`)."""
 
-    username: str
-    password: str
+    username: Annotated[str, StringConstraints(min_length=1)]
+    password: SecretStr  # never printed by repr() or in a validation error
 
 
 class GlueSpec(Model):
     delete_tables_on_destroy: bool = False
 
 
+class ScheduleSpec(Model):
+    """How the per-table EventBridge schedules start jobs."""
+
+    # A table whose refresh is shorter than this runs as a continuous (STREAMING) job: starting an EMR
+    # Serverless job takes a minute or two, so batch runs that often would overlap.
+    continuous_below: str = "5m"
+    maximum_retry_attempts: int = Field(default=3, ge=0, le=185)
+    maximum_event_age: str = "1h"
+    dead_letter_retention: str = "14d"
+    state: Literal["ENABLED", "DISABLED"] = "ENABLED"  # DISABLED pauses every table without destroying anything
+
+    @field_validator("continuous_below")
+    @classmethod
+    def _threshold(cls, value: str) -> str:
+        return _duration(value, 0, 86400, "continuousBelow")
+
+    @field_validator("maximum_event_age")
+    @classmethod
+    def _event_age(cls, value: str) -> str:
+        return _duration(value, 60, 86400, "maximumEventAge")  # Scheduler's bounds
+
+    @field_validator("dead_letter_retention")
+    @classmethod
+    def _retention(cls, value: str) -> str:
+        return _duration(value, 60, 14 * 86400, "deadLetterRetention")  # SQS's bounds
+
+    def runs_continuously(self, table: TableSpec) -> bool:
+        return table.continuous or table.refresh_seconds < duration_seconds(self.continuous_below)
+
+    @property
+    def maximum_event_age_seconds(self) -> int:
+        return int(duration_seconds(self.maximum_event_age))
+
+    @property
+    def dead_letter_retention_seconds(self) -> int:
+        return int(duration_seconds(self.dead_letter_retention))
+
+
 class DeploymentConfig(Model):
+    owner: Annotated[str, StringConstraints(min_length=1)]
     storage: StorageSpec = StorageSpec()
-    emr: EmrSpec = EmrSpec()
+    # Validated even when absent, so a stack without `icefloe:emr` hears about the image it needs.
+    emr: EmrSpec = Field(default_factory=dict, validate_default=True)  # type: ignore[arg-type]
     external_access: tuple[ExternalAccessSpec, ...] = ()
-    owner: Annotated[str, StringConstraints(min_length=1)] = "unknown"
-    tags: dict[str, str] = {}
+    tags: dict[Annotated[str, StringConstraints(min_length=1, max_length=128)], Annotated[str, StringConstraints(max_length=256)]] = {}
     glue: GlueSpec = GlueSpec()
     secrets: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]+$")], SecretSpec] = {}
-    log_retention_days: Literal[1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 3653] = 30
-    schedule: dict[str, Any] = {}
+    log_retention_days: int = 30
+    schedule: ScheduleSpec = ScheduleSpec()
+
+    @field_validator("log_retention_days")
+    @classmethod
+    def _retention_days(cls, value: int) -> int:
+        if value not in LOG_RETENTION_DAYS:
+            raise ValueError(f"CloudWatch Logs accepts one of {list(LOG_RETENTION_DAYS)}, got {value}")
+        return value
+
+    @field_validator("external_access")
+    @classmethod
+    def _unique_names(cls, values: tuple[ExternalAccessSpec, ...]) -> tuple[ExternalAccessSpec, ...]:
+        names = [v.name for v in values]
+        if len(set(names)) != len(names):
+            raise ValueError(f"names must be unique, got {names}")
+        return values
 
 
 _ERROR_PREFIX = re.compile(r"^Value error, ")
 
 
+def _location(loc: tuple) -> str:
+    text = f"{NAMESPACE}:{loc[0]}" if loc else NAMESPACE
+    for part in loc[1:]:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return text
+
+
 def load_stack_config(raw: dict[str, Any], source: str = "stack config") -> tuple[IcefloeConfig, DeploymentConfig]:
     """Validate every `icefloe:*` key (without the prefix): the shared model, then the deployment settings."""
-    spec = parse_config(raw, source)
-    deployment_raw = {k: v for k, v in raw.items() if k in DEPLOYMENT_KEYS}
+    spec = parse_config(raw, source)  # also rejects keys that neither model knows
+    if "catalog" in raw:
+        raise ConfigError(f"{source}: icefloe:catalog is set by the stack (Glue on the lakehouse bucket); remove it")
     try:
-        deployment = DeploymentConfig.model_validate(deployment_raw)
+        deployment = DeploymentConfig.model_validate({k: v for k, v in raw.items() if k in DEPLOYMENT_KEYS})
     except ValidationError as error:
-        lines = [
-            "  icefloe:" + ".".join(str(p) for p in item["loc"]) + ": " + _ERROR_PREFIX.sub("", item["msg"])
-            for item in error.errors()
-        ]
+        lines = [f"  {_location(tuple(item['loc']))}: {_ERROR_PREFIX.sub('', item['msg'])}" for item in error.errors()]
         raise ConfigError(f"{source}: invalid icefloe config:\n" + "\n".join(lines)) from None
-    for table in spec.tables:  # references to stack-created secrets must exist
-        cluster = spec.cluster(table.source_cluster)
-        for ref in (cluster.credentials_secret, cluster.schema_registry and cluster.schema_registry.credentials_secret):
-            if ref is not None and ref.name and ref.name not in deployment.secrets:
-                raise ConfigError(f"{source}: sourceCluster {cluster.name} names secret {ref.name!r}, "
-                                  f"which icefloe:secrets does not declare")  # fmt: skip
-            if ref is not None and ref.env:
-                raise ConfigError(f"{source}: sourceCluster {cluster.name}: credentialsSecret.env is for local runs; "
-                                  "use secretArn or name in a deployed stack")  # fmt: skip
-    if spec.catalog.type != "local":
-        raise ConfigError(f"{source}: icefloe:catalog is set by the stack (Glue), do not declare it")
+    for index, cluster in enumerate(spec.source_clusters):  # references to stack-created secrets must exist
+        where = f"icefloe:sourceClusters[{index}] ({cluster.name})"
+        refs = {"credentialsSecret": cluster.credentials_secret,
+                "schemaRegistry.credentialsSecret": cluster.schema_registry and cluster.schema_registry.credentials_secret}
+        for field, ref in refs.items():
+            if ref is None:
+                continue
+            if ref.name and ref.name not in deployment.secrets:
+                raise ConfigError(f"{source}: {where}.{field}: names secret {ref.name!r}, which icefloe:secrets "
+                                  f"does not declare (declared: {sorted(deployment.secrets) or 'none'})")
+            if ref.env:
+                raise ConfigError(f"{source}: {where}.{field}: env is for local runs; "
+                                  "use secretArn or name in a deployed stack")
+    streaming = [spec.identifier(t) for t in spec.tables if t.enabled and deployment.schedule.runs_continuously(t)]
+    release = tuple(int(part) for part in deployment.emr.release_label.removeprefix("emr-").split("."))
+    if streaming and release < STREAMING_SINCE:
+        raise ConfigError(f"{source}: icefloe:emr.releaseLabel: {deployment.emr.release_label} has no streaming jobs "
+                          f"(emr-7.1.0 and later), which continuous tables need: {', '.join(streaming)}")
     return spec, deployment
 
 
-def read_pulumi_config(config) -> dict[str, Any]:
-    """Every `icefloe:*` key from a `pulumi.Config("icefloe")`, structured values decoded."""
-    raw: dict[str, Any] = {}
-    for key in (*CONFIG_KEYS, *DEPLOYMENT_KEYS):
-        value = config.get(key)
-        if value is None:
-            continue
+def decode_config_value(value: Any) -> Any:
+    """A config value as the program receives it: objects and lists arrive as JSON text, scalars as text.
+
+    Scalars stay text (pydantic coerces "30" to 30 where a number is wanted), so an owner like "1234" stays a string.
+    """
+    if isinstance(value, str) and value[:1] in ("{", "["):
         try:
-            raw[key] = json.loads(value)
+            return json.loads(value)
         except ValueError:
-            raw[key] = value
+            return value
+    return value
+
+
+def namespace_keys(config_keys) -> list[str]:
+    """The `icefloe:*` keys among all config keys, without the prefix."""
+    return sorted({key.split(":", 1)[1] for key in config_keys if key.startswith(NAMESPACE + ":")})
+
+
+def read_pulumi_config(config, all_keys) -> dict[str, Any]:
+    """Every `icefloe:*` key from a `pulumi.Config("icefloe")`, unknown ones included (so they can be rejected)."""
+    raw: dict[str, Any] = {}
+    for key in namespace_keys(all_keys):
+        value = config.get(key)
+        if value is not None:
+            raw[key] = decode_config_value(value)
     return raw
+
+
+__all__ = ["CONFIG_KEYS", "DEPLOYMENT_KEYS", "DeploymentConfig", "load_stack_config", "read_pulumi_config"]

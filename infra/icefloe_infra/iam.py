@@ -43,14 +43,20 @@ class Scope:
 
 
 def job_policy(scope: Scope) -> str:
+    """What a table's job needs, and no more: its warehouse prefix, the stack's objects, key, tables, secrets, logs."""
     warehouse = f"{scope.bucket_arn}/{scope.warehouse_prefix}/*"
     statements = [
         {"Sid": "WarehouseReadWrite", "Effect": "Allow", "Resource": [warehouse],
          "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]},
-        {"Sid": "BundleAndLogs", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"],
-         "Resource": [f"{scope.bucket_arn}/icefloe/*", f"{scope.bucket_arn}/logs/*"]},
-        {"Sid": "ListOwnPrefixes", "Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"],
-         "Resource": [scope.bucket_arn]},
+        # The bundle, the entry point and the job config are read-only for the job.
+        {"Sid": "ReadBundleAndConfig", "Effect": "Allow", "Action": ["s3:GetObject"],
+         "Resource": [f"{scope.bucket_arn}/icefloe/*"]},
+        {"Sid": "WriteJobLogs", "Effect": "Allow", "Action": ["s3:PutObject"],
+         "Resource": [f"{scope.bucket_arn}/logs/*"]},
+        # Listing for Iceberg's orphan-file cleanup, limited to the warehouse prefix.
+        {"Sid": "ListWarehouse", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [scope.bucket_arn],
+         "Condition": {"StringLike": {"s3:prefix": [f"{scope.warehouse_prefix}/*", scope.warehouse_prefix]}}},
+        {"Sid": "BucketLocation", "Effect": "Allow", "Action": ["s3:GetBucketLocation"], "Resource": [scope.bucket_arn]},
         {"Sid": "DataKey", "Effect": "Allow", "Resource": [scope.kms_key_arn],
          "Action": ["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:DescribeKey"]},
         {"Sid": "GlueTables", "Effect": "Allow", "Resource": scope.glue_arns(),
@@ -61,18 +67,24 @@ def job_policy(scope: Scope) -> str:
         statements.append({"Sid": "KafkaCredentials", "Effect": "Allow", "Action": ["secretsmanager:GetSecretValue"],
                            "Resource": scope.secret_arns})  # fmt: skip
     if scope.log_group_arn:
-        statements.append({"Sid": "JobLogs", "Effect": "Allow", "Resource": [f"{scope.log_group_arn}:*"],
-                           "Action": ["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"]})  # fmt: skip
+        statements += [
+            {"Sid": "JobLogs", "Effect": "Allow", "Resource": [f"{scope.log_group_arn}:*"],
+             "Action": ["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"]},
+            # EMR Serverless looks the group up before writing; DescribeLogGroups takes no narrower resource.
+            {"Sid": "FindLogGroup", "Effect": "Allow", "Action": ["logs:DescribeLogGroups"],
+             "Resource": [f"arn:aws:logs:{scope.region}:{scope.account_id}:log-group:*"]},
+        ]  # fmt: skip
     return policy(*statements)
 
 
 def read_only_policy(scope: Scope) -> str:
+    """Read the tables: warehouse objects (any version), the key that decrypts them, the catalog entries."""
     return policy(
         {"Sid": "ReadWarehouse", "Effect": "Allow", "Action": ["s3:GetObject", "s3:GetObjectVersion"],
          "Resource": [f"{scope.bucket_arn}/{scope.warehouse_prefix}/*"]},
-        {"Sid": "ListWarehouse", "Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"],
-         "Resource": [scope.bucket_arn],
-         "Condition": {"StringLike": {"s3:prefix": [f"{scope.warehouse_prefix}/*"]}}},
+        {"Sid": "ListWarehouse", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [scope.bucket_arn],
+         "Condition": {"StringLike": {"s3:prefix": [f"{scope.warehouse_prefix}/*", scope.warehouse_prefix]}}},
+        {"Sid": "BucketLocation", "Effect": "Allow", "Action": ["s3:GetBucketLocation"], "Resource": [scope.bucket_arn]},
         {"Sid": "DecryptData", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:DescribeKey"],
          "Resource": [scope.kms_key_arn]},
         {"Sid": "ReadCatalog", "Effect": "Allow", "Resource": scope.glue_arns(),

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import pulumi
+from pulumi.runtime import config as runtime_config
 
 from .deployment import load_stack_config, read_pulumi_config
 from .stack import BundleBuilder, IcefloeStack, IcefloeStackArgs
 
 
+def _all_config_keys() -> set[str]:
+    # The engine hands config over in PULUMI_CONFIG; tests (and mocks) set it in-process. Both count.
+    return set(runtime_config.CONFIG.get()) | set(runtime_config.get_config_env())
+
+
 def run(build: BundleBuilder | None = None) -> dict:
-    raw = read_pulumi_config(pulumi.Config("icefloe"))
+    raw = read_pulumi_config(pulumi.Config("icefloe"), _all_config_keys())
     spec, deployment = load_stack_config(raw, source=f"Pulumi.{pulumi.get_stack()}.yaml")
     args = IcefloeStackArgs(spec, deployment, pulumi.get_stack())
     if build is not None:

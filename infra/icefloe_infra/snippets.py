@@ -1,21 +1,43 @@
-"""Ready-to-paste snippets for querying the tables from Athena, DuckDB and Snowflake (stack outputs)."""
+"""Ready-to-paste snippets for querying the tables from Athena, DuckDB and Snowflake (a stack output).
+
+They name the first declared table; every table works the same way. No secret goes in here (the output is plain):
+where an ExternalId is needed, the snippet says where to read it.
+"""
 
 from __future__ import annotations
 
 
-def query_snippets(region: str, tables: list[str], warehouse_uri: str, external_role_arns: dict[str, str]) -> dict[str, str]:
-    table = tables[0] if tables else "<database>.<table>"
-    database, name = table.split(".") if "." in table else ("<database>", table)
-    snowflake_role = next(iter(external_role_arns.values()), "<external access role ARN>")
-    return {
-        "athena": f'SELECT * FROM "{database}"."{name}" LIMIT 10;  -- Athena engine v3, region {region}',
-        "duckdb": (
-            "INSTALL iceberg; LOAD iceberg; CREATE SECRET (TYPE s3, PROVIDER credential_chain); "
-            f"SELECT count(*) FROM iceberg_scan('{warehouse_uri}/{database}.db/{name}');"
-        ),
-        "snowflake": (
-            f"CREATE CATALOG INTEGRATION icefloe_glue CATALOG_SOURCE = GLUE CATALOG_NAMESPACE = '{database}' "
-            f"TABLE_FORMAT = ICEBERG GLUE_AWS_ROLE_ARN = '{snowflake_role}' GLUE_CATALOG_ID = '<account id>' "
-            f"GLUE_REGION = '{region}' ENABLED = TRUE;  -- then CREATE ICEBERG TABLE ... CATALOG_TABLE_NAME = '{name}'"
-        ),
-    }
+def query_snippets(
+    account_id: str, region: str, tables: list[str], warehouse_uri: str, external_role_arns: dict[str, str]
+) -> dict[str, str]:
+    database, table = tables[0].split(".", 1) if tables else ("<database>", "<table>")
+    bucket_url = warehouse_uri.rsplit("/", 1)[0] + "/"
+    role = external_role_arns.get("snowflake") or next(iter(external_role_arns.values()), "<external access role ARN>")
+    athena = (
+        f'-- Athena (engine v3) in {region}, workgroup of your choice\n'
+        f'SELECT count(*), max(kafka_timestamp) FROM "{database}"."{table}";\n'
+        f'SELECT committed_at, summary FROM "{database}"."{table}$snapshots" ORDER BY committed_at DESC LIMIT 5;'
+    )
+    duckdb = (
+        "-- DuckDB 1.3+ with your AWS credentials (the iceberg, aws and httpfs extensions)\n"
+        "INSTALL aws; INSTALL httpfs; INSTALL iceberg;\n"
+        f"CREATE SECRET (TYPE s3, PROVIDER credential_chain, REGION '{region}');\n"
+        f"ATTACH '{account_id}' AS icefloe (TYPE iceberg, ENDPOINT_TYPE glue);\n"
+        f"SELECT count(*) FROM icefloe.{database}.{table};"
+    )
+    snowflake = (
+        "-- Snowflake: read through the Glue catalog with the external access role. Create the catalog\n"
+        "-- integration, run DESCRIBE CATALOG INTEGRATION icefloe_glue, and put GLUE_AWS_IAM_USER_ARN and\n"
+        "-- GLUE_AWS_EXTERNAL_ID into icefloe:externalAccess (principalArn, externalId); `pulumi up`.\n"
+        f"CREATE CATALOG INTEGRATION icefloe_glue CATALOG_SOURCE = GLUE CATALOG_NAMESPACE = '{database}'\n"
+        f"  TABLE_FORMAT = ICEBERG GLUE_AWS_ROLE_ARN = '{role}' GLUE_CATALOG_ID = '{account_id}'\n"
+        f"  GLUE_REGION = '{region}' ENABLED = TRUE;\n"
+        "-- STORAGE_AWS_EXTERNAL_ID: the same ExternalId (pulumi stack output externalIds --show-secrets)\n"
+        "CREATE EXTERNAL VOLUME icefloe_lake STORAGE_LOCATIONS = ((NAME = 'icefloe' STORAGE_PROVIDER = 'S3'\n"
+        f"  STORAGE_BASE_URL = '{bucket_url}' STORAGE_AWS_ROLE_ARN = '{role}'\n"
+        "  STORAGE_AWS_EXTERNAL_ID = '<externalId>'));\n"
+        f"CREATE ICEBERG TABLE {table} EXTERNAL_VOLUME = 'icefloe_lake' CATALOG = 'icefloe_glue'\n"
+        f"  CATALOG_TABLE_NAME = '{table}' AUTO_REFRESH = TRUE;\n"
+        f"SELECT count(*) FROM {table};"
+    )
+    return {"athena": athena, "duckdb": duckdb, "snowflake": snowflake}

@@ -1,4 +1,7 @@
-"""Lakehouse storage: a private, KMS-encrypted, versioned, TLS-only S3 bucket, or the user's own bucket."""
+"""Lakehouse storage: a private, KMS-encrypted, versioned, TLS-only S3 bucket, or the user's own bucket.
+
+Kept on `pulumi destroy` (with its key and settings) unless `icefloe:storage.forceDestroy` is true.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_aws as aws
+
+from icefloe_policies import ROLE_LAKEHOUSE, TAG_ROLE
 
 from .deployment import StorageSpec
 
@@ -37,7 +42,9 @@ class LakehouseStorage(pulumi.ComponentResource):
         )
 
     def _create(self, name: str, args: LakehouseStorageArgs) -> None:
-        child = pulumi.ResourceOptions(parent=self)
+        # The tables' data outlives `pulumi destroy` unless the user opts in: the bucket, every setting that keeps
+        # it private and encrypted, and the key without which its objects cannot be read, all stay together.
+        child = pulumi.ResourceOptions(parent=self, retain_on_delete=not args.spec.force_destroy)
         key = aws.kms.Key(
             f"{name}-key",
             description="icefloe lakehouse data key",
@@ -47,7 +54,10 @@ class LakehouseStorage(pulumi.ComponentResource):
             opts=child,
         )
         bucket = aws.s3.Bucket(
-            f"{name}-bucket", force_destroy=args.spec.force_destroy, tags=args.tags, opts=child
+            f"{name}-bucket",
+            force_destroy=args.spec.force_destroy,  # opted in: destroy deletes the objects too
+            tags={**args.tags, TAG_ROLE: ROLE_LAKEHOUSE},
+            opts=child,
         )
         aws.s3.BucketServerSideEncryptionConfiguration(
             f"{name}-encryption",
@@ -57,7 +67,8 @@ class LakehouseStorage(pulumi.ComponentResource):
                     apply_server_side_encryption_by_default=aws.s3.BucketServerSideEncryptionConfigurationRuleApplyServerSideEncryptionByDefaultArgs(
                         sse_algorithm="aws:kms", kms_master_key_id=key.arn
                     ),
-                    bucket_key_enabled=True,  # one data key per bucket object batch: far fewer KMS calls
+                    # S3 Bucket Keys: objects' data keys come from a bucket-level key, so S3 calls KMS far less.
+                    bucket_key_enabled=True,
                 )
             ],
             opts=child,
