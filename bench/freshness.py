@@ -24,8 +24,8 @@ from pathlib import Path
 import yaml
 from confluent_kafka import Producer
 
-from icefloe.local.broker import TansuBroker
-from icefloe.local.readers import pyiceberg_catalog
+from icefloe_dev.broker import TansuBroker
+from icefloe_dev.readers import pyiceberg_catalog
 
 RESULTS = Path(__file__).parent / "results"
 TOPIC = "bench_fresh"

@@ -24,10 +24,10 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from icefloe.conversion import BatchBuilder, ValueConverter
 from icefloe.decoding import build_decoder, decoder_spec
-from icefloe.local import stock_trades
-from icefloe.local.broker import TansuBroker
-from icefloe.local.dev_registry import DevSchemaRegistry
-from icefloe.local.producer import produce_avro
+from icefloe_dev import stock_trades
+from icefloe_dev.broker import TansuBroker
+from icefloe_dev.dev_registry import DevSchemaRegistry
+from icefloe_dev.producer import produce_avro
 from icefloe.runner import run_table
 from icefloe.schema_mapping import avro_value_fields, batch_struct, table_struct
 from icefloe.session import spark_session

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 
 from icefloe.commit import commit_on_branch
 from icefloe.iceberg_table import OFFSETS_PROPERTY, RUN_PROPERTY, TOPIC_PROPERTY, IcebergTable
-from icefloe.local.readers import duckdb_connect, pyiceberg_catalog
+from icefloe_dev.readers import duckdb_connect, pyiceberg_catalog
 from icefloe.maintenance import maintain
 from icefloe.schema_mapping import METADATA_FIELDS, table_struct
 from icefloe.session import spark_session

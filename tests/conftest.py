@@ -1,4 +1,4 @@
-"""Shared fixtures: one real Tansu broker, one development Schema Registry, one local SparkSession per test run.
+"""Shared fixtures: one Apache Kafka broker, one Apicurio Registry, one local SparkSession per test run.
 
 Tests that materialize use the runtime's own code paths against these real processes and read the tables back
 with independent readers (pyiceberg, DuckDB).
@@ -20,19 +20,29 @@ def state_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def broker(state_dir):
-    from icefloe.local.broker import TansuBroker
+def _services(state_dir):
+    """The broker and the registry, started side by side (their start-up times overlap) once per test session."""
+    from icefloe_dev.kafka_broker import KafkaBroker
+    from icefloe_dev.processes import start_together
+    from icefloe_dev.schema_registry import SchemaRegistry
 
-    with TansuBroker(state_dir / "broker") as running:
-        yield running
+    broker, registry = KafkaBroker(state_dir / "kafka"), SchemaRegistry(state_dir / "registry")
+    start_together(broker, registry)
+    try:
+        yield broker, registry
+    finally:
+        registry.stop()
+        broker.stop()
 
 
 @pytest.fixture(scope="session")
-def registry():
-    from icefloe.local.dev_registry import DevSchemaRegistry
+def broker(_services):
+    return _services[0]
 
-    with DevSchemaRegistry() as running:
-        yield running
+
+@pytest.fixture(scope="session")
+def registry(_services):
+    return _services[1]
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from icefloe.local.readers import duckdb_connect, pyiceberg_catalog
+from icefloe_dev.readers import duckdb_connect, pyiceberg_catalog
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[dict[str, Any]]) -> list[tuple[int, int]]:

@@ -18,8 +18,8 @@ import yaml
 
 from icefloe import kafka_source, runner
 from icefloe.errors import SourceError
-from icefloe.local import stock_trades
-from icefloe.local.producer import produce_avro
+from icefloe_dev import stock_trades
+from icefloe_dev.producer import produce_avro
 from support import by_position, read_pyiceberg
 
 ICEFLOE = [sys.executable, "-m", "icefloe.cli"]

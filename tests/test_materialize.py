@@ -12,7 +12,7 @@ import pytest
 
 from icefloe.errors import RecordError
 from icefloe.iceberg_table import IcebergTable
-from icefloe.local.readers import pyiceberg_catalog
+from icefloe_dev.readers import pyiceberg_catalog
 from icefloe.materializer import materialize_once
 from icefloe.runner import run_table
 from support import as_utc, avro_serializer, by_position, produce, read_duckdb, read_pyiceberg

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "maintain":
             return _maintain(args)
-        from .local.demo import run_demo
+        from icefloe_dev.demo import run_demo
 
         return run_demo(records=args.records, partitions=args.partitions, state_dir=Path(args.state_dir))
     except IcefloeError as error:

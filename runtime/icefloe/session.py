@@ -1,4 +1,4 @@
-"""The SparkSession a run uses: a local one with the bundled Iceberg jar, or the one EMR Serverless provides."""
+"""The SparkSession a run uses: a local one with the pinned Maven jars, or the one EMR Serverless provides."""
 
 from __future__ import annotations
 
@@ -20,19 +20,23 @@ BOUNDED_BOOKKEEPING = {
 }
 
 
+def jvm_lib() -> Path:
+    """The directory `scripts/setup.sh` fills from jvm/pom.xml (override with ICEFLOE_JVM_LIB)."""
+    configured = os.environ.get("ICEFLOE_JVM_LIB")
+    return Path(configured) if configured else Path(__file__).resolve().parents[2] / "jvm" / "lib"
+
+
 def local_jars() -> list[str]:
-    """The Iceberg Spark runtime (from the snowpark-connect-deps-iceberg wheel) and the SQLite JDBC driver."""
+    """The pinned Spark-side jars from Maven (Iceberg runtime + AWS bundle, Kafka source, Avro) and SQLite JDBC."""
     from .errors import ConfigError
 
-    try:
-        import snowpark_connect_deps_iceberg
-    except ImportError:
-        raise ConfigError("local mode needs the 'local' extra: pip install 'icefloe[local]'") from None
-    iceberg = Path(snowpark_connect_deps_iceberg.get_jars_dir()) / "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
-    missing = [str(p) for p in (iceberg, Path(SQLITE_JDBC_JAR)) if not p.exists()]
-    if missing:
-        raise ConfigError(f"local mode jars missing: {missing} (run scripts/setup.sh)")
-    return [str(iceberg), SQLITE_JDBC_JAR]
+    spark_lib = jvm_lib() / "spark"
+    jars = sorted(str(p) for p in spark_lib.glob("*.jar"))
+    if not any("iceberg-spark-runtime" in jar for jar in jars):
+        raise ConfigError(f"local mode needs the JVM jars in {spark_lib}: run scripts/setup.sh")
+    if not Path(SQLITE_JDBC_JAR).exists():
+        raise ConfigError(f"local mode needs {SQLITE_JDBC_JAR} (Debian libxerial-sqlite-jdbc-java): run scripts/setup.sh")
+    return [*jars, SQLITE_JDBC_JAR]
 
 
 def spark_session(catalog: CatalogSpec, state_dir: Path):
@@ -43,6 +47,7 @@ def spark_session(catalog: CatalogSpec, state_dir: Path):
     if catalog.type == "local":
         # Executors must run this interpreter, which has icefloe's dependencies.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, no DNS lookup of the host name
         builder = SparkSession.builder.master(os.environ.get("ICEFLOE_SPARK_MASTER", "local[*]")).appName("icefloe")
         conf |= {
             "spark.jars": ",".join(local_jars()),

@@ -28,7 +28,7 @@ def pyiceberg_catalog(state_dir: Path):
     """pyiceberg's SqlCatalog over the SQLite file Spark's JDBC catalog writes (same catalog name: `icefloe`)."""
     from pyiceberg.catalog.sql import SqlCatalog
 
-    from ..catalog import CATALOG, local_paths
+    from icefloe.catalog import CATALOG, local_paths
 
     db_file, warehouse = local_paths(state_dir)
     return SqlCatalog(CATALOG, uri=f"sqlite:///{db_file}", warehouse=warehouse.as_uri())

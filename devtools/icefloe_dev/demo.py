@@ -1,8 +1,8 @@
 """`icefloe demo`: the whole path on one machine, the way a newcomer first sees icefloe work.
 
-Embedded Tansu broker -> development Schema Registry -> 100k Avro stock trades -> Spark -> Iceberg table ->
-read back through DuckDB. The broker keeps its log in memory (gone when the demo exits); the table stays in the
-state directory and can be queried again afterwards.
+Apache Kafka broker + Apicurio Registry (started side by side) -> 100k Avro stock trades -> Spark -> Iceberg
+table -> read back through DuckDB. The broker and the registry are stopped when the demo ends; the table stays in
+the state directory and can be queried again afterwards.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from pathlib import Path
 
 import yaml
 
-from ..runner import run_table
-from ..session import spark_session
-from ..spec import load_config
+from icefloe.runner import run_table
+from icefloe.session import spark_session
+from icefloe.spec import load_config
 from . import stock_trades
-from .broker import TansuBroker
-from .dev_registry import DevSchemaRegistry
+from .kafka_broker import KafkaBroker
+from .processes import start_together
+from .schema_registry import SchemaRegistry
 from .producer import produce_avro
 from .readers import duckdb_connect
 
@@ -55,13 +56,17 @@ def _say(text: str) -> None:
 
 
 def run_demo(records: int, partitions: int, state_dir: Path) -> int:
-    # The demo broker lives in memory, so each demo starts from an empty topic and an empty table.
+    # The demo broker and registry start empty each time, so each demo starts with an empty table too.
     state_dir = (state_dir / "demo").resolve()
     shutil.rmtree(state_dir, ignore_errors=True)
     state_dir.mkdir(parents=True)
     _say(f"icefloe demo: state directory {state_dir}")
-    with TansuBroker(state_dir / "broker") as broker, DevSchemaRegistry() as registry:
-        _say(f"[1/4] broker (Tansu) at {broker.bootstrap_servers}, development schema registry at {registry.url}")
+    broker, registry = KafkaBroker(state_dir / "kafka"), SchemaRegistry(state_dir / "registry")
+    _say("[1/4] starting Apache Kafka and Apicurio Registry")
+    start_together(broker, registry)
+    try:
+        _say(f"      broker (Apache Kafka, KRaft) at {broker.bootstrap_servers}, log {broker.log_path}")
+        _say(f"      schema registry (Apicurio, Confluent API) at {registry.url}, log {registry.log_path}")
         broker.create_topic(TOPIC, partitions)
         _say(f"[2/4] producing {records:,} Avro stock trades to '{TOPIC}' ({partitions} partitions)")
         started = time.monotonic()
@@ -79,6 +84,9 @@ def run_demo(records: int, partitions: int, state_dir: Path) -> int:
         rerun = run_table(spark, config, config.tables[0], state_dir)
         _say(f"      second run: {rerun.describe()}")
         spark.stop()
+    finally:
+        registry.stop()
+        broker.stop()
     metadata = result.metadata_location or rerun.metadata_location
     _say("[4/4] reading the table back with DuckDB (iceberg_scan)")
     con = duckdb_connect()
@@ -93,10 +101,10 @@ def run_demo(records: int, partitions: int, state_dir: Path) -> int:
     for symbol, trades, shares, price in rows:
         _say(f"      {symbol:<8}{trades:>9,}{shares:>13,}{price:>11}")
     _say(
-        "\nQuery it again (the table stays in the state directory; the demo broker was in memory):\n"
-        f"  {sys.executable} -c \"from icefloe.local.readers import duckdb_connect; "
+        "\nQuery it again (the table stays in the state directory; the demo's broker and registry have stopped):\n"
+        f"  {sys.executable} -c \"from icefloe_dev.readers import duckdb_connect; "
         f"print(duckdb_connect().sql(\\\"SELECT side, count(*) FROM iceberg_scan('{metadata}') GROUP BY side\\\"))\"\n"
-        f"  or with pyiceberg: icefloe.local.readers.pyiceberg_catalog(Path('{state_dir}'))"
+        f"  or with pyiceberg: icefloe_dev.readers.pyiceberg_catalog(Path('{state_dir}'))"
         f".load_table('{result.identifier}').scan().to_arrow()\n"
         f"  materialize again against your own broker: icefloe run --config {config_path} --once"
     )

@@ -1,0 +1,174 @@
+"""A local JVM service as a child process: free loopback ports, a log file, readiness, a clean stop.
+
+The Kafka broker and the schema registry both run this way for the demo, the tests and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Callable
+
+from icefloe.errors import IcefloeError
+from icefloe.session import jvm_lib
+
+
+class ServiceError(IcefloeError):
+    """A local service could not be found, started or used."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def java() -> str:
+    found = shutil.which("java")
+    if found is None:
+        raise ServiceError("Java 17 is needed for the local broker and registry: run scripts/setup.sh")
+    return found
+
+
+def lib_dir(name: str) -> Path:
+    """A directory under jvm/lib/ that scripts/setup.sh fills; a clear error when it has not run."""
+    path = jvm_lib() / name
+    if not path.is_dir() or not any(path.iterdir()):
+        raise ServiceError(f"{path} is missing or empty: run scripts/setup.sh (it fetches jvm/pom.xml with Maven)")
+    return path
+
+
+class JvmService:
+    """One child process whose output goes to `log_path`. Subclasses say how to start it and when it is ready."""
+
+    name = "service"
+
+    def __init__(self, state_dir: Path, startup_timeout: float) -> None:
+        self.state_dir = Path(state_dir)
+        self.startup_timeout = startup_timeout
+        self.log_path = self.state_dir / f"{self.name}.log"
+        self._process: subprocess.Popen[bytes] | None = None
+        self._started_at = 0.0
+
+    # -- what a subclass provides
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def probe(self) -> str | None:
+        """None when ready, else what is still missing (said in the error if startup times out)."""
+        raise NotImplementedError
+
+    def on_ready(self) -> None:
+        """Set-up after the service answers (e.g. configuration)."""
+
+    # -- lifecycle
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def launch(self) -> None:
+        """Start the process without waiting (so several services can start side by side)."""
+        if self._process is not None:
+            raise ServiceError(f"the {self.name} is already running")
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        command = self.command()
+        with open(self.log_path, "wb") as log:
+            self._process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.state_dir,
+                env=os.environ.copy(), start_new_session=True,
+            )  # fmt: skip
+        self._started_at = time.monotonic()
+
+    def wait_until_ready(self) -> None:
+        deadline = self._started_at + self.startup_timeout
+        try:
+            while True:
+                self._check_alive()
+                problem = self.probe()
+                if problem is None:
+                    self.on_ready()
+                    return
+                if time.monotonic() > deadline:
+                    raise self.error(f"{problem} after {self.startup_timeout:g}s")
+                time.sleep(0.2)
+        except BaseException:
+            self.stop()
+            raise
+
+    def start(self):
+        self.launch()
+        self.wait_until_ready()
+        return self
+
+    def _check_alive(self) -> None:
+        assert self._process is not None
+        code = self._process.poll()
+        if code is not None:
+            raise self.error(f"the {self.name} exited with code {code} while starting")
+
+    def error(self, problem: str) -> ServiceError:
+        return ServiceError(f"{problem}\n--- last lines of {self.log_path} ---\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, grace: float = 15.0) -> None:
+        """SIGTERM, then SIGKILL after `grace` seconds. Safe to call twice."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(grace)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def start_together(*services: JvmService) -> None:
+    """Launch every service, then wait for each: start-up times overlap instead of adding up."""
+    launched: list[JvmService] = []
+    try:
+        for service in services:
+            service.launch()
+            launched.append(service)
+        for service in services:
+            service.wait_until_ready()
+    except BaseException:
+        for service in launched:
+            service.stop()
+        raise
+
+
+def retry(action: Callable[[], object], timeout: float, what: str) -> object:
+    """Call `action` until it returns without raising (metadata is eventually consistent right after changes)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return action()
+        except Exception as error:
+            if time.monotonic() > deadline:
+                raise ServiceError(f"{what}: {error}") from error
+            time.sleep(0.1)

@@ -1,0 +1,78 @@
+"""Apicurio Registry as the local schema registry, reached at its Confluent-compatible API (`/apis/ccompat/v7`).
+
+Pinned at 3.0.9 in jvm/pom.xml (3.3.x needs Java 21 and breaks confluent-kafka's Protobuf). Storage is in memory,
+so every start is empty. Apicurio's default compatibility is NONE; Confluent's is BACKWARD, and that is what users
+run with, so the registry is switched to BACKWARD once it answers.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from .processes import JvmService, ServiceError, free_port, java, lib_dir
+
+CCOMPAT_PATH = "/apis/ccompat/v7"
+DEFAULT_COMPATIBILITY = "BACKWARD"
+
+
+def _request(method: str, url: str, body: dict | None = None, timeout: float = 5.0) -> tuple[int, object]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/vnd.schemaregistry.v1+json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"null")
+
+
+class SchemaRegistry(JvmService):
+    """One Apicurio Registry process on a free loopback port. `url` is the Confluent-compatible base URL."""
+
+    name = "registry"
+
+    def __init__(self, state_dir: Path, heap: str = "512m", startup_timeout: float = 120.0,
+                 compatibility: str = DEFAULT_COMPATIBILITY):  # fmt: skip
+        super().__init__(state_dir, startup_timeout)
+        self.heap = heap
+        self.compatibility = compatibility
+        self.port: int | None = None
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise ServiceError("the schema registry has not been started")
+        return f"http://127.0.0.1:{self.port}{CCOMPAT_PATH}"
+
+    def command(self) -> list[str]:
+        runners = sorted(lib_dir("registry").glob("*/apicurio-registry-app-*-runner.jar"))
+        if not runners:
+            raise ServiceError(f"no Apicurio runner jar under {lib_dir('registry')}: run scripts/setup.sh")
+        self.port = free_port()
+        return [
+            java(), f"-Xmx{self.heap}",
+            "-Dquarkus.http.host=127.0.0.1", f"-Dquarkus.http.port={self.port}",
+            "-Dquarkus.log.level=WARN", "-Dquarkus.banner.enabled=false",
+            # No usage reports, no UI: nothing leaves the machine and start-up stays short.
+            "-Dquarkus.analytics.disabled=true", "-Dapicurio.ui.enabled=false",
+            "-jar", str(runners[-1]),
+        ]  # fmt: skip
+
+    def probe(self) -> str | None:
+        try:
+            status, _ = _request("GET", f"{self.url}/subjects", timeout=1.0)
+        except OSError as error:
+            return f"the schema registry did not answer at {self.url} ({error})"
+        return None if status == 200 else f"the schema registry answered {status} at {self.url}/subjects"
+
+    def on_ready(self) -> None:
+        self.set_compatibility(self.compatibility)
+
+    def set_compatibility(self, level: str, subject: str | None = None) -> None:
+        path = f"{self.url}/config" + (f"/{subject}" if subject else "")
+        status, body = _request("PUT", path, {"compatibility": level})
+        if status != 200:
+            raise ServiceError(f"setting compatibility {level} at {path} failed: {status} {body}")
