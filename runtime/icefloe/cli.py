@@ -11,6 +11,8 @@ from pathlib import Path
 from .errors import IcefloeError
 
 DEFAULT_STATE_DIR = ".icefloe"
+# Committed, but records were deleted from the topic before they were read (a table with `onDataLoss: warn`).
+EXIT_DATA_LOSS = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     from .runner import run_tables
 
+    lost = []
+
     def report(result) -> None:
+        lost.extend(result.data_lost)
         if args.json:
             print(json.dumps(result.as_dict(), sort_keys=True), flush=True)
         else:
@@ -78,7 +83,9 @@ def _run(args: argparse.Namespace) -> int:
         continuous=args.continuous,
         on_result=report,
     )
-    return 1 if failures else 0
+    if failures:
+        return 1
+    return EXIT_DATA_LOSS if lost else 0
 
 
 def _maintain(args: argparse.Namespace) -> int:

@@ -12,6 +12,8 @@ from .partitioning import PartitionField
 OFFSETS_PROPERTY = "icefloe.offsets"
 TOPIC_PROPERTY = "icefloe.topic"
 RUN_PROPERTY = "icefloe.run-id"
+TOPIC_ID_PROPERTY = "icefloe.topic-id"  # the Kafka topic id the offsets belong to (a recreated topic has a new one)
+DATA_LOSS_PROPERTY = "icefloe.data-loss"  # ranges deleted before they were read (onDataLoss: warn), as JSON
 # Managed-table defaults: format v2, zstd Parquet, ~128 MiB files,
 # row-level changes as merge-on-read deletes (cheap upserts; compaction folds them away).
 DEFAULT_PROPERTIES = {
@@ -41,6 +43,7 @@ class CommittedState:
 
     snapshot_id: int | None
     offsets: dict[int, int]
+    topic_id: str | None = None
 
 
 class IcebergTable:
@@ -88,7 +91,8 @@ class IcebergTable:
         current = self.main_snapshot_id()
         rows = self.spark.sql(
             f"SELECT snapshot_id, parent_id, summary['{OFFSETS_PROPERTY}'] AS offsets, "
-            f"summary['{TOPIC_PROPERTY}'] AS topic FROM {self.full_name}.snapshots"
+            f"summary['{TOPIC_PROPERTY}'] AS topic, summary['{TOPIC_ID_PROPERTY}'] AS topic_id "
+            f"FROM {self.full_name}.snapshots"
         ).collect()
         by_id = {row.snapshot_id: row for row in rows}
         snapshot = current
@@ -100,7 +104,8 @@ class IcebergTable:
                         f"table {self.identifier} holds topic {row.topic!r}, but the config now names {topic!r}; "
                         "declare a new table for a different topic"
                     )
-                return CommittedState(current, {int(p): int(o) for p, o in json.loads(row.offsets).items()})
+                offsets = {int(p): int(o) for p, o in json.loads(row.offsets).items()}
+                return CommittedState(current, offsets, row.topic_id)
             snapshot = row.parent_id
         return CommittedState(current, {})
 

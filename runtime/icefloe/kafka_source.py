@@ -1,9 +1,15 @@
 """Reading Kafka: client settings, planning offset ranges on the driver, reading one range in an executor.
 
-Correct on Apache Kafka and on Tansu alike. Tansu answers `ListOffsets` (and so `get_watermark_offsets()`)
-with a wrong high watermark, while the watermark carried by fetch responses is right on both. So the planner
-fetches from each partition once and reads the *cached* watermark of that fetch; readers stop at the planned end
-or at a partition-EOF event at or past it, never trusting a listed offset.
+Planning asks the broker (ListOffsets) for each partition's log start and its *last stable offset* (LSO, the end a
+`read_committed` reader can reach): records of an open transaction wait for the next run instead of stalling this
+one. Offset gaps (transaction markers, aborted records, compaction) are normal: readers stop at the planned end or
+at a partition-EOF event at or past it, never counting records.
+
+What the table has not read yet but the broker no longer has is data loss: it is detected at planning (the table's
+next offset is below the log start, or a partition added since the last run no longer starts at 0) and handled by
+the table's `onDataLoss`: `fail` stops with the topic, partition and lost range named; `warn` goes on and the lost
+ranges are reported and recorded with the commit. A topic deleted and recreated under the same name is told apart by
+its topic id (recorded with every commit) and refused.
 """
 
 from __future__ import annotations
@@ -13,8 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from .errors import SourceError
 from .secrets import resolve_credentials
@@ -69,12 +75,42 @@ class OffsetRange:
         return self.end - self.start
 
 
+@dataclass(frozen=True)
+class LostRange:
+    """Offsets [start, end) of one partition that were deleted (retention, delete-records) before icefloe read them."""
+
+    partition: int
+    start: int
+    end: int
+
+    def describe(self, topic: str) -> str:
+        return f"{topic}[{self.partition}] offsets {self.start}..{self.end - 1} ({self.end - self.start} records)"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one batch reads, and what the table records once it is committed."""
+
+    ranges: list[OffsetRange]
+    next_offsets: dict[int, int]  # every partition's next offset, including partitions with nothing to read
+    lost: list[LostRange]
+    topic_id: str | None
+
+
+class DataLossError(SourceError):
+    """Records the table had not read were deleted from the topic (and the table's onDataLoss is `fail`)."""
+
+
+def _unreachable(conf: dict[str, str], error: KafkaException) -> SourceError:
+    return SourceError(f"cannot reach Kafka at {conf['bootstrap.servers']}: {error.args[0].str()}")
+
+
 def list_partitions(conf: dict[str, str], topic: str) -> list[int]:
     admin = AdminClient(conf)
     try:
         metadata = admin.list_topics(topic=topic, timeout=METADATA_TIMEOUT_S)
     except KafkaException as error:
-        raise SourceError(f"cannot reach Kafka at {conf['bootstrap.servers']}: {error.args[0].str()}") from None
+        raise _unreachable(conf, error) from None
     info = metadata.topics.get(topic)
     if info is None or info.error is not None:
         reason = info.error.str() if info is not None and info.error else "unknown topic"
@@ -82,69 +118,116 @@ def list_partitions(conf: dict[str, str], topic: str) -> list[int]:
     return sorted(info.partitions)
 
 
-def plan_ranges(
-    conf: dict[str, str], topic: str, committed: dict[int, int], starting: str, max_records: int | None
-) -> tuple[list[OffsetRange], dict[int, int]]:
-    """Ranges to read now, and the next offset per partition once they are committed.
+def topic_id(conf: dict[str, str], topic: str) -> str | None:
+    """The broker's id for this incarnation of the topic (None if the broker does not report one)."""
+    admin = AdminClient(conf)  # keep a reference: a collected client cancels its pending futures
+    future = admin.describe_topics(TopicCollection([topic]), request_timeout=METADATA_TIMEOUT_S)[topic]
+    try:
+        found = future.result(METADATA_TIMEOUT_S).topic_id
+    except KafkaException as error:
+        raise SourceError(f"topic {topic!r} on {conf['bootstrap.servers']}: {error.args[0].str()}") from None
+    text = str(found) if found is not None else ""
+    return None if text in ("", "AAAAAAAAAAAAAAAAAAAAAA") else text
 
-    `committed` holds the next offset per partition from the table's snapshot; partitions without one start at
-    the earliest offset, or at the current end when `starting` is "latest" (nothing read on the first run).
+
+def log_bounds(conf: dict[str, str], topic: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
+    """(log start, last stable offset) per partition, as the broker lists them for a read_committed reader."""
+    admin = AdminClient(conf)
+
+    def listed(spec: OffsetSpec) -> dict[int, int]:
+        request = {TopicPartition(topic, p): spec for p in partitions}
+        futures = admin.list_offsets(
+            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=METADATA_TIMEOUT_S
+        )
+        try:
+            return {tp.partition: future.result(PLAN_TIMEOUT_S).offset for tp, future in futures.items()}
+        except KafkaException as error:
+            raise _unreachable(conf, error) from None
+
+    starts, ends = listed(OffsetSpec.earliest()), listed(OffsetSpec.latest())
+    return {p: (starts[p], ends[p]) for p in partitions}
+
+
+def share_budget(pending: dict[int, int], budget: int | None) -> dict[int, int]:
+    """How many records each partition may read under `budget`: an even share each, what a short partition leaves
+    going to the others, so no partition starves behind a long one (`maxRecordsPerRun`)."""
+    if budget is None:
+        return dict(pending)
+    granted: dict[int, int] = {}
+    left = budget
+    waiting = sorted(pending, key=lambda p: (pending[p], p))
+    for index, partition in enumerate(waiting):
+        share = left // (len(waiting) - index)
+        granted[partition] = min(pending[partition], share)
+        left -= granted[partition]
+    # Integer division can leave a few records unassigned: hand them out one by one.
+    for partition in sorted(pending):
+        extra = min(left, pending[partition] - granted[partition])
+        granted[partition] += extra
+        left -= extra
+    return granted
+
+
+def plan_ranges(
+    conf: dict[str, str],
+    topic: str,
+    committed: dict[int, int],
+    starting: str,
+    max_records: int | None,
+    on_data_loss: str = "fail",
+    known_topic_id: str | None = None,
+) -> Plan:
+    """Ranges to read now, and the next offset of every partition once they are committed.
+
+    `committed` holds the next offset per partition from the table's snapshot. On the table's first run each
+    partition starts at its log start, or at its current end when `starting` is "latest"; that position is recorded
+    even when nothing is read, so records produced before the next run are not skipped. A partition added to the
+    topic after the first run starts at offset 0: everything in it is new to the table.
     """
     partitions = list_partitions(conf, topic)
-    low_high = _fetch_watermarks(conf, topic, partitions, committed)
-    ranges, next_offsets = [], {}
-    budget = max_records
+    current_id = topic_id(conf, topic)
+    if known_topic_id and current_id and current_id != known_topic_id:
+        raise SourceError(
+            f"topic {topic!r} was deleted and recreated (topic id {current_id}, the table was written from "
+            f"{known_topic_id}): its offsets start over, so the table's offsets no longer apply. Materialize the new "
+            "topic into a new table (set `table:`), or drop the table to start it again"
+        )
+    bounds = log_bounds(conf, topic, partitions)
+    first_run = not committed
+    starts: dict[int, int] = {}
+    lost: list[LostRange] = []
     for partition in partitions:
-        low, high = low_high[partition]
+        low, end = bounds[partition]
         start = committed.get(partition)
         if start is None:
-            start = high if starting == "latest" else low
-        elif start > high:
+            start = end if first_run and starting == "latest" else (low if first_run else 0)
+        if start > end:
             raise SourceError(
-                f"{topic}[{partition}]: the table has read up to offset {start}, but the partition ends at {high}; "
+                f"{topic}[{partition}]: the table has read up to offset {start}, but the partition now ends at {end}; "
                 "was the topic deleted and recreated? Materialize it into a new table"
             )
-        elif start < low:
-            log.warning(
-                "%s[%d]: offsets %d..%d were deleted by retention before icefloe read them", topic, partition, start, low - 1
-            )
+        if start < low:
+            lost.append(LostRange(partition, start, low))
             start = low
-        end = high
-        if budget is not None:
-            end = min(end, start + budget)
-            budget -= max(0, end - start)
-        if partition in committed or end > low:  # an empty, never-read partition needs no commit
-            next_offsets[partition] = max(start, end)
+        starts[partition] = start
+    if lost and on_data_loss == "fail":
+        ranges_text = "; ".join(r.describe(topic) for r in lost)
+        raise DataLossError(
+            f"data loss: {ranges_text} were deleted from the topic (retention or delete-records) before icefloe "
+            "read them. Nothing was committed. Set `onDataLoss: warn` on the table to go on without them "
+            "(the lost ranges are then recorded with the commit), or restore the records"
+        )
+    for gone in lost:
+        log.warning("%s: data loss: %s were deleted before icefloe read them", topic, gone.describe(topic))
+    allowed = share_budget({p: bounds[p][1] - starts[p] for p in partitions}, max_records)
+    ranges, next_offsets = [], {}
+    for partition in partitions:
+        start = starts[partition]
+        end = start + allowed[partition]
+        next_offsets[partition] = end
         if end > start:
             ranges.append(OffsetRange(topic, partition, start, end))
-    return ranges, next_offsets
-
-
-def _fetch_watermarks(
-    conf: dict[str, str], topic: str, partitions: list[int], committed: dict[int, int]
-) -> dict[int, tuple[int, int]]:
-    """(low, high) watermarks per partition, as reported by a real fetch (see the module docstring)."""
-    consumer = _consumer(conf, **{"fetch.max.bytes": 1024 * 1024, "max.partition.fetch.bytes": 64 * 1024})
-    try:
-        consumer.assign(
-            [TopicPartition(topic, p, committed.get(p, -2)) for p in partitions]  # -2: OFFSET_BEGINNING
-        )
-        pending = set(partitions)
-        deadline = time.monotonic() + PLAN_TIMEOUT_S
-        while pending and time.monotonic() < deadline:
-            for msg in consumer.consume(num_messages=len(partitions) * 4, timeout=0.5):
-                error = msg.error()
-                if error is not None and error.code() != KafkaError._PARTITION_EOF:
-                    raise SourceError(f"{topic}[{msg.partition()}]: {error.str()}")
-                pending.discard(msg.partition())
-        if pending:
-            raise SourceError(
-                f"{topic}: no fetch answer from partitions {sorted(pending)} within {PLAN_TIMEOUT_S:.0f}s "
-                f"(is {conf['bootstrap.servers']} reachable?)"
-            )
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True) for p in partitions}
-    finally:
-        consumer.close()
+    return Plan(ranges, next_offsets, lost, current_id)
 
 
 def read_range(conf: dict[str, str], task: OffsetRange, poll_batch: int = 5000) -> Iterator[Message]:

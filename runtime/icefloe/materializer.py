@@ -24,7 +24,15 @@ from .commit import commit_on_branch, drop_stale_branches
 from .dead_letter import commit_dead_letters
 from .decoding import decoder_spec
 from .errors import IcefloeError, RecordError
-from .iceberg_table import OFFSETS_PROPERTY, RUN_PROPERTY, TOPIC_PROPERTY, IcebergTable, append_with_properties
+from .iceberg_table import (
+    DATA_LOSS_PROPERTY,
+    OFFSETS_PROPERTY,
+    RUN_PROPERTY,
+    TOPIC_ID_PROPERTY,
+    TOPIC_PROPERTY,
+    IcebergTable,
+    append_with_properties,
+)
 from .kafka_source import OffsetRange, client_config, plan_ranges
 from .reader import ReadPlan, read_batches, unmark
 from .schema_mapping import avro_value_fields, batch_struct, inline_value_fields, required_paths, table_struct
@@ -49,6 +57,7 @@ class BatchResult:
     offsets: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
     run_id: str = ""
+    data_lost: list[dict] = field(default_factory=list)  # ranges deleted before they were read (onDataLoss: warn)
 
     def as_dict(self) -> dict:
         data = asdict(self)
@@ -59,6 +68,9 @@ class BatchResult:
         if self.status == "up-to-date":
             return f"{self.identifier}: up to date at offsets {self.as_dict()['offsets']} (nothing committed)"
         failed = f", {self.records_failed} bad records" if self.records_failed else ""
+        if self.data_lost:
+            lost = sum(r["end"] - r["start"] for r in self.data_lost)
+            failed += f", DATA LOSS: {lost} records deleted before they were read ({self.data_lost})"
         return (
             f"{self.identifier}: committed {self.rows_written} rows from {self.topic}{failed} in {self.seconds:.1f}s, "
             f"snapshot {self.snapshot_id}, next offsets {self.as_dict()['offsets']}"
@@ -105,11 +117,13 @@ def materialize_once(spark, config: IcefloeConfig, table: TableSpec) -> BatchRes
         log.info("%s: schema evolved: %s", identifier, change)
     drop_stale_branches(iceberg)
     state = iceberg.committed_state(table.topic)
-    ranges, next_offsets = plan_ranges(
-        kafka_conf, table.topic, state.offsets, table.starting_offsets, table.max_records_per_run
-    )
+    planned = plan_ranges(
+        kafka_conf, table.topic, state.offsets, table.starting_offsets, table.max_records_per_run,
+        table.on_data_loss, state.topic_id,
+    )  # fmt: skip
+    ranges, next_offsets = planned.ranges, planned.next_offsets
     batch = Batch(ranges, next_offsets)
-    if next_offsets == state.offsets:
+    if next_offsets == state.offsets and not planned.lost:
         return BatchResult(
             identifier, table.topic, "up-to-date", snapshot_id=state.snapshot_id, offsets=state.offsets,
             metadata_location=iceberg.metadata_location(), run_id=run_id, seconds=time.monotonic() - started,
@@ -128,8 +142,12 @@ def materialize_once(spark, config: IcefloeConfig, table: TableSpec) -> BatchRes
     )
     write = _upsert_writer(table, struct) if table.mode == "upsert" else _append_writer(struct)
 
+    recorded = {TOPIC_ID_PROPERTY: planned.topic_id} if planned.topic_id else {}
+    data_lost = [{"partition": r.partition, "start": r.start, "end": r.end} for r in planned.lost]
+    if data_lost:
+        recorded[DATA_LOSS_PROPERTY] = json.dumps(data_lost)
     snapshot_id, rows, failed, batch, first_error = _commit(
-        spark, iceberg, table, plan, batch, state, run_id, write
+        spark, iceberg, table, plan, batch, state, run_id, write, recorded
     )
     result = BatchResult(
         identifier=identifier,
@@ -142,6 +160,7 @@ def materialize_once(spark, config: IcefloeConfig, table: TableSpec) -> BatchRes
         offsets=batch.next_offsets,
         seconds=time.monotonic() - started,
         run_id=run_id,
+        data_lost=data_lost,
     )
     if first_error is not None:
         log.error("%s: committed up to the bad record: %s", identifier, result.describe())
@@ -149,7 +168,7 @@ def materialize_once(spark, config: IcefloeConfig, table: TableSpec) -> BatchRes
     return result
 
 
-def _commit(spark, iceberg, table, plan, batch: Batch, state, run_id, write):
+def _commit(spark, iceberg, table, plan, batch: Batch, state, run_id, write, recorded: dict[str, str]):
     """Read the batch in executors, apply the error mode, commit; returns
     (main's snapshot or None, rows written, bad records, the batch as committed, the error to raise in fail mode)."""
     rows = [(t.topic, t.partition, t.start, t.end) for t in batch.tasks()]
@@ -187,6 +206,7 @@ def _commit(spark, iceberg, table, plan, batch: Batch, state, run_id, write):
             OFFSETS_PROPERTY: json.dumps({str(p): o for p, o in batch.next_offsets.items()}),
             TOPIC_PROPERTY: table.topic,
             RUN_PROPERTY: run_id,
+            **recorded,
         }
         written = {}
 

@@ -120,8 +120,8 @@ def stop_on_signals() -> threading.Event:
 
 def pending_records(config: IcefloeConfig, table: TableSpec, committed: dict[int, int]) -> int:
     conf = client_config(config.cluster(table.source_cluster))
-    ranges, _ = plan_ranges(conf, table.topic, committed, table.starting_offsets, None)
-    return sum(r.count for r in ranges)
+    plan = plan_ranges(conf, table.topic, committed, table.starting_offsets, None, on_data_loss="warn")
+    return sum(r.count for r in plan.ranges)
 
 
 def run_continuously(spark, config, tables, state_dir, on_result, stop: threading.Event, poll_s: float = 1.0) -> int:

@@ -195,6 +195,8 @@ class TableSpec(Model):
     partition_by: tuple[str, ...] = ()
     errors: Literal["fail", "skip", "dlq"] = "fail"
     starting_offsets: Literal["earliest", "latest"] = "earliest"
+    # Records deleted from the topic (retention) before they were read: stop (fail) or go on and record them (warn).
+    on_data_loss: Literal["fail", "warn"] = "fail"
     refresh: str = "15m"
     continuous: bool = False
     commit_records: int | None = Field(default=None, ge=1)

@@ -1,0 +1,196 @@
+"""Kafka semantics a real broker has and users hit: transactions, retention, compaction, recreated topics, new
+partitions, `startingOffsets: latest`. Each runs end to end on the local Apache Kafka broker with real Spark."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from icefloe import kafka_source
+from icefloe.errors import SourceError
+from icefloe.iceberg_table import IcebergTable
+from icefloe.kafka_source import DataLossError, share_budget
+from icefloe.materializer import materialize_once
+from support import by_position, produce, read_pyiceberg
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+SCHEMA = {"fields": [{"name": "n", "type": "long"}]}
+
+
+def values(start: int, count: int, partition: int = 0, key: bytes | None = None) -> list[dict]:
+    return [{"value": json.dumps({"n": i}).encode(), "partition": partition, "key": key} for i in range(start, start + count)]
+
+
+def table_ns(state_dir, identifier: str) -> list[int]:
+    return sorted(row["n"] for row in by_position(read_pyiceberg(state_dir, identifier)).values())
+
+
+def json_table(make_config, topic: str, **extra):
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, **extra})
+    return config, config.tables[0]
+
+
+def test_aborted_records_never_reach_the_table_and_an_open_transaction_does_not_stall(
+    spark, broker, state_dir, topic, make_config, monkeypatch
+):
+    broker.create_topic(topic, 1)
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "transactional.id": f"{topic}-tx"})
+    producer.init_transactions(30)
+
+    def transaction(start: int, count: int, commit: bool) -> None:
+        producer.begin_transaction()
+        for record in values(start, count):
+            producer.produce(topic, value=record["value"], partition=0)
+        producer.flush(30)  # abort_transaction() purges unsent records: flush first, so the aborted ones are in the log
+        (producer.commit_transaction if commit else producer.abort_transaction)(30)
+
+    transaction(0, 5, commit=True)
+    transaction(100, 5, commit=False)
+    transaction(5, 5, commit=True)
+    # An open transaction: its records are in the log, but above the last stable offset.
+    producer.begin_transaction()
+    for record in values(200, 3):
+        producer.produce(topic, value=record["value"], partition=0)
+    producer.flush(30)
+
+    config, spec = json_table(make_config, topic)
+    # A reader of the planned range must end at the last stable offset, not wait for the open transaction
+    # (a stalled reader raises after READ_STALL_TIMEOUT_S; shortened here so a stall fails fast).
+    monkeypatch.setattr(kafka_source, "READ_STALL_TIMEOUT_S", 5.0)
+    conf = kafka_source.client_config(config.cluster("local"))
+    plan = kafka_source.plan_ranges(conf, topic, {}, "earliest", None)
+    assert [(r.start, r.end) for r in plan.ranges] == [(0, 18)]
+    assert [m.offset() for m in kafka_source.read_range(conf, plan.ranges[0])] == [*range(5), *range(12, 17)]
+
+    result = materialize_once(spark, config, spec)
+    assert table_ns(state_dir, result.identifier) == list(range(10))
+    # 5 + 1 marker + 5 aborted + 1 marker + 5 + 1 marker: the next offset is the last stable offset, past the gaps.
+    assert result.offsets == {0: 18}
+
+    producer.commit_transaction(30)
+    after = materialize_once(spark, config, spec)
+    assert table_ns(state_dir, result.identifier) == [*range(10), 200, 201, 202]
+    assert after.offsets == {0: 22}
+    assert materialize_once(spark, config, spec).status == "up-to-date"
+
+
+def test_records_deleted_before_they_were_read_fail_the_run_or_are_recorded(spark, broker, state_dir, topic, make_config):
+    broker.create_topic(topic, 2)
+    produce(broker.bootstrap_servers, topic, values(0, 10, partition=0) + values(0, 4, partition=1))
+    config, spec = json_table(make_config, topic)
+    first = materialize_once(spark, config, spec)
+    assert first.offsets == {0: 10, 1: 4}
+
+    produce(broker.bootstrap_servers, topic, values(10, 10, partition=0) + values(4, 2, partition=1))
+    deleted = broker.admin.delete_records([TopicPartition(topic, 0, 15)])
+    for future in deleted.values():
+        future.result(30)
+    before = IcebergTable(spark, first.identifier).main_snapshot_id()
+
+    with pytest.raises(DataLossError, match=rf"{topic}\[0\] offsets 10\.\.14 \(5 records\).*onDataLoss: warn"):
+        materialize_once(spark, config, spec)
+    assert IcebergTable(spark, first.identifier).main_snapshot_id() == before, "nothing is committed on data loss"
+
+    warn_config, warn_spec = json_table(make_config, topic, onDataLoss="warn")
+    result = materialize_once(spark, warn_config, warn_spec)
+    assert result.data_lost == [{"partition": 0, "start": 10, "end": 15}]
+    assert "DATA LOSS: 5 records" in result.describe()
+    assert result.offsets == {0: 20, 1: 6}
+    summary = IcebergTable(spark, result.identifier).snapshot_summary(result.snapshot_id)
+    assert json.loads(summary["icefloe.data-loss"]) == [{"partition": 0, "start": 10, "end": 15}]
+    rows = by_position(read_pyiceberg(state_dir, result.identifier))
+    assert sorted(o for p, o in rows if p == 0) == [*range(10), *range(15, 20)]
+    assert sorted(o for p, o in rows if p == 1) == list(range(6))
+
+
+def wait_for_compaction(bootstrap: str, topic: str, timeout: float = 90.0) -> list[int]:
+    """Offsets left in partition 0 once the cleaner has removed some (compaction leaves gaps)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe", "enable.partition.eof": True,
+                             "auto.offset.reset": "earliest"})  # fmt: skip
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        offsets = []
+        while True:
+            msg = consumer.poll(5)
+            if msg is None or (msg.error() and msg.error().code() == KafkaError._PARTITION_EOF):
+                break
+            offsets.append(msg.offset())
+        consumer.close()
+        if offsets and len(offsets) < offsets[-1] + 1:
+            return offsets
+        time.sleep(1)
+    raise AssertionError(f"the cleaner did not compact {topic} within {timeout:g}s")
+
+
+def test_compacted_topic_gaps_are_read_without_stall_or_miscount(spark, broker, state_dir, topic, make_config):
+    broker.create_topic(topic, 1, config={
+        "cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
+        "min.compaction.lag.ms": "0", "delete.retention.ms": "100",
+    })  # fmt: skip
+    for round_ in range(4):  # each round rolls a segment, so older rounds become cleanable
+        produce(broker.bootstrap_servers, topic, [
+            {"key": f"k{k}".encode(), "value": json.dumps({"n": round_ * 100 + k}).encode(), "partition": 0}
+            for k in range(10)
+        ])  # fmt: skip
+        time.sleep(0.3)
+    survivors = wait_for_compaction(broker.bootstrap_servers, topic)
+
+    config, spec = json_table(make_config, topic)
+    result = materialize_once(spark, config, spec)
+    rows = by_position(read_pyiceberg(state_dir, result.identifier))  # each (partition, offset) at most once
+    # The cleaner may go on removing records after the probe, never adding any: the table holds at most what
+    # the probe saw, with gaps, and every key's newest value (which compaction keeps).
+    assert len(rows) <= len(survivors) < 40
+    assert {r["n"] for r in rows.values()} >= set(range(300, 310))
+    assert result.offsets == {0: 40}
+    assert materialize_once(spark, config, spec).status == "up-to-date"
+
+
+def test_topic_deleted_and_recreated_is_refused_with_what_to_do(spark, broker, state_dir, topic, make_config):
+    broker.create_topic(topic, 1)
+    produce(broker.bootstrap_servers, topic, values(0, 5))
+    config, spec = json_table(make_config, topic)
+    materialize_once(spark, config, spec)
+
+    # Recreated with more records than the table had read: offsets alone cannot tell; the topic id does.
+    broker.delete_topic(topic)
+    broker.create_topic(topic, 1)
+    produce(broker.bootstrap_servers, topic, values(0, 8))
+    with pytest.raises(SourceError, match=rf"topic '{topic}' was deleted and recreated.*new table"):
+        materialize_once(spark, config, spec)
+
+
+def test_partitions_added_between_runs_are_read_from_their_start(spark, broker, state_dir, topic, make_config):
+    broker.create_topic(topic, 2)
+    produce(broker.bootstrap_servers, topic, values(0, 3, partition=0) + values(3, 3, partition=1))
+    config, spec = json_table(make_config, topic, startingOffsets="latest")
+    first = materialize_once(spark, config, spec)
+    assert first.offsets == {0: 3, 1: 3} and first.rows_written == 0, "latest: the first run records where it starts"
+
+    produce(broker.bootstrap_servers, topic, values(10, 2, partition=1))
+    broker.add_partitions(topic, 3)
+    produce(broker.bootstrap_servers, topic, values(20, 4, partition=2))
+    second = materialize_once(spark, config, spec)
+    assert second.offsets == {0: 3, 1: 5, 2: 4}
+    assert table_ns(state_dir, second.identifier) == [10, 11, 20, 21, 22, 23]
+
+
+def test_latest_on_an_empty_topic_skips_nothing_produced_after_the_first_run(spark, broker, state_dir, topic, make_config):
+    broker.create_topic(topic, 2)
+    config, spec = json_table(make_config, topic, startingOffsets="latest")
+    first = materialize_once(spark, config, spec)
+    assert first.offsets == {0: 0, 1: 0}
+    produce(broker.bootstrap_servers, topic, values(0, 2, partition=0) + values(2, 2, partition=1))
+    materialize_once(spark, config, spec)
+    assert table_ns(state_dir, first.identifier) == [0, 1, 2, 3]
+
+
+def test_record_budget_is_shared_fairly_across_partitions():
+    assert share_budget({0: 1000, 1: 10, 2: 1000}, 100) == {0: 45, 1: 10, 2: 45}
+    assert share_budget({0: 5, 1: 5}, None) == {0: 5, 1: 5}
+    assert share_budget({0: 3, 1: 3, 2: 3}, 7) == {0: 2, 1: 2, 2: 3}
+    assert sum(share_budget({p: 1_000 for p in range(7)}, 999).values()) == 999
