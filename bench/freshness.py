@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 from confluent_kafka import Producer
 
-from icefloe_dev.broker import TansuBroker
+from icefloe_dev.kafka_broker import KafkaBroker
 from icefloe_dev.readers import pyiceberg_catalog
 
 RESULTS = Path(__file__).parent / "results"
@@ -68,7 +68,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="icefloe-fresh-"))
     delivered: dict[tuple[int, int], float] = {}
     try:
-        with TansuBroker(work / "broker") as broker:
+        with KafkaBroker(work / "kafka") as broker:
             broker.create_topic(TOPIC, 2)
             config = work / "Pulumi.fresh.yaml"
             config.write_text(yaml.safe_dump({"config": {

@@ -28,11 +28,12 @@ def records(start: int, count: int, partitions: int = 2, timestamp: int | None =
             for i in range(start, start + count)]  # fmt: skip
 
 
-def start_continuous(config_path: Path, state_dir: Path) -> subprocess.Popen:
+def start_continuous(config_path: Path, state_dir: Path, log: Path | None = None) -> subprocess.Popen:
     command = [sys.executable, "-m", "icefloe.cli", "run", "--config", str(config_path), "--continuous", "--json",
                "--state-dir", str(state_dir)]  # fmt: skip
     env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[2]"}
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    stderr = open(log, "w") if log else subprocess.DEVNULL
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
 
 
 def test_continuous_rows_visible_within_interval_and_sigterm_restart_is_exactly_once(broker, spark, state_dir, topic, tmp_path):
@@ -113,3 +114,51 @@ def test_retention_ttl_deletes_rows_older_than_the_window(spark, broker, state_d
     result = maintain(table, config.tables[0])
     assert result.rows_expired_by_ttl == 5
     assert sorted(r["n"] for r in read_pyiceberg(state_dir, table.identifier)) == [5, 6, 7]
+
+
+def test_continuous_mode_rides_out_a_broker_outage(spark, state_dir, topic, tmp_path):
+    """The broker goes away for minutes: the job keeps waiting (no exit, no suspension), resumes within a few
+    refreshes of the broker coming back, and every record lands exactly once."""
+    from icefloe_dev.kafka_broker import KafkaBroker
+    from icefloe_dev.readers import pyiceberg_catalog
+
+    outage_s = float(os.environ.get("ICEFLOE_TEST_OUTAGE_S", "150"))
+    broker = KafkaBroker(tmp_path / "own-broker").start()  # its own broker: the shared one must stay up
+    try:
+        broker.create_topic(topic, 2)
+        path = tmp_path / "Pulumi.outage.yaml"
+        path.write_text(yaml.safe_dump({"config": {
+            "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers}],
+            "icefloe:tables": [{"sourceCluster": "local", "topic": topic, "format": "json", "schema": SCHEMA,
+                                "refresh": "2s", "continuous": True, "maintenance": {"enabled": False}}],
+        }}))  # fmt: skip
+        identifier = f"local.{topic}"
+
+        def wait_for_rows(count: int, within: float) -> None:
+            deadline = time.monotonic() + within
+            while not (pyiceberg_catalog(state_dir).table_exists(identifier)
+                       and len(read_pyiceberg(state_dir, identifier)) == count):  # fmt: skip
+                assert process.poll() is None, f"the continuous job exited:\n{job_log.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, f"{count} rows not visible within {within:g}s:\n{job_log.read_text()[-3000:]}"
+                time.sleep(1)
+
+        job_log = tmp_path / "job.log"
+        process = start_continuous(path, state_dir, job_log)
+        threading.Thread(target=lambda: [None for _ in process.stdout], daemon=True).start()  # drain --json lines
+        try:
+            produce(broker.bootstrap_servers, topic, records(0, 50))
+            wait_for_rows(50, 240)
+            broker.stop()
+            time.sleep(outage_s)
+            assert process.poll() is None, f"the job exited during the broker outage:\n{job_log.read_text()[-3000:]}"
+            assert "waiting for its source/catalog to come back" in job_log.read_text()
+            broker.start()  # same ports, same data: the broker is back
+            produce(broker.bootstrap_servers, topic, records(50, 50))
+            wait_for_rows(100, 120)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(90) == 0, "SIGTERM must stop the loop cleanly after an outage too"
+        rows = by_position(read_pyiceberg(state_dir, identifier))
+        assert sorted(r["n"] for r in rows.values()) == list(range(100))
+    finally:
+        broker.stop()

@@ -10,9 +10,9 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from icefloe import kafka_source
-from icefloe.errors import SourceError
+from icefloe.errors import DataLossError, SourceError
 from icefloe.iceberg_table import IcebergTable
-from icefloe.kafka_source import DataLossError, share_budget
+from icefloe.kafka_source import share_budget
 from icefloe.materializer import materialize_once
 from support import by_position, produce, read_pyiceberg
 

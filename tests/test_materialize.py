@@ -1,4 +1,4 @@
-"""End to end: a real Tansu broker, the development Schema Registry, real Spark, tables read back independently."""
+"""End to end: the local Apache Kafka broker, Apicurio Registry, real Spark, tables read back independently."""
 
 from __future__ import annotations
 

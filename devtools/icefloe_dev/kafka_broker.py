@@ -93,22 +93,25 @@ class KafkaBroker(JvmService):
         return "".join(f"{key}={value}\n" for key, value in settings.items())
 
     def command(self) -> list[str]:
+        """Format a fresh log directory on the first start; a later start (after `stop()`) is a restart on the same
+        ports with the same data, as a broker coming back from an outage."""
         libs = lib_dir("kafka")
-        self.port, self.controller_port = free_port(), free_port()
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        data_dir = self.state_dir / f"data-{self.cluster_id}"
         config = self.state_dir / "server.properties"
-        config.write_text(self._properties(data_dir))
         log4j = self.state_dir / "log4j2.properties"
-        log4j.write_text(LOG4J2.format(level=self.log_level.upper()))
         base = [java(), f"-Dlog4j2.configurationFile={log4j}", "-cp", f"{libs}/*"]
-        formatted = subprocess.run(
-            [*base, "-Xmx256m", "kafka.tools.StorageTool", "format", "--config", str(config),
-             "--cluster-id", self.cluster_id, "--standalone"],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        if formatted.returncode != 0:
-            raise ServiceError(f"formatting {data_dir} failed: {formatted.stdout}{formatted.stderr}")
+        if self.port is None:
+            self.port, self.controller_port = free_port(), free_port()
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            data_dir = self.state_dir / f"data-{self.cluster_id}"
+            config.write_text(self._properties(data_dir))
+            log4j.write_text(LOG4J2.format(level=self.log_level.upper()))
+            formatted = subprocess.run(
+                [*base, "-Xmx256m", "kafka.tools.StorageTool", "format", "--config", str(config),
+                 "--cluster-id", self.cluster_id, "--standalone"],
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            if formatted.returncode != 0:
+                raise ServiceError(f"formatting {data_dir} failed: {formatted.stdout}{formatted.stderr}")
         return [*base, f"-Xmx{self.heap}", "kafka.Kafka", str(config)]
 
     def probe(self) -> str | None:

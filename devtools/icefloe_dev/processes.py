@@ -5,8 +5,10 @@ The Kafka broker and the schema registry both run this way for the demo, the tes
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -16,6 +18,15 @@ from typing import Callable
 
 from icefloe.errors import IcefloeError
 from icefloe.session import jvm_lib
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: Linux sends it SIGTERM when the process that started it dies, so a killed test
+    run or demo leaves no broker or registry behind."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: stop() still runs on every normal exit
 
 
 class ServiceError(IcefloeError):
@@ -81,10 +92,10 @@ class JvmService:
             raise ServiceError(f"the {self.name} is already running")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         command = self.command()
-        with open(self.log_path, "wb") as log:
+        with open(self.log_path, "ab") as log:  # appended: a restarted service keeps its earlier log
             self._process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.state_dir,
-                env=os.environ.copy(), start_new_session=True,
+                env=os.environ.copy(), start_new_session=True, preexec_fn=_die_with_parent,
             )  # fmt: skip
         self._started_at = time.monotonic()
 

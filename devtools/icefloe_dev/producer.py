@@ -9,7 +9,22 @@ from typing import Iterable
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext, StringSerializer
+
+from icefloe.errors import IcefloeError
+
+
+class SchemaRefused(IcefloeError):
+    """The registry would not register the producer's schema (e.g. 409: incompatible with the subject's versions)."""
+
+    def __init__(self, registry_url: str, subject: str, error: SchemaRegistryError):
+        self.status = error.http_status_code
+        reason = "incompatible with the subject's compatibility rule" if self.status == 409 else "refused"
+        super().__init__(
+            f"schema registry {registry_url} refused the schema for subject {subject!r} (HTTP {self.status}, "
+            f"{reason}): {error.error_message}"
+        )
 
 
 def avro_producer(bootstrap: str, registry_url: str, schema_str: str):
@@ -55,7 +70,10 @@ def produce_avro(
     started = time.monotonic()
     step = max(1, (total or 0) // 10)
     for index, (key, value) in enumerate(records, 1):
-        payload = None if value is None else serializer(value, value_ctx)
+        try:
+            payload = None if value is None else serializer(value, value_ctx)
+        except SchemaRegistryError as error:
+            raise SchemaRefused(registry_url, f"{topic}-value", error) from None
         while True:
             try:
                 producer.produce(topic, key=keys(key, key_ctx), value=payload, on_delivery=on_delivery)

@@ -175,7 +175,11 @@ def _registry_avro_decoder(spec: DecoderSpec, reader_schema: str | None, key: bo
             return deserializer(data, context)
         except SchemaRegistryError as error:
             if error.http_status_code in (404, 422):
-                raise ValueError(f"schema registry: {error.error_message} (code {error.error_code})") from None
+                schema_id = int.from_bytes(data[1:5], "big") if len(data) >= 5 else None
+                raise ValueError(
+                    f"schema id {schema_id} is not known to the schema registry {spec.registry_conf['url']}: "
+                    f"{error.error_message} (code {error.error_code})"
+                ) from None
             raise SourceError(f"schema registry {spec.registry_conf['url']}: {error}") from None
         except SerializationError as error:
             raise ValueError(f"Avro: {error}") from None

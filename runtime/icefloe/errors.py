@@ -24,5 +24,31 @@ class RecordError(IcefloeError):
         super().__init__(f"partition {partition} offset {offset}: {kind}: {cause}")
 
 
+class DataLossError(IcefloeError):
+    """Records the table had not read were deleted from the topic (and the table's onDataLoss is `fail`). Not
+    transient: retrying finds the same gap until the user decides (`onDataLoss: warn`) or restores the records."""
+
+
 class CommitConflict(IcefloeError):
     """Another writer changed the table while this batch was being written; the batch was not committed."""
+
+
+# Words in a JVM or client error that mark a passing environment failure (network, throttling, a service briefly
+# away), as opposed to a bug or bad data. Matched case-insensitively against the error's text.
+_TRANSIENT_MARKS = (
+    "connection refused", "connect timed out", "connection reset", "unable to execute http request",
+    "sdkclientexception", "serviceunavailable", "service unavailable", "throttl", "slowdown", "slow down",
+    "requesttimeout", "timed out", "timeout", "temporarily", "too many requests", "broker transport failure",
+    "all brokers are down", "unknownhost", "no route to host",
+)
+
+
+def is_transient(error: BaseException) -> bool:
+    """True for failures worth retrying: the source, registry or catalog was unreachable or asked us to slow down.
+    Record errors and configuration errors never are: retrying would give the same answer."""
+    if isinstance(error, (RecordError, ConfigError)):
+        return False
+    if isinstance(error, (SourceError, CommitConflict)):
+        return True
+    text = f"{type(error).__name__}: {error}".lower()
+    return any(mark in text for mark in _TRANSIENT_MARKS)

@@ -54,6 +54,9 @@ class IcebergTable:
         self.full_name = f"{CATALOG}.{identifier}"
 
     def exists(self) -> bool:
+        namespaces = self.spark.sql(f"SHOW NAMESPACES IN {CATALOG} LIKE '{self.database}'").collect()
+        if not namespaces:  # Iceberg 1.10 raises for SHOW TABLES in a namespace that does not exist
+            return False
         found = self.spark.sql(f"SHOW TABLES IN {CATALOG}.`{self.database}` LIKE '{self.name}'").collect()
         return bool(found)
 

@@ -22,7 +22,7 @@ from typing import Iterator
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from .errors import SourceError
+from .errors import DataLossError, SourceError
 from .secrets import resolve_credentials
 from .spec import SourceCluster
 
@@ -95,10 +95,6 @@ class Plan:
     next_offsets: dict[int, int]  # every partition's next offset, including partitions with nothing to read
     lost: list[LostRange]
     topic_id: str | None
-
-
-class DataLossError(SourceError):
-    """Records the table had not read were deleted from the topic (and the table's onDataLoss is `fail`)."""
 
 
 def _unreachable(conf: dict[str, str], error: KafkaException) -> SourceError:

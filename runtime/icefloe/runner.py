@@ -8,10 +8,11 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .errors import CommitConflict, ConfigError, IcefloeError, RecordError, SourceError
+from .errors import CommitConflict, ConfigError, IcefloeError, RecordError, SourceError, is_transient
 from .iceberg_table import IcebergTable
 from .kafka_source import client_config, plan_ranges
 from .maintenance import is_due, maintain
@@ -23,6 +24,9 @@ log = logging.getLogger(__name__)
 COMMIT_ATTEMPTS = 3
 SOURCE_ATTEMPTS = 3
 SOURCE_BACKOFF_S = 2.0
+# Continuous mode: a table whose source, registry or catalog is away waits with exponential backoff from this,
+# capped at the table's `refresh` (so it resumes within one refresh of the source coming back).
+OUTAGE_FIRST_RETRY_S = 1.0
 
 
 @contextmanager
@@ -42,7 +46,8 @@ def table_lock(state_dir: Path, identifier: str, local: bool) -> Iterator[None]:
 
 
 def run_table(spark, config: IcefloeConfig, table: TableSpec, state_dir: Path) -> BatchResult:
-    """One batch with retries: a commit conflict re-plans at once, an unreachable source backs off."""
+    """One batch with retries: a commit conflict re-plans at once; an unreachable source, registry or catalog
+    (or any failure that reads as transient: throttling, timeouts, refused connections) backs off."""
     identifier = config.identifier(table)
     commit_tries = source_tries = 0
     with table_lock(state_dir, identifier, config.catalog.type == "local"):
@@ -54,7 +59,9 @@ def run_table(spark, config: IcefloeConfig, table: TableSpec, state_dir: Path) -
                 if commit_tries >= COMMIT_ATTEMPTS:
                     raise
                 log.warning("%s: commit conflict, re-planning (attempt %d)", identifier, commit_tries + 1)
-            except SourceError as error:
+            except Exception as error:
+                if isinstance(error, (RecordError, ConfigError)) or not is_transient(error):
+                    raise
                 source_tries += 1
                 if source_tries >= SOURCE_ATTEMPTS:
                     raise
@@ -81,13 +88,20 @@ def run_tables(
         return run_continuously(spark, config, tables, state_dir, on_result, stop or stop_on_signals())
     failures = 0
     for table in tables:
-        if not _run_and_maintain(spark, config, table, state_dir, on_result):
+        outcome, _ = _run_and_maintain(spark, config, table, state_dir, on_result)
+        if outcome != Outcome.OK:
             failures += 1
     return failures
 
 
-def _run_and_maintain(spark, config: IcefloeConfig, table: TableSpec, state_dir: Path, on_result) -> bool:
-    """One batch, then maintenance if it is due; False (after logging why) if the table failed."""
+class Outcome:
+    OK = "ok"
+    WAITING = "waiting"  # the environment failed (source, registry, catalog, Spark): try again later
+    FAILED = "failed"  # a bad record or a bad config: trying again gives the same answer
+
+
+def _run_and_maintain(spark, config: IcefloeConfig, table: TableSpec, state_dir: Path, on_result) -> tuple[str, str]:
+    """One batch, then maintenance if it is due; (outcome, why) after logging any failure."""
     identifier = config.identifier(table)
     try:
         on_result(run_table(spark, config, table, state_dir))
@@ -96,13 +110,20 @@ def _run_and_maintain(spark, config: IcefloeConfig, table: TableSpec, state_dir:
                 iceberg = IcebergTable(spark, identifier)
                 if is_due(iceberg, table):
                     maintain(iceberg, table)
-        return True
+        return Outcome.OK, ""
     except RecordError as error:
         log.error("table %s (topic %s): %s; nothing at or after offset %d of partition %d was committed",
                   identifier, table.topic, error, error.offset, error.partition)  # fmt: skip
+        return Outcome.FAILED, str(error)
+    except ConfigError as error:
+        log.error("table %s (topic %s): %s", identifier, table.topic, error)
+        return Outcome.FAILED, str(error)
     except IcefloeError as error:
         log.error("table %s (topic %s): %s", identifier, table.topic, error)
-    return False
+        return Outcome.WAITING, str(error)
+    except Exception as error:  # Spark, Py4J, Arrow, AWS SDK: one table's failure must not end the others
+        log.exception("table %s (topic %s): unexpected %s", identifier, table.topic, type(error).__name__)
+        return Outcome.WAITING, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
 def stop_on_signals() -> threading.Event:
@@ -124,26 +145,43 @@ def pending_records(config: IcefloeConfig, table: TableSpec, committed: dict[int
     return sum(r.count for r in plan.ranges)
 
 
+@dataclass
+class _Outage:
+    """A table waiting for its environment: since when, why, and when to try again."""
+
+    since: float
+    reason: str
+    delay: float
+    retry_at: float
+
+
 def run_continuously(spark, config, tables, state_dir, on_result, stop: threading.Event, poll_s: float = 1.0) -> int:
     """Micro-batches per table: commit when `refresh` has elapsed or `commitRecords` are waiting, whichever first.
 
-    A table that fails is suspended (the others go on); the loop ends when stopped or when all are suspended.
+    A table whose broker, registry or catalog is away waits and retries with capped exponential backoff for as long
+    as it takes (the state change is logged once, not every retry), while the other tables go on. Only a bad record
+    (per `errors`) or a bad config suspends a table; the loop ends when stopped or when all are suspended.
     """
     last_batch = {config.identifier(t): 0.0 for t in tables}
     committed: dict[str, dict[int, int]] = {}
     suspended: set[str] = set()
+    outages: dict[str, _Outage] = {}
     while not stop.is_set() and len(suspended) < len(tables):
         for table in tables:
             identifier = config.identifier(table)
             if stop.is_set() or identifier in suspended:
                 continue
-            waited = time.monotonic() - last_batch[identifier]
-            due = waited >= table.refresh_seconds
-            if not due and table.commit_records and identifier in committed:
-                try:
-                    due = pending_records(config, table, committed[identifier]) >= table.commit_records
-                except SourceError as error:
-                    log.warning("%s: %s", identifier, error)
+            now = time.monotonic()
+            outage = outages.get(identifier)
+            if outage is not None:
+                due = now >= outage.retry_at
+            else:
+                due = now - last_batch[identifier] >= table.refresh_seconds
+                if not due and table.commit_records and identifier in committed:
+                    try:
+                        due = pending_records(config, table, committed[identifier]) >= table.commit_records
+                    except SourceError as error:
+                        log.debug("%s: %s", identifier, error)
             if not due:
                 continue
             last_batch[identifier] = time.monotonic()
@@ -152,9 +190,22 @@ def run_continuously(spark, config, tables, state_dir, on_result, stop: threadin
                 committed[key] = result.offsets
                 on_result(result)
 
-            if not _run_and_maintain(spark, config, table, state_dir, remember):
+            outcome, why = _run_and_maintain(spark, config, table, state_dir, remember)
+            if outcome == Outcome.FAILED:
                 suspended.add(identifier)
                 log.error("%s: suspended until restart", identifier)
+            elif outcome == Outcome.WAITING:
+                cap = max(OUTAGE_FIRST_RETRY_S, float(table.refresh_seconds))
+                if outage is None:
+                    outage = outages[identifier] = _Outage(time.monotonic(), why, OUTAGE_FIRST_RETRY_S, 0.0)
+                    log.warning("%s: waiting for its source/catalog to come back (%s); retrying with backoff up to "
+                                "%.0fs, other tables go on", identifier, why, cap)  # fmt: skip
+                else:
+                    outage.delay = min(cap, outage.delay * 2)
+                outage.retry_at = time.monotonic() + outage.delay
+            elif outage is not None:
+                del outages[identifier]
+                log.info("%s: recovered after %.0fs; committing again", identifier, time.monotonic() - outage.since)
         stop.wait(poll_s)
     return len(suspended)
 

@@ -1,0 +1,45 @@
+"""The runtime against a real schema registry (Apicurio, Confluent API, BACKWARD compatibility): refused
+evolutions and unknown schema ids get clear errors that name the subject, the id and the record's position."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from icefloe.errors import RecordError
+from icefloe.materializer import materialize_once
+from icefloe_dev.producer import SchemaRefused, produce_avro
+from support import produce, read_pyiceberg
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+V1 = {"type": "record", "name": "Account", "fields": [{"name": "id", "type": "long"}, {"name": "owner", "type": "string"}]}
+
+
+def test_incompatible_version_is_refused_and_the_table_keeps_going(spark, broker, registry, state_dir, topic, make_config):
+    broker.create_topic(topic, 1)
+    produce_avro(broker.bootstrap_servers, registry.url, topic, json.dumps(V1), [(None, {"id": 1, "owner": "a"})])
+    config = make_config({"topic": topic})
+    materialize_once(spark, config, config.tables[0])
+
+    # A new required field without a default cannot read old records: BACKWARD refuses it, as Confluent's would.
+    breaking = {**V1, "fields": [*V1["fields"], {"name": "balance", "type": "long"}]}
+    with pytest.raises(SchemaRefused, match=rf"refused the schema for subject '{topic}-value' \(HTTP 409, incompatible"):
+        produce_avro(broker.bootstrap_servers, registry.url, topic, json.dumps(breaking), [(None, {**{"id": 2, "owner": "b"}, "balance": 5})])
+
+    compatible = {**V1, "fields": [*V1["fields"], {"name": "balance", "type": ["null", "long"], "default": None}]}
+    produce_avro(broker.bootstrap_servers, registry.url, topic, json.dumps(compatible), [(None, {"id": 3, "owner": "c", "balance": 7})])
+    result = materialize_once(spark, config, config.tables[0])
+    rows = sorted(read_pyiceberg(state_dir, result.identifier), key=lambda r: r["id"])
+    assert [(r["id"], r["owner"], r["balance"]) for r in rows] == [(1, "a", None), (3, "c", 7)]
+
+
+def test_unknown_schema_id_names_the_id_and_the_record(spark, broker, registry, state_dir, topic, make_config):
+    broker.create_topic(topic, 1)
+    produce_avro(broker.bootstrap_servers, registry.url, topic, json.dumps(V1), [(None, {"id": 1, "owner": "a"})])
+    produce(broker.bootstrap_servers, topic, [{"value": b"\x00" + struct.pack(">I", 987654) + b"\x02\x02a", "partition": 0}])
+    config = make_config({"topic": topic})
+    with pytest.raises(RecordError, match=r"partition 0 offset 1: DecodeError: schema id 987654 is not known to the schema registry"):
+        materialize_once(spark, config, config.tables[0])
+    assert [r["id"] for r in read_pyiceberg(state_dir, config.identifier(config.tables[0]))] == [1], "committed up to the bad record"
