@@ -61,6 +61,7 @@ SSE = "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryption
 PAB = "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock"
 VERSIONING = "aws:s3/bucketVersioning:BucketVersioning"
 BUCKET_POLICY = "aws:s3/bucketPolicy:BucketPolicy"
+OWNERSHIP = "aws:s3/bucketOwnershipControls:BucketOwnershipControls"
 ROLE = "aws:iam/role:Role"
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 SCHEDULE = "aws:scheduler/schedule:Schedule"
@@ -87,6 +88,7 @@ def bucket_resources(name: str = "lake", bucket: str = BUCKET_NAME, tags: dict |
                  {"bucket": bucket, "versioningConfiguration": {"status": "Enabled"}}),
         Resource(BUCKET_POLICY, f"{name}-policy", {"bucket": bucket, "policy": doc(
             {**TLS_DENY, "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]})}),
+        Resource(OWNERSHIP, f"{name}-ownership", {"bucket": bucket, "rule": {"objectOwnership": "BucketOwnerEnforced"}}),
     ]
 
 
@@ -205,11 +207,19 @@ def test_policies_are_described_and_every_message_says_how_to_fix():
     policies = all_policies()
     assert len({p.name for p in policies}) == len(policies)
     assert all(p.description and p.remediation_steps for p in policies)
-    unsafe = [Resource(BUCKET, "bare", {}), Resource(ROLE, "open", {"assumeRolePolicy": trust({"AWS": "*"})}),
+    unsafe = [Resource(BUCKET, "bare", {"bucket": "bare"}), Resource(BUCKET, "legacy", {"bucket": "legacy"}),
+              Resource(ROLE, "open", {"name": "open", "assumeRolePolicy": trust({"AWS": "*"})}),
               Resource(EMR_APP, "app", {"releaseLabel": "emr-6.9.0"}), Resource(SCHEDULE, "s", {"target": {}}),
               Resource("aws:kms/key:Key", "k", {}), Resource("aws:cloudwatch/logGroup:LogGroup", "l", {}),
               Resource(ROLE_POLICY, "p", {"policy": doc({"Effect": "Allow", "Action": "*", "Resource": "*"})}),
-              Resource("aws:lambda/function:Function", "f", {"environment": {"variables": {"DB_PASSWORD": "x1"}}})]
+              Resource("aws:lambda/function:Function", "f", {"environment": {"variables": {"DB_PASSWORD": "x1"}}}),
+              Resource("aws:sqs/queuePolicy:QueuePolicy", "q", {"policy": doc(
+                  {"Effect": "Allow", "Principal": "*", "Action": "sqs:SendMessage", "Resource": "*"})}),
+              Resource(ROLE_POLICY, "pass", {"policy": doc({"Effect": "Allow", "Action": "iam:PassRole",
+                                                           "Resource": "arn:aws:iam::999988887777:role/admin"})}),
+              Resource("aws:s3/bucketAclV2:BucketAclV2", "acl", {"bucket": "bare", "acl": "public-read"}),
+              Resource(OWNERSHIP, "own", {"bucket": "legacy", "rule": {"objectOwnership": "ObjectWriter"}}),
+              Resource("aws:iam/accessKey:AccessKey", "key", {"user": "ci"})]
     violations = run_pack(unsafe)
     assert {v.policy for v in violations} == {p.name for p in policies} - {"emr-auto-stop"}
     assert all(" Fix: " in v.message for v in violations)
@@ -218,6 +228,7 @@ def test_policies_are_described_and_every_message_says_how_to_fix():
 def test_pack_default_is_mandatory_and_scheduler_rules_are_advisory():
     levels = {name: s.level for name, s in resolve_config(all_policies()).items()}
     assert levels.pop("scheduler-retry-policy") == levels.pop("scheduler-dead-letter") == EnforcementLevel.ADVISORY
+    assert levels.pop("s3-bucket-ownership-declared") == EnforcementLevel.ADVISORY  # AWS's default is enforced
     assert set(levels.values()) == {EnforcementLevel.MANDATORY}
 
 

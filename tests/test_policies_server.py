@@ -89,5 +89,7 @@ def test_stack_violation_names_the_bucket(analyzer):
     diagnostics = analyzer.AnalyzeStack(request).diagnostics
     assert {d.policyName for d in diagnostics} == {
         "s3-bucket-kms-encryption", "s3-bucket-public-access-block", "s3-bucket-deny-insecure-transport",
-        "s3-bucket-versioning"}
+        "s3-bucket-versioning", "s3-bucket-ownership-declared"}
     assert {d.urn for d in diagnostics} == {bucket_urn}
+    assert {d.policyName for d in diagnostics if d.enforcementLevel == analyzer_pb2.ADVISORY} == {
+        "s3-bucket-ownership-declared"}

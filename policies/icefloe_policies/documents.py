@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any
 
 from .props import as_list, is_mapping, json_or_value
@@ -10,6 +11,11 @@ from .props import as_list, is_mapping, json_or_value
 
 class DocumentError(ValueError):
     """The document is not a JSON object with statements, so nothing in it can be checked."""
+
+
+def covers(patterns: list[str], action: str) -> bool:
+    """True if one of the Action patterns (wildcards allowed, case-insensitive like IAM) matches `action`."""
+    return any(fnmatchcase(action.lower(), pattern.lower()) for pattern in patterns)
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,14 @@ class Statement:
     @property
     def allows(self) -> bool:
         return self.effect.lower() == "allow"
+
+    def grants(self, action: str) -> bool:
+        """An Allow statement that grants `action`: matched by Action, or not excluded by NotAction."""
+        if not self.allows:
+            return False
+        if self.not_actions:
+            return not covers(self.not_actions, action)
+        return covers(self.actions, action)
 
     @property
     def label(self) -> str:

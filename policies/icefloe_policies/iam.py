@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from fnmatch import fnmatchcase
 
-from pulumi_policy import (PolicyConfigSchema, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy,
-                           Severity)
+from pulumi_policy import (PolicyConfigSchema, PolicyResource, ReportViolation, ResourceValidationArgs,
+                           ResourceValidationPolicy, Severity)
 
 from . import tokens
-from .documents import DocumentError, Statement, parse
+from .documents import DocumentError, Statement, covers, parse
 from .props import as_list, get
-from .remedy import message
+from .remedy import listing, message
 
 IDENTITY_POLICY_TYPES = {tokens.IAM_ROLE_POLICY, tokens.IAM_POLICY, tokens.IAM_USER_POLICY, tokens.IAM_GROUP_POLICY}
 
@@ -45,8 +44,10 @@ ACCOUNT_CONFIG = PolicyConfigSchema(properties={
 
 # --- where the documents are ------------------------------------------------------------------------------
 
-def _documents(args: ResourceValidationArgs, trust: bool) -> Iterator[tuple[str, object]]:
-    """(label, document) pairs: the trust policy when `trust`, else the permission documents."""
+def policy_documents(args: ResourceValidationArgs | PolicyResource, trust: bool) -> Iterator[tuple[str, object]]:
+    """(label, document) pairs: the trust policy when `trust`, else the permission documents.
+
+    Works on a resource rule's args and on a stack's PolicyResource alike (both carry type and props)."""
     if args.resource_type == tokens.IAM_ROLE:
         if trust:
             yield "trust policy", get(args.props, "assumeRolePolicy")
@@ -57,8 +58,10 @@ def _documents(args: ResourceValidationArgs, trust: bool) -> Iterator[tuple[str,
         yield "policy", get(args.props, "policy")
 
 
-def _statements(args: ResourceValidationArgs, report: ReportViolation, trust: bool) -> Iterator[tuple[str, Statement]]:
-    for label, document in _documents(args, trust):
+def policy_statements(args: ResourceValidationArgs, report: ReportViolation,
+                      trust: bool) -> Iterator[tuple[str, Statement]]:
+    """(label, statement) pairs of the resource's documents; a document that cannot be parsed is reported."""
+    for label, document in policy_documents(args, trust):
         if document is None:
             continue
         try:
@@ -88,7 +91,7 @@ def is_external(principal: str, own_account: str | None) -> bool:
 
 
 def _assumes_role(statement: Statement) -> bool:
-    return any(fnmatchcase("sts:assumerole", a.lower()) for a in statement.actions)
+    return covers(statement.actions, "sts:AssumeRole")
 
 
 def _requires_external_id(statement: Statement) -> bool:
@@ -98,7 +101,7 @@ def _requires_external_id(statement: Statement) -> bool:
 
 def _validate_external_id(args: ResourceValidationArgs, report: ReportViolation) -> None:
     own_account = args.get_config().get("accountId")
-    for label, statement in _statements(args, report, trust=True):
+    for label, statement in policy_statements(args, report, trust=True):
         if not statement.allows or not _assumes_role(statement):
             continue
         # Only AWS principals: service principals are AWS itself, and web-identity/SAML federation
@@ -116,7 +119,7 @@ def _validate_external_id(args: ResourceValidationArgs, report: ReportViolation)
 
 def _validate_wildcard_principal(args: ResourceValidationArgs, report: ReportViolation) -> None:
     for trust in (True, False):
-        for label, statement in _statements(args, report, trust=trust):
+        for label, statement in policy_statements(args, report, trust=trust):
             if not statement.allows:
                 continue
             if ("AWS", "*") in statement.principals or statement.has_not_principal:
@@ -133,7 +136,7 @@ def _is_wildcard_action(action: str) -> bool:
 
 
 def _validate_wildcard_actions(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    for label, statement in _statements(args, report, trust=False):
+    for label, statement in policy_statements(args, report, trust=False):
         if not statement.allows:
             continue
         broad = [a for a in statement.actions if _is_wildcard_action(a)]
@@ -172,18 +175,18 @@ def is_unscoped(resource: str) -> bool:
 
 
 def _writes(statement: Statement) -> list[str]:
-    return [w for w in DATA_WRITE_ACTIONS if any(fnmatchcase(w.lower(), a.lower()) for a in statement.actions)]
+    return [w for w in DATA_WRITE_ACTIONS if covers(statement.actions, w)]
 
 
 def _validate_unscoped_writes(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    for label, statement in _statements(args, report, trust=False):
+    for label, statement in policy_statements(args, report, trust=False):
         if not statement.allows:
             continue
         writes = _writes(statement)
         unscoped = [r for r in statement.resources if is_unscoped(r)]
         if writes and (unscoped or statement.not_resources):
             report(message(
-                f"'{args.name}' allows data writes ({', '.join(writes[:4])}{' ...' if len(writes) > 4 else ''}) "
+                f"'{args.name}' allows data writes ({listing(writes)}) "
                 f"on every resource ({label}, {statement.label}).",
                 "scope Resource to the stack's bucket (arn:aws:s3:::<bucket>/*) and its Glue catalog, "
                 "database and table ARNs."))

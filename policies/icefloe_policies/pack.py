@@ -2,7 +2,7 @@
 
 Levels, from weakest to strongest say:
 1. the pack default, DEFAULT_ENFORCEMENT (mandatory);
-2. a policy's own level (the scheduler rules are advisory);
+2. a policy's own level (the scheduler rules and s3-bucket-ownership-declared are advisory);
 3. the policy pack config file (`--policy-pack-config policy-config.json`): `"all": "<level>"` for every
    rule, then `"<rule name>": "<level>"` or `{"enforcementLevel": "<level>", ...properties}` per rule.
 The Pulumi CLI applies (3); `resolve_config` does the same for local runs and tests.
@@ -16,14 +16,15 @@ from typing import Any
 
 from pulumi_policy import EnforcementLevel, Policy
 
-from . import emr, iam, kms, logs, s3, scheduler, secrets, tagging
+from . import emr, escalation, iam, iam_users, kms, logs, resource_policies, s3, s3_acls, scheduler, secrets, tagging
 
 DEFAULT_ENFORCEMENT = EnforcementLevel.MANDATORY
 
 
 def all_policies() -> list[Policy]:
-    return [*s3.POLICIES, *kms.POLICIES, *iam.POLICIES, *emr.POLICIES, *scheduler.POLICIES,
-            *secrets.POLICIES, *logs.POLICIES, *tagging.POLICIES]
+    return [*s3.POLICIES, *s3_acls.POLICIES, *resource_policies.POLICIES, *kms.POLICIES, *iam.POLICIES,
+            *escalation.POLICIES, *iam_users.POLICIES, *emr.POLICIES, *scheduler.POLICIES, *secrets.POLICIES,
+            *logs.POLICIES, *tagging.POLICIES]
 
 
 @dataclass(frozen=True)

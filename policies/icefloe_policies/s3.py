@@ -11,11 +11,11 @@ from __future__ import annotations
 from pulumi_policy import PolicyResource, ReportViolation, Severity, StackValidationArgs, StackValidationPolicy
 
 from . import tokens
-from .constants import ROLE_LAKEHOUSE, TAG_ROLE
+from .constants import TAG_ROLE
 from .documents import DocumentError, parse
-from .props import UNKNOWN, effective_tags, known
+from .props import UNKNOWN, known
 from .remedy import message
-from .stack import attached, of_type
+from .stack import attached, is_lakehouse, of_type
 
 KMS_ALGORITHMS = {"aws:kms", "aws:kms:dsse"}
 PUBLIC_ACCESS_SETTINGS = ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
@@ -104,13 +104,8 @@ def _validate_tls(args: StackValidationArgs, report: ReportViolation) -> None:
                 bucket.urn)
 
 
-def _needs_versioning(bucket: PolicyResource) -> bool:
-    role = effective_tags(bucket.props, bucket.provider).get(TAG_ROLE)
-    return not isinstance(role, str) or role == ROLE_LAKEHOUSE
-
-
 def _validate_versioning(args: StackValidationArgs, report: ReportViolation) -> None:
-    for bucket in filter(_needs_versioning, _buckets(args)):
+    for bucket in filter(is_lakehouse, _buckets(args)):
         statuses = [known(v.props, "versioningConfiguration", "status")
                     for v in attached(args.resources, tokens.BUCKET_VERSIONING, bucket)]
         if not any(s in ("Enabled", UNKNOWN) for s in statuses):

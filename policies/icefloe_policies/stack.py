@@ -1,4 +1,4 @@
-"""Finding resources in a stack and the per-bucket resources that belong to each bucket."""
+"""Finding resources in a stack, the per-bucket resources that belong to each bucket, and the lakehouse bucket."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from collections.abc import Iterable
 
 from pulumi_policy import PolicyResource
 
-from .props import UNKNOWN, known
+from .constants import ROLE_LAKEHOUSE, TAG_ROLE
+from .props import UNKNOWN, effective_tags, known
 
 
 def of_type(resources: Iterable[PolicyResource], types: Iterable[str]) -> list[PolicyResource]:
@@ -35,3 +36,9 @@ def belongs_to(resource: PolicyResource, bucket: PolicyResource) -> bool:
 def attached(resources: Iterable[PolicyResource], types: Iterable[str],
              bucket: PolicyResource) -> list[PolicyResource]:
     return [r for r in of_type(resources, types) if belongs_to(r, bucket)]
+
+
+def is_lakehouse(bucket: PolicyResource) -> bool:
+    """Every bucket counts as the lakehouse unless tagged with another role, so forgetting the tag fails safe."""
+    role = effective_tags(bucket.props, bucket.provider).get(TAG_ROLE)
+    return not isinstance(role, str) or role == ROLE_LAKEHOUSE
