@@ -20,19 +20,12 @@ from functools import partial
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from .commit import commit_on_branch, drop_stale_branches
+from .commit import Branch, commit_on_branch, drop_stale_branches
+from .commit_state import Checkpoint, committed_state, lost_as_json
 from .dead_letter import commit_dead_letters
 from .decoding import decoder_spec
 from .errors import IcefloeError, RecordError
-from .iceberg_table import (
-    DATA_LOSS_PROPERTY,
-    OFFSETS_PROPERTY,
-    RUN_PROPERTY,
-    TOPIC_ID_PROPERTY,
-    TOPIC_PROPERTY,
-    IcebergTable,
-    append_with_properties,
-)
+from .iceberg_table import IcebergTable
 from .kafka_source import OffsetRange, client_config, plan_ranges
 from .reader import ReadPlan, read_batches, unmark
 from .schema_mapping import avro_value_fields, batch_struct, inline_value_fields, required_paths, table_struct
@@ -111,12 +104,13 @@ def materialize_once(spark, config: IcefloeConfig, table: TableSpec) -> BatchRes
     struct = table_struct(value_fields)
 
     iceberg = IcebergTable(spark, identifier)
-    if iceberg.ensure(struct, table.partitions, table.maintenance.target_file_size_mb, table.topic):
+    first = Checkpoint(table.topic).to_summary()  # a first, empty checkpoint: the base of the first commit
+    if iceberg.ensure(struct, table.partitions, table.maintenance.target_file_size_mb, first):
         log.info("%s: created table", identifier)
     for change in iceberg.evolve(struct):
         log.info("%s: schema evolved: %s", identifier, change)
     drop_stale_branches(iceberg)
-    state = iceberg.committed_state(table.topic)
+    state = committed_state(iceberg, table.topic)
     planned = plan_ranges(
         kafka_conf, table.topic, state.offsets, table.starting_offsets, table.max_records_per_run,
         table.on_data_loss, state.topic_id,
@@ -142,12 +136,9 @@ def materialize_once(spark, config: IcefloeConfig, table: TableSpec) -> BatchRes
     )
     write = _upsert_writer(table, struct) if table.mode == "upsert" else _append_writer(struct)
 
-    recorded = {TOPIC_ID_PROPERTY: planned.topic_id} if planned.topic_id else {}
-    data_lost = [{"partition": r.partition, "start": r.start, "end": r.end} for r in planned.lost]
-    if data_lost:
-        recorded[DATA_LOSS_PROPERTY] = json.dumps(data_lost)
+    checkpoint = Checkpoint(table.topic, next_offsets, run_id, planned.topic_id, tuple(planned.lost))
     snapshot_id, rows, failed, batch, first_error = _commit(
-        spark, iceberg, table, plan, batch, state, run_id, write, recorded
+        spark, iceberg, table, plan, batch, state, run_id, write, checkpoint
     )
     result = BatchResult(
         identifier=identifier,
@@ -160,7 +151,7 @@ def materialize_once(spark, config: IcefloeConfig, table: TableSpec) -> BatchRes
         offsets=batch.next_offsets,
         seconds=time.monotonic() - started,
         run_id=run_id,
-        data_lost=data_lost,
+        data_lost=lost_as_json(checkpoint.lost),
     )
     if first_error is not None:
         log.error("%s: committed up to the bad record: %s", identifier, result.describe())
@@ -168,7 +159,7 @@ def materialize_once(spark, config: IcefloeConfig, table: TableSpec) -> BatchRes
     return result
 
 
-def _commit(spark, iceberg, table, plan, batch: Batch, state, run_id, write, recorded: dict[str, str]):
+def _commit(spark, iceberg, table, plan, batch: Batch, state, run_id, write, checkpoint: Checkpoint):
     """Read the batch in executors, apply the error mode, commit; returns
     (main's snapshot or None, rows written, bad records, the batch as committed, the error to raise in fail mode)."""
     rows = [(t.topic, t.partition, t.start, t.end) for t in batch.tasks()]
@@ -202,19 +193,9 @@ def _commit(spark, iceberg, table, plan, batch: Batch, state, run_id, write, rec
                     return None, 0, 0, batch, error
             elif table.errors == "dlq":
                 commit_dead_letters(spark, iceberg.identifier, table.topic, bad, batch.next_offsets, run_id)
-        properties = {
-            OFFSETS_PROPERTY: json.dumps({str(p): o for p, o in batch.next_offsets.items()}),
-            TOPIC_PROPERTY: table.topic,
-            RUN_PROPERTY: run_id,
-            **recorded,
-        }
-        written = {}
-
-        def write_branch(target: str) -> None:
-            written["rows"] = write(spark, good, target, properties)
-
-        snapshot_id = commit_on_branch(iceberg, state.snapshot_id, run_id, write_branch)
-        return snapshot_id, written["rows"], failed, batch, error
+        checkpoint = replace(checkpoint, offsets=batch.next_offsets)
+        snapshot_id, rows = commit_on_branch(iceberg, state.snapshot_id, checkpoint, lambda branch: write(good, branch))
+        return snapshot_id, rows, failed, batch, error
     except IcefloeError:
         raise
     except Exception as failure:
@@ -243,14 +224,9 @@ def _log_failures(identifier: str, bad) -> None:
 def _append_writer(struct):
     columns = [f.name for f in struct.fields]
 
-    def append(spark, frame, target: str, properties: dict[str, str]) -> int:
-        append_with_properties(frame.select(*columns), target, properties)
-        table = target.rsplit(".branch_", 1)[0]
-        added = spark.sql(
-            f"SELECT summary['added-records'] AS added FROM {table}.snapshots "
-            f"WHERE summary['{RUN_PROPERTY}'] = '{properties[RUN_PROPERTY]}'"
-        ).collect()
-        return int(added[0].added or 0) if added else 0
+    def append(frame, branch: Branch) -> int:
+        branch.append(frame.select(*columns))
+        return branch.rows_appended()
 
     return append
 
@@ -258,7 +234,7 @@ def _append_writer(struct):
 def _upsert_writer(table: TableSpec, struct):
     key_columns = list(table.key) if table.key else ["kafka_key"]
 
-    def upsert(spark, frame, target: str, properties: dict[str, str]) -> int:
-        return merge_batch(spark, frame, target, struct, key_columns, properties)
+    def upsert(frame, branch: Branch) -> int:
+        return merge_batch(frame, branch, struct, key_columns)
 
     return upsert
