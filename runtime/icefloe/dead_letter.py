@@ -11,18 +11,23 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from .batch_columns import ERROR_CLASS, ERROR_MESSAGE, RAW_VALUE, SCHEMA_ID, STATUS_COLUMNS
 from .commit import commit_on_branch, drop_stale_branches
 from .commit_state import Checkpoint, committed_state
 from .iceberg_table import IcebergTable
-from .schema_mapping import METADATA_FIELDS
+from .schema_mapping import METADATA_FIELDS, spark_field
 
+# Dead-letter columns taken from the batch's status columns (same types).
+_FROM_STATUS = {
+    "raw_value": RAW_VALUE,
+    "schema_id": SCHEMA_ID,
+    "error_class": ERROR_CLASS,
+    "error_message": ERROR_MESSAGE,
+}
 DLQ_STRUCT = T.StructType(
     [
         *METADATA_FIELDS,
-        T.StructField("raw_value", T.BinaryType()),
-        T.StructField("schema_id", T.IntegerType()),
-        T.StructField("error_class", T.StringType()),
-        T.StructField("error_message", T.StringType()),
+        *(spark_field(name, STATUS_COLUMNS[status]) for name, status in _FROM_STATUS.items()),
         T.StructField("run_id", T.StringType()),
         T.StructField("failed_at", T.TimestampType()),
     ]
@@ -46,10 +51,7 @@ def commit_dead_letters(
         fresh = fresh.where(~((F.col("kafka_partition") == partition) & (F.col("kafka_offset") < mark)))
     rows = fresh.select(
         *[F.col(f.name) for f in METADATA_FIELDS],
-        F.col("icefloe_raw_value").alias("raw_value"),
-        F.col("icefloe_schema_id").alias("schema_id"),
-        F.col("icefloe_error_class").alias("error_class"),
-        F.col("icefloe_error_message").alias("error_message"),
+        *[F.col(status).alias(name) for name, status in _FROM_STATUS.items()],
         F.lit(run_id).alias("run_id"),
         F.current_timestamp().alias("failed_at"),
     )

@@ -20,6 +20,7 @@ from functools import partial
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from .batch_columns import ERROR_CLASS, ERROR_MESSAGE
 from .commit import Branch, commit_on_branch, drop_stale_branches
 from .commit_state import Checkpoint, committed_state, lost_as_json
 from .dead_letter import commit_dead_letters
@@ -172,14 +173,14 @@ def _commit(spark, iceberg, table, plan, batch: Batch, state, run_id, write, che
         .persist()
     )
     try:
-        bad = frame.where("icefloe_error_class IS NOT NULL")
+        bad = frame.where(F.col(ERROR_CLASS).isNotNull())
         first_bad = {
             row.kafka_partition: (row.first, row.failed)
             for row in bad.groupBy("kafka_partition").agg(
                 F.min("kafka_offset").alias("first"), F.count("*").alias("failed")
             ).collect()
         }
-        good = frame.where("icefloe_error_class IS NULL")
+        good = frame.where(F.col(ERROR_CLASS).isNull())
         failed, error = sum(n for _, n in first_bad.values()), None
         if failed:
             _log_failures(iceberg.identifier, bad)
@@ -211,12 +212,12 @@ def _first_error(bad, first_bad: dict[int, tuple[int, int]]) -> RecordError:
     """The bad record that stops a `fail` table: the earliest offset, lowest partition first on ties."""
     partition = min(first_bad, key=lambda p: (first_bad[p][0], p))
     row = bad.where((F.col("kafka_partition") == partition) & (F.col("kafka_offset") == first_bad[partition][0]))
-    detail = row.select("icefloe_error_class", "icefloe_error_message").first()
-    return RecordError(partition, first_bad[partition][0], detail.icefloe_error_message, detail.icefloe_error_class)
+    detail = row.select(ERROR_CLASS, ERROR_MESSAGE).first()
+    return RecordError(partition, first_bad[partition][0], detail[ERROR_MESSAGE], detail[ERROR_CLASS])
 
 
 def _log_failures(identifier: str, bad) -> None:
-    sample = bad.select("kafka_partition", "kafka_offset", "icefloe_error_class", "icefloe_error_message")
+    sample = bad.select("kafka_partition", "kafka_offset", ERROR_CLASS, ERROR_MESSAGE)
     for row in sample.orderBy("kafka_partition", "kafka_offset").limit(LOGGED_FAILURES).collect():
         log.warning("%s: bad record at partition %d offset %d: %s: %s", identifier, *row)
 

@@ -12,6 +12,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from .batch_columns import TOMBSTONE
 from .commit import Branch
 
 
@@ -23,7 +24,7 @@ def merge_batch(frame: DataFrame, branch: Branch, struct: T.StructType, key_colu
     changes = (
         frame.withColumn("icefloe_rank", F.row_number().over(newest_first))
         .where("icefloe_rank = 1")
-        .select(*columns, "icefloe_tombstone")
+        .select(*columns, TOMBSTONE)
     )
     view = f"icefloe_changes_{branch.name}"
     changes.createOrReplaceTempView(view)
@@ -33,9 +34,9 @@ def merge_batch(frame: DataFrame, branch: Branch, struct: T.StructType, key_colu
     values = ", ".join(f"s.`{c}`" for c in columns)
     spark.sql(
         f"MERGE INTO {branch.identifier} t USING {view} s ON {matches} "
-        "WHEN MATCHED AND s.icefloe_tombstone THEN DELETE "
+        f"WHEN MATCHED AND s.{TOMBSTONE} THEN DELETE "
         f"WHEN MATCHED THEN UPDATE SET {updates} "
-        f"WHEN NOT MATCHED AND NOT s.icefloe_tombstone THEN INSERT ({names}) VALUES ({values})"
+        f"WHEN NOT MATCHED AND NOT s.{TOMBSTONE} THEN INSERT ({names}) VALUES ({values})"
     )
     applied = changes.count()
     spark.catalog.dropTempView(view)
