@@ -16,13 +16,15 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
+from typing import Callable
 
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from .batch_columns import ERROR_CLASS, ERROR_MESSAGE
 from .commit import Branch, commit_on_branch, drop_stale_branches
-from .commit_state import Checkpoint, committed_state, lost_as_json
+from .commit_state import Checkpoint, CommittedState, committed_state, lost_as_json
 from .dead_letter import commit_dead_letters
 from .decoding import decoder_spec
 from .errors import IcefloeError, RecordError
@@ -91,7 +93,28 @@ class Batch:
         return Batch([r for r in ranges if r.end > r.start], {**self.next_offsets, partition: offset})
 
 
-def materialize_once(spark, config: IcefloeConfig, table: TableSpec) -> BatchResult:
+# Writes a batch's good rows to the run's branch; returns the rows written (appended, or changes merged).
+Writer = Callable[[DataFrame, Branch], int]
+
+
+@dataclass(frozen=True)
+class ErrorModeOutcome:
+    """What the table's error mode leaves to commit."""
+
+    good: DataFrame  # the rows to write
+    batch: Batch  # the batch as committed: in fail mode, cut before each partition's first bad record
+    records_failed: int  # bad records skipped or sent to the DLQ (0 in fail mode, which skips nothing)
+    error: RecordError | None  # fail mode: the earliest bad record, raised once what precedes it is committed
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    snapshot_id: int | None  # main's new snapshot; None when the error mode left nothing to commit
+    rows_written: int
+    error_mode: ErrorModeOutcome
+
+
+def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpec) -> BatchResult:
     started = time.monotonic()
     run_id = uuid.uuid4().hex[:16]
     identifier = config.identifier(table)
@@ -138,65 +161,46 @@ def materialize_once(spark, config: IcefloeConfig, table: TableSpec) -> BatchRes
     write = _upsert_writer(table, struct) if table.mode == "upsert" else _append_writer(struct)
 
     checkpoint = Checkpoint(table.topic, next_offsets, run_id, planned.topic_id, tuple(planned.lost))
-    snapshot_id, rows, failed, batch, first_error = _commit(
-        spark, iceberg, table, plan, batch, state, run_id, write, checkpoint
-    )
+    outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write)
     result = BatchResult(
         identifier=identifier,
         topic=table.topic,
         status="committed",
-        rows_written=rows,
-        records_failed=failed,
-        snapshot_id=snapshot_id,
+        rows_written=outcome.rows_written,
+        records_failed=outcome.error_mode.records_failed,
+        snapshot_id=outcome.snapshot_id,
         metadata_location=iceberg.metadata_location(),
-        offsets=batch.next_offsets,
+        offsets=outcome.error_mode.batch.next_offsets,
         seconds=time.monotonic() - started,
         run_id=run_id,
         data_lost=lost_as_json(checkpoint.lost),
     )
-    if first_error is not None:
+    if outcome.error_mode.error is not None:
         log.error("%s: committed up to the bad record: %s", identifier, result.describe())
-        raise first_error
+        raise outcome.error_mode.error
     return result
 
 
-def _commit(spark, iceberg, table, plan, batch: Batch, state, run_id, write, checkpoint: Checkpoint):
-    """Read the batch in executors, apply the error mode, commit; returns
-    (main's snapshot or None, rows written, bad records, the batch as committed, the error to raise in fail mode)."""
-    rows = [(t.topic, t.partition, t.start, t.end) for t in batch.tasks()]
-    task_rdd = spark.sparkContext.parallelize(rows, max(1, len(rows)))
-    batch_schema = StructType.fromJson(json.loads(plan.batch_schema_json))
-    # Kafka is read once: the error accounting, the dead letters and the write all use this cached frame.
-    frame = (
-        spark.createDataFrame(task_rdd, "topic string, partition int, start long, end long")
-        .mapInArrow(partial(read_batches, plan), batch_schema)
-        .persist()
-    )
+def _commit(
+    spark: SparkSession,
+    iceberg: IcebergTable,
+    table: TableSpec,
+    plan: ReadPlan,
+    batch: Batch,
+    state: CommittedState,
+    checkpoint: Checkpoint,
+    write: Writer,
+) -> CommitOutcome:
+    """Read the batch in executors, apply the error mode, commit what it leaves on the run's branch with
+    `checkpoint` (its offsets are the batch's as the error mode leaves it)."""
+    frame = _read(spark, plan, batch)
     try:
-        bad = frame.where(F.col(ERROR_CLASS).isNotNull())
-        first_bad = {
-            row.kafka_partition: (row.first, row.failed)
-            for row in bad.groupBy("kafka_partition").agg(
-                F.min("kafka_offset").alias("first"), F.count("*").alias("failed")
-            ).collect()
-        }
-        good = frame.where(F.col(ERROR_CLASS).isNull())
-        failed, error = sum(n for _, n in first_bad.values()), None
-        if failed:
-            _log_failures(iceberg.identifier, bad)
-            if table.errors == "fail":
-                error = _first_error(bad, first_bad)
-                for partition, (offset, _) in first_bad.items():
-                    batch = batch.cut_before(partition, offset)
-                    good = good.where((F.col("kafka_partition") != partition) | (F.col("kafka_offset") < offset))
-                failed = 0
-                if batch.next_offsets == state.offsets:
-                    return None, 0, 0, batch, error
-            elif table.errors == "dlq":
-                commit_dead_letters(spark, iceberg.identifier, table.topic, bad, batch.next_offsets, run_id)
-        checkpoint = replace(checkpoint, offsets=batch.next_offsets)
-        snapshot_id, rows = commit_on_branch(iceberg, state.snapshot_id, checkpoint, lambda branch: write(good, branch))
-        return snapshot_id, rows, failed, batch, error
+        applied = _apply_error_mode(spark, iceberg.identifier, table, frame, batch, checkpoint.run_id)
+        if applied.batch.next_offsets == state.offsets:  # fail mode, a bad record first in every partition read
+            return CommitOutcome(None, 0, applied)
+        checkpoint = replace(checkpoint, offsets=applied.batch.next_offsets)
+        snapshot_id, rows = commit_on_branch(iceberg, state.snapshot_id, checkpoint, partial(write, applied.good))
+        return CommitOutcome(snapshot_id, rows, applied)
     except IcefloeError:
         raise
     except Exception as failure:
@@ -208,7 +212,47 @@ def _commit(spark, iceberg, table, plan, batch: Batch, state, run_id, write, che
         frame.unpersist()
 
 
-def _first_error(bad, first_bad: dict[int, tuple[int, int]]) -> RecordError:
+def _read(spark: SparkSession, plan: ReadPlan, batch: Batch) -> DataFrame:
+    """The batch as executors read it, bad records included as failed rows; cached, so Kafka is read once: the
+    error accounting, the dead letters and the write all use this frame (the caller unpersists it)."""
+    rows = [(t.topic, t.partition, t.start, t.end) for t in batch.tasks()]
+    task_rdd = spark.sparkContext.parallelize(rows, max(1, len(rows)))
+    batch_schema = StructType.fromJson(json.loads(plan.batch_schema_json))
+    return (
+        spark.createDataFrame(task_rdd, "topic string, partition int, start long, end long")
+        .mapInArrow(partial(read_batches, plan), batch_schema)
+        .persist()
+    )
+
+
+def _apply_error_mode(
+    spark: SparkSession, identifier: str, table: TableSpec, frame: DataFrame, batch: Batch, run_id: str
+) -> ErrorModeOutcome:
+    """Split the read batch into what to commit and what failed, as the table's `errors` mode says."""
+    bad = frame.where(F.col(ERROR_CLASS).isNotNull())
+    first_bad = {
+        row.kafka_partition: (row.first, row.failed)
+        for row in bad.groupBy("kafka_partition").agg(
+            F.min("kafka_offset").alias("first"), F.count("*").alias("failed")
+        ).collect()
+    }
+    good = frame.where(F.col(ERROR_CLASS).isNull())
+    failed = sum(n for _, n in first_bad.values())
+    if not failed:
+        return ErrorModeOutcome(good, batch, 0, None)
+    _log_failures(identifier, bad)
+    if table.errors == "fail":
+        error = _first_error(bad, first_bad)
+        for partition, (offset, _) in first_bad.items():
+            batch = batch.cut_before(partition, offset)
+            good = good.where((F.col("kafka_partition") != partition) | (F.col("kafka_offset") < offset))
+        return ErrorModeOutcome(good, batch, 0, error)
+    if table.errors == "dlq":
+        commit_dead_letters(spark, identifier, table.topic, bad, batch.next_offsets, run_id)
+    return ErrorModeOutcome(good, batch, failed, None)
+
+
+def _first_error(bad: DataFrame, first_bad: dict[int, tuple[int, int]]) -> RecordError:
     """The bad record that stops a `fail` table: the earliest offset, lowest partition first on ties."""
     partition = min(first_bad, key=lambda p: (first_bad[p][0], p))
     row = bad.where((F.col("kafka_partition") == partition) & (F.col("kafka_offset") == first_bad[partition][0]))
@@ -216,26 +260,26 @@ def _first_error(bad, first_bad: dict[int, tuple[int, int]]) -> RecordError:
     return RecordError(partition, first_bad[partition][0], detail[ERROR_MESSAGE], detail[ERROR_CLASS])
 
 
-def _log_failures(identifier: str, bad) -> None:
+def _log_failures(identifier: str, bad: DataFrame) -> None:
     sample = bad.select("kafka_partition", "kafka_offset", ERROR_CLASS, ERROR_MESSAGE)
     for row in sample.orderBy("kafka_partition", "kafka_offset").limit(LOGGED_FAILURES).collect():
         log.warning("%s: bad record at partition %d offset %d: %s: %s", identifier, *row)
 
 
-def _append_writer(struct):
+def _append_writer(struct: StructType) -> Writer:
     columns = [f.name for f in struct.fields]
 
-    def append(frame, branch: Branch) -> int:
+    def append(frame: DataFrame, branch: Branch) -> int:
         branch.append(frame.select(*columns))
         return branch.rows_appended()
 
     return append
 
 
-def _upsert_writer(table: TableSpec, struct):
+def _upsert_writer(table: TableSpec, struct: StructType) -> Writer:
     key_columns = list(table.key) if table.key else ["kafka_key"]
 
-    def upsert(frame, branch: Branch) -> int:
+    def upsert(frame: DataFrame, branch: Branch) -> int:
         return merge_batch(frame, branch, struct, key_columns)
 
     return upsert

@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
+from pyspark.sql import SparkSession
+
 from .errors import CommitConflict, ConfigError, IcefloeError, RecordError, SourceError
 from .iceberg_table import IcebergTable
 from .kafka_source import client_config, plan_ranges
@@ -41,7 +43,7 @@ def table_lock(state_dir: Path, identifier: str, local: bool) -> Iterator[None]:
         yield
 
 
-def run_table(spark, config: IcefloeConfig, table: TableSpec, state_dir: Path) -> BatchResult:
+def run_table(spark: SparkSession, config: IcefloeConfig, table: TableSpec, state_dir: Path) -> BatchResult:
     """One batch with retries: a commit conflict re-plans at once, an unreachable source backs off."""
     identifier = config.identifier(table)
     commit_tries = source_tries = 0
@@ -86,7 +88,13 @@ def run_tables(
     return failures
 
 
-def _run_and_maintain(spark, config: IcefloeConfig, table: TableSpec, state_dir: Path, on_result) -> bool:
+def _run_and_maintain(
+    spark: SparkSession,
+    config: IcefloeConfig,
+    table: TableSpec,
+    state_dir: Path,
+    on_result: Callable[[BatchResult], None],
+) -> bool:
     """One batch, then maintenance if it is due; False (after logging why) if the table failed."""
     identifier = config.identifier(table)
     try:
@@ -124,7 +132,15 @@ def pending_records(config: IcefloeConfig, table: TableSpec, committed: dict[int
     return sum(r.count for r in plan.ranges)
 
 
-def run_continuously(spark, config, tables, state_dir, on_result, stop: threading.Event, poll_s: float = 1.0) -> int:
+def run_continuously(
+    spark: SparkSession,
+    config: IcefloeConfig,
+    tables: list[TableSpec],
+    state_dir: Path,
+    on_result: Callable[[BatchResult], None],
+    stop: threading.Event,
+    poll_s: float = 1.0,
+) -> int:
     """Micro-batches per table: commit when `refresh` has elapsed or `commitRecords` are waiting, whichever first.
 
     A table that fails is suspended (the others go on); the loop ends when stopped or when all are suspended.
@@ -159,7 +175,9 @@ def run_continuously(spark, config, tables, state_dir, on_result, stop: threadin
     return len(suspended)
 
 
-def maintain_tables(config_path: str, table_names: list[str], state_dir: Path, on_result: Callable) -> int:
+def maintain_tables(
+    config_path: str, table_names: list[str], state_dir: Path, on_result: Callable[[dict], None]
+) -> int:
     """`icefloe maintain`: maintenance now for the chosen tables that exist."""
     config = load_config(config_path)
     spark = spark_session(config.catalog, state_dir)
