@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from .errors import SourceError
-from .secrets import resolve_credentials
+from .credential_lookup import resolve_credentials
 from .spec import SourceCluster
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from .decoding import decoder_spec
 from .errors import IcefloeError, RecordError
 from .iceberg_table import IcebergTable
 from .kafka_source import OffsetRange, client_config, plan_ranges
-from .reader import ReadPlan, read_batches, unmark
+from .executor_tasks import ReadPlan, read_batches, unmark
 from .schema_mapping import avro_value_fields, batch_struct, inline_value_fields, required_paths, table_struct
 from .spec import IcefloeConfig, TableSpec
 from .upsert import merge_batch

@@ -363,7 +363,7 @@ def load_config(path: str) -> IcefloeConfig:
     """Read a Pulumi stack file (or the same shape as JSON, local path or s3:// URI) and validate it."""
     import yaml
 
-    from .storage import read_text
+    from .text_files import read_text
 
     try:
         document = yaml.safe_load(read_text(path))
