@@ -2,9 +2,9 @@
 
 A commit's snapshot summary records the topic and its Kafka topic id, the next offset per partition, the run that
 wrote it and any ranges deleted from the topic before they were read (like the Iceberg Kafka Connect sink's commit
-state). The newest snapshot in main's ancestry that carries a checkpoint is
-where the next run resumes; maintenance commits carry none and are walked past. Writers never see these keys: they
-append through their run's branch (`commit.Branch`), which attaches the checkpoint.
+state). The newest snapshot in main's ancestry that carries a checkpoint is where the next run resumes; maintenance
+commits carry none and are walked past. Writers never see these keys: they write through their run's branch
+(`commit.Branch`), which attaches the checkpoint.
 
 To record something more per commit, add a field to `Checkpoint` and its key to `to_summary`/`from_summary`.
 """
