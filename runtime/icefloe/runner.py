@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from pyspark.sql import SparkSession
+
 from .errors import CommitConflict, ConfigError, IcefloeError, RecordError, SourceError, is_transient
 from .iceberg_table import IcebergTable
 from .kafka_source import client_config, plan_ranges
@@ -45,7 +47,7 @@ def table_lock(state_dir: Path, identifier: str, local: bool) -> Iterator[None]:
         yield
 
 
-def run_table(spark, config: IcefloeConfig, table: TableSpec, state_dir: Path) -> BatchResult:
+def run_table(spark: SparkSession, config: IcefloeConfig, table: TableSpec, state_dir: Path) -> BatchResult:
     """One batch with retries: a commit conflict re-plans at once; an unreachable source, registry or catalog
     (or any failure that reads as transient: throttling, timeouts, refused connections) backs off."""
     identifier = config.identifier(table)
@@ -100,7 +102,13 @@ class Outcome:
     FAILED = "failed"  # a bad record or a bad config: trying again gives the same answer
 
 
-def _run_and_maintain(spark, config: IcefloeConfig, table: TableSpec, state_dir: Path, on_result) -> tuple[str, str]:
+def _run_and_maintain(
+    spark: SparkSession,
+    config: IcefloeConfig,
+    table: TableSpec,
+    state_dir: Path,
+    on_result: Callable[[BatchResult], None],
+) -> tuple[str, str]:
     """One batch, then maintenance if it is due; (outcome, why) after logging any failure."""
     identifier = config.identifier(table)
     try:
@@ -155,7 +163,15 @@ class _Outage:
     retry_at: float
 
 
-def run_continuously(spark, config, tables, state_dir, on_result, stop: threading.Event, poll_s: float = 1.0) -> int:
+def run_continuously(
+    spark: SparkSession,
+    config: IcefloeConfig,
+    tables: list[TableSpec],
+    state_dir: Path,
+    on_result: Callable[[BatchResult], None],
+    stop: threading.Event,
+    poll_s: float = 1.0,
+) -> int:
     """Micro-batches per table: commit when `refresh` has elapsed or `commitRecords` are waiting, whichever first.
 
     A table whose broker, registry or catalog is away waits and retries with capped exponential backoff for as long
@@ -210,7 +226,9 @@ def run_continuously(spark, config, tables, state_dir, on_result, stop: threadin
     return len(suspended)
 
 
-def maintain_tables(config_path: str, table_names: list[str], state_dir: Path, on_result: Callable) -> int:
+def maintain_tables(
+    config_path: str, table_names: list[str], state_dir: Path, on_result: Callable[[dict], None]
+) -> int:
     """`icefloe maintain`: maintenance now for the chosen tables that exist."""
     config = load_config(config_path)
     spark = spark_session(config.catalog, state_dir)

@@ -14,20 +14,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from .batch_columns import KAFKA_COLUMNS
 from .errors import ConfigError
+from .inline_types import DECIMAL_TYPE, FIXED_TYPE, PRIMITIVES
 from .partitioning import PartitionField, parse_partition_field
 
 # Glue and Athena want lowercase names of letters, digits and underscores.
 GLUE_NAME = r"^[a-z_][a-z0-9_]{0,254}$"
-METADATA_COLUMNS = (
-    "kafka_topic",
-    "kafka_partition",
-    "kafka_offset",
-    "kafka_timestamp",
-    "kafka_timestamp_type",
-    "kafka_key",
-    "kafka_headers",
-)
 DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
 _DURATION_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -101,14 +94,6 @@ class SourceCluster(Model):
         return self.database or glue_safe_name(self.name)
 
 
-PRIMITIVE_TYPES = {
-    "boolean", "int", "long", "float", "double", "date", "time", "timestamp", "timestamptz",
-    "timestamp_ntz", "string", "uuid", "binary",
-}  # fmt: skip
-DECIMAL_TYPE = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
-FIXED_TYPE = re.compile(r"^fixed\[(\d+)\]$")
-
-
 class InlineType(Model):
     """An Iceberg-style type, as used for list elements and map keys/values."""
 
@@ -131,9 +116,9 @@ class InlineType(Model):
         elif kind == "map":
             if self.key is None or self.value is None:
                 raise ValueError("a map needs key and value")
-        elif kind not in PRIMITIVE_TYPES and not DECIMAL_TYPE.match(kind) and not FIXED_TYPE.match(kind):
+        elif kind not in PRIMITIVES and not DECIMAL_TYPE.match(kind) and not FIXED_TYPE.match(kind):
             raise ValueError(
-                f"unknown type {kind!r}; use one of {sorted(PRIMITIVE_TYPES)}, decimal(P,S), fixed[N], struct, list, map"
+                f"unknown type {kind!r}; use one of {sorted(PRIMITIVES)}, decimal(P,S), fixed[N], struct, list, map"
             )
         decimal = DECIMAL_TYPE.match(kind)
         if decimal:
@@ -234,10 +219,10 @@ class TableSpec(Model):
         if self.format == "json" and self.schema_ is None:
             raise ValueError("format json needs an inline schema (schema.fields)")
         if self.schema_ is not None:
-            clash = sorted({f.name for f in self.schema_.fields} & set(METADATA_COLUMNS))
+            clash = sorted({f.name for f in self.schema_.fields} & set(KAFKA_COLUMNS))
             if clash:
                 raise ValueError(f"schema fields {clash} clash with icefloe's Kafka metadata columns")
-            known = {f.name for f in self.schema_.fields} | set(METADATA_COLUMNS)
+            known = {f.name for f in self.schema_.fields} | set(KAFKA_COLUMNS)
             for partition in self.partitions:
                 if partition.source not in known:
                     raise ValueError(f"partitionBy {partition.text!r} names unknown field {partition.source!r}")
@@ -378,7 +363,7 @@ def load_config(path: str) -> IcefloeConfig:
     """Read a Pulumi stack file (or the same shape as JSON, local path or s3:// URI) and validate it."""
     import yaml
 
-    from .storage import read_text
+    from .text_files import read_text
 
     try:
         document = yaml.safe_load(read_text(path))
