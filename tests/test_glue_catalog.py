@@ -30,7 +30,7 @@ ENDPOINT_KEYS = {f"{PREFIX}.{k}" for k in ("glue.endpoint", "s3.endpoint", "s3.p
 def test_endpoints_add_only_the_overrides_to_the_emr_settings():
     emr = spark_catalog_conf(CatalogSpec(type="glue", warehouse="s3://b/w"))
     endpoints = {"glue": "http://127.0.0.1:1", "s3": "http://127.0.0.1:2", "region": "eu-west-1"}
-    local = spark_catalog_conf(CatalogSpec.model_validate({"type": "glue", "warehouse": "s3://b/w", "endpoints": endpoints}))
+    local = spark_catalog_conf(CatalogSpec(type="glue", warehouse="s3://b/w", endpoints=endpoints))
 
     assert not ENDPOINT_KEYS & emr.keys(), "the EMR job's settings must not carry endpoint overrides"
     assert {k: v for k, v in local.items() if k not in ENDPOINT_KEYS} == emr
@@ -45,7 +45,7 @@ def test_the_emr_job_parameters_carry_no_endpoints():
     from icefloe_infra.deployment import EmrSpec
     from icefloe_infra.jobs import spark_submit_parameters
 
-    parameters = emr = EmrSpec(python="/usr/bin/python3.11")  # a release image with its own 3.11 (no custom image needed here)
+    emr = EmrSpec(python="/usr/bin/python3.11")  # an image with its own 3.11: no imageUri needed here
     parameters = spark_submit_parameters("s3://b/w", "s3://b/bundle.tar.gz", emr)
     assert f"--conf {PREFIX}.type=glue" in parameters
     assert "endpoint" not in parameters and "path-style" not in parameters and "client.region" not in parameters
@@ -54,11 +54,14 @@ def test_the_emr_job_parameters_carry_no_endpoints():
 @pytest.mark.parametrize(
     ("catalog", "message"),
     [
-        ({"type": "local", "endpoints": {"glue": "http://h:1", "s3": "http://h:1"}}, "endpoints apply to a glue catalog only"),
-        ({"type": "glue", "warehouse": "s3://b/w", "endpoints": {"glue": "h:1", "s3": "http://h:1"}}, "must be an http"),
-        ({"type": "glue", "warehouse": "s3://b/w", "endpoints": {"glue": "http://h:1"}}, r"catalog\.endpoints\.s3"),
+        ({"type": "local", "endpoints": {"glue": "http://h:1", "s3": "http://h:1"}},
+         r"icefloe:catalog: endpoints apply to a glue catalog only"),
+        ({"type": "glue", "warehouse": "s3://w", "endpoints": {"glue": "h:1", "s3": "http://h:1"}},
+         r"icefloe:catalog\.endpoints\.glue: an endpoint must be an http"),
+        ({"type": "glue", "warehouse": "s3://w", "endpoints": {"glue": "http://h:1"}},
+         r"icefloe:catalog\.endpoints\.s3: Field required"),
     ],
-)
+)  # fmt: skip
 def test_bad_endpoints_are_config_errors_naming_the_key(catalog, message):
     cluster = {"name": "local", "bootstrapServers": "127.0.0.1:9092"}
     with pytest.raises(ConfigError, match=message):

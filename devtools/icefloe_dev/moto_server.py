@@ -31,7 +31,7 @@ SECRET_ACCESS_KEY = "testing"
 
 
 class MotoServer(LocalService):
-    """One moto server on a free loopback port; `enforce_glue_versions=False` runs plain moto (to show what it loses)."""
+    """One moto server on a free loopback port; `enforce_glue_versions=False` runs plain moto (to show its losses)."""
 
     name = "moto"
 
