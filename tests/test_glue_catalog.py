@@ -72,7 +72,7 @@ def run_once(config: Path, state_dir: Path, env: dict[str, str]) -> tuple[dict, 
     """`icefloe run --once --json` as its own process: (the table's JSON result, the log)."""
     done = subprocess.run(
         [*ICEFLOE, "run", "--config", str(config), "--once", "--json", "--state-dir", str(state_dir)],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
