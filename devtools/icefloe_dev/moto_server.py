@@ -52,12 +52,14 @@ class MotoServer(LocalService):
         return [sys.executable, "-m", "icefloe_dev.moto_server", "--port", str(self.port), *plain]
 
     def probe(self) -> str | None:
+        url = f"{self.endpoint}/moto-api/data.json"
         try:
-            with urllib.request.urlopen(f"{self.endpoint}/moto-api/data.json", timeout=1.0) as response:
-                status = response.status
-        except (OSError, urllib.error.HTTPError) as error:
-            return f"the moto server did not answer at {self.endpoint} ({error})"
-        return None if status == 200 else f"the moto server answered {status} at {self.endpoint}"
+            with urllib.request.urlopen(url, timeout=1.0):
+                return None
+        except urllib.error.HTTPError as error:
+            return f"the moto server answered {error.code} at {url}"
+        except OSError as error:
+            return f"the moto server did not answer at {url} ({error})"
 
     # -- what clients need to reach it
     def aws_env(self) -> dict[str, str]:
