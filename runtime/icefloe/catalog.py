@@ -2,7 +2,8 @@
 
 One function builds the `spark.sql.catalog.icefloe.*` settings for both places a job runs: locally (a SQLite JDBC
 catalog that pyiceberg's SqlCatalog reads too) and on EMR Serverless (AWS Glue with S3FileIO). The Pulumi program
-renders the Glue variant into the job's Spark parameters, so the two never drift apart.
+renders the Glue variant into the job's Spark parameters, so the two never drift apart. The Glue variant also runs
+off AWS (against a moto server) with the same settings plus the catalog's `endpoints`.
 """
 
 from __future__ import annotations
@@ -53,4 +54,13 @@ def spark_catalog_conf(catalog: CatalogSpec, state_dir: Path | None = None) -> d
             # Glue keeps an archived table version per commit unless told not to (a known Glue limit).
             f"{prefix}.glue.skip-archive": "true",
         }
+        if catalog.endpoints is not None:
+            # Off AWS only (e.g. a moto server): the EMR job's settings never carry endpoints (see CatalogEndpoints).
+            conf |= {
+                f"{prefix}.glue.endpoint": catalog.endpoints.glue,
+                f"{prefix}.s3.endpoint": catalog.endpoints.s3,
+                f"{prefix}.s3.path-style-access": "true",  # an endpoint like 127.0.0.1:port has no bucket subdomains
+            }
+            if catalog.endpoints.region:
+                conf[f"{prefix}.client.region"] = catalog.endpoints.region
     return conf

@@ -123,5 +123,8 @@ def _remove_orphans(table: IcebergTable, older_than: dt.datetime) -> int:
     jvm = spark._jvm
     java_table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table.full_name)
     action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession).deleteOrphanFiles(java_table)
+    # List through the table's FileIO (S3FileIO on Glue), not Hadoop's FileSystem: off EMR there is no
+    # FileSystem for s3:// (EMR has EMRFS), so the default listing would fail against a moto server.
+    action = action.usePrefixListing(True)
     outcome = action.olderThan(int(older_than.timestamp() * 1000)).execute()
     return sum(1 for _ in outcome.orphanFileLocations())

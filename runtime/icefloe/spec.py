@@ -258,11 +258,37 @@ class TableSpec(Model):
         return duration_seconds(self.refresh)
 
 
+class CatalogEndpoints(Model):
+    """Where a Glue catalog's AWS APIs answer when a run is off AWS, e.g. a moto server on loopback.
+
+    For local runs only: the Pulumi program renders the EMR job's catalog itself and never sets these. Credentials
+    never go here; they come from the environment, as on EMR.
+    """
+
+    glue: str
+    s3: str
+    region: str | None = None  # else the AWS SDK's default chain (AWS_REGION); without any region it fails
+
+    @field_validator("glue", "s3")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"an endpoint must be an http:// or https:// URL, got {value!r}")
+        return value
+
+
 class CatalogSpec(Model):
     """Where tables live. Local runs default to a SQLite JDBC catalog under the state directory."""
 
     type: Literal["local", "glue"] = "local"
     warehouse: str | None = None
+    endpoints: CatalogEndpoints | None = None
+
+    @model_validator(mode="after")
+    def _endpoints_need_glue(self) -> "CatalogSpec":
+        if self.endpoints is not None and self.type != "glue":
+            raise ValueError("endpoints apply to a glue catalog only (type: glue)")
+        return self
 
 
 class IcefloeConfig(Model):
