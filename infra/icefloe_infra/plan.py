@@ -21,8 +21,9 @@ from icefloe.errors import ConfigError
 from .dry_run import ACCOUNT_ID, BundleBuilder, ProgramRun, RecordedResource, run_program, source_bundle
 
 SECRET = "[secret]"
-# Spark settings whose name means a credential: never printed (the program puts none there; the pack checks).
-_SECRET_SETTING = re.compile(r"password|passwd|secret|token|credential|private[._-]?key|access[._-]?key", re.I)
+# Names that mean a credential (Spark settings, tags): their values are never printed. The program puts no
+# credential in either; the policy pack reports one that got there.
+_SECRET_NAME = re.compile(r"password|passwd|secret|token|credential|private[._-]?key|access[._-]?key", re.I)
 
 
 @dataclass
@@ -156,20 +157,29 @@ def _whole_numbers(value: Any) -> Any:
     return value
 
 
+def _redacted(value: Any) -> Any:
+    """Values under a name that means a credential (a tag `db-password`, say) are not printed, secret or not."""
+    if isinstance(value, dict):
+        return {k: SECRET if _SECRET_NAME.search(k) else _redacted(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redacted(v) for v in value]
+    return value
+
+
 def _settings(resource: RecordedResource) -> dict[str, Any]:
     summary = SUMMARIES.get(resource.type)
     if summary is None:
         return {key: SECRET for key in sorted(resource.secret_inputs)}
-    settings = summary(_whole_numbers(resource.inputs))
+    settings = summary(_whole_numbers(resource.inputs))  # the names are the summary's; the values may be the user's
     # Derived views (a trust policy's principals) are fine; a secret input itself is never shown.
-    return {key: SECRET if key in resource.secret_inputs else value for key, value in settings.items()}
+    return {key: SECRET if key in resource.secret_inputs else _redacted(value) for key, value in settings.items()}
 
 
 def spark_settings(parameters: str) -> dict[str, str]:
     """`--conf k=v ...` as a dict, settings that name a credential shown as [secret]."""
     words = shlex.split(parameters)
     pairs = [word.split("=", 1) for flag, word in zip(words[::2], words[1::2]) if flag == "--conf"]
-    return {key: SECRET if _SECRET_SETTING.search(key) else value for key, value in pairs}
+    return {key: SECRET if _SECRET_NAME.search(key) else value for key, value in pairs}
 
 
 def _tables(run: ProgramRun) -> list[PlannedTable]:
@@ -248,8 +258,9 @@ def render(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(config_path: str, as_json: bool = False, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def main(config_path: str, as_json: bool = False, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """The `icefloe plan` command: 0 when the pack passes, 1 on a mandatory violation, 2 for an invalid stack."""
+    out, err = out or sys.stdout, err or sys.stderr
     try:
         plan = make_plan(config_path)
     except ConfigError as error:
