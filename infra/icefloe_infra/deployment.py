@@ -21,7 +21,7 @@ AWS_ARN = r"^arn:aws[a-z-]*:"
 ECR_IMAGE = r"^\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/[a-z0-9._/-]+(:[\w.-]{1,128}|@sha256:[0-9a-f]{64})$"
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 3653)
 # Release images from emr-7.1.0 have Python 3.11 beside the default 3.9 (infra/README.md, "Python on EMR"): the
-# bundle is built for it and the jobs run it. emr-7.12.0 ships Spark 3.5.6 and Iceberg 1.10.0, the nearest to the
+# bundle is built for it and the jobs run it. emr-7.12.0 ships Spark 3.5 and Iceberg 1.10.0, the nearest to the
 # Spark 3.5 / Iceberg 1.10.1 the runtime is tested with locally.
 DEFAULT_RELEASE = "emr-7.12.0"
 DEFAULT_PYTHON = "/usr/bin/python3.11"
