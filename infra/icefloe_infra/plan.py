@@ -73,8 +73,10 @@ def _trust(inputs: dict) -> dict[str, Any]:
     trusted = []
     for statement in _statements(inputs.get("assumeRolePolicy")):
         principal = statement.get("Principal", {})
-        who = [f"{kind}:{p}" for kind, ps in principal.items() for p in _list(ps)] if isinstance(principal, dict) \
-            else [str(principal)]  # fmt: skip
+        if isinstance(principal, dict):
+            who = [f"{kind}:{p}" for kind, ps in principal.items() for p in _list(ps)]
+        else:
+            who = [str(principal)]  # "*"
         conditions = [f"{key} required" if key == "sts:ExternalId" else f"{key}={value}"
                       for test in statement.get("Condition", {}).values() for key, value in test.items()]  # fmt: skip
         trusted.append(" ".join(who) + (f" ({', '.join(conditions)})" if conditions else ""))
