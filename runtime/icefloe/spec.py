@@ -9,9 +9,10 @@ table and the field.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from .batch_columns import KAFKA_COLUMNS
@@ -343,6 +344,7 @@ DEPLOYMENT_KEYS: tuple[str, ...] = (
     "storage", "emr", "externalAccess", "owner", "tags", "glue", "secrets", "logRetentionDays", "schedule",
 )  # fmt: skip
 NAMESPACE = "icefloe"
+ModelT = TypeVar("ModelT", bound=Model)
 
 
 def _location(raw: dict[str, Any], loc: tuple[Any, ...]) -> str:
@@ -366,27 +368,38 @@ def _location(raw: dict[str, Any], loc: tuple[Any, ...]) -> str:
     return text
 
 
+def config_error(error: ValidationError, raw: dict[str, Any], source: str) -> ConfigError:
+    """A pydantic error as one ConfigError with a line per problem, each naming its key (see `_location`)."""
+    lines = []
+    for item in error.errors():
+        loc = tuple(p for p in item["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        lines.append(f"  {_location(raw, loc)}: {item['msg'].removeprefix('Value error, ')}")
+    return ConfigError(f"{source}: invalid icefloe config:\n" + "\n".join(lines))
+
+
+def validate_keys(model: type[ModelT], raw: dict[str, Any], keys: Iterable[str], source: str) -> ModelT:
+    """Validate the `icefloe:*` keys (without the namespace prefix) that `model` reads; errors name the key.
+
+    The runtime validates its keys with IcefloeConfig, the Pulumi program its own with its deployment model.
+    """
+    keys = set(keys)
+    try:
+        return model.model_validate({k: v for k, v in raw.items() if k in keys})
+    except ValidationError as error:
+        raise config_error(error, raw, source) from None
+
+
 def parse_config(raw: dict[str, Any], source: str = "stack config") -> IcefloeConfig:
     """Validate the `icefloe:*` keys (without the namespace prefix) and return the model."""
-    from pydantic import ValidationError
-
     unknown = sorted(set(raw) - set(CONFIG_KEYS) - set(DEPLOYMENT_KEYS))
     if unknown:
         known = ", ".join(f"{NAMESPACE}:{k}" for k in (*CONFIG_KEYS, *DEPLOYMENT_KEYS))
         raise ConfigError(f"{source}: unknown key(s) {', '.join(f'{NAMESPACE}:{k}' for k in unknown)}; known: {known}")
-    try:
-        return IcefloeConfig.model_validate({k: v for k, v in raw.items() if k in CONFIG_KEYS})
-    except ValidationError as error:
-        lines = []
-        for item in error.errors():
-            loc = tuple(p for p in item["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-            message = item["msg"].removeprefix("Value error, ")
-            lines.append(f"  {_location(raw, loc)}: {message}")
-        raise ConfigError(f"{source}: invalid icefloe config:\n" + "\n".join(lines)) from None
+    return validate_keys(IcefloeConfig, raw, CONFIG_KEYS, source)
 
 
-def load_config(path: str) -> IcefloeConfig:
-    """Read a Pulumi stack file (or the same shape as JSON, local path or s3:// URI) and validate it."""
+def read_stack_file(path: str) -> dict[str, Any]:
+    """The `config:` mapping of a Pulumi stack file (or the same shape as JSON), from a local path or s3:// URI."""
     import yaml
 
     from .text_files import read_text
@@ -399,11 +412,17 @@ def load_config(path: str) -> IcefloeConfig:
         raise ConfigError(f"{path}: config file not found") from None
     if not isinstance(document, dict) or not isinstance(document.get("config"), dict):
         raise ConfigError(f"{path}: expected a Pulumi stack file with a top-level 'config:' mapping")
-    raw = {
-        key.split(":", 1)[1]: value
-        for key, value in document["config"].items()
-        if key.startswith(NAMESPACE + ":")
-    }
+    return document["config"]
+
+
+def namespaced(config: dict[str, Any]) -> dict[str, Any]:
+    """The `icefloe:*` entries of a Pulumi config map, keyed without the namespace prefix."""
+    return {key.split(":", 1)[1]: value for key, value in config.items() if key.startswith(NAMESPACE + ":")}
+
+
+def load_config(path: str) -> IcefloeConfig:
+    """Read a Pulumi stack file (or the same shape as JSON, local path or s3:// URI) and validate it."""
+    raw = namespaced(read_stack_file(path))
     if not raw:
         raise ConfigError(f"{path}: no '{NAMESPACE}:' keys under config")
     return parse_config(raw, source=path)
