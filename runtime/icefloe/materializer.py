@@ -20,6 +20,7 @@ from functools import partial
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from . import progress
 from .commit import commit_on_branch, drop_stale_branches
 from .dead_letter import commit_dead_letters
 from .decoding import decoder_spec
@@ -129,6 +130,7 @@ def materialize_once(spark, config: IcefloeConfig, table: TableSpec) -> BatchRes
             metadata_location=iceberg.metadata_location(), run_id=run_id, seconds=time.monotonic() - started,
         )  # fmt: skip
     log.info("%s: reading %d records from %d partitions", identifier, sum(r.count for r in ranges), len(ranges))
+    progress.reading(spark, identifier, sum(r.count for r in ranges))
 
     plan = ReadPlan(
         kafka_conf=kafka_conf,

@@ -47,6 +47,18 @@ def duration_seconds(text: str) -> float:
     return int(match.group(1)) * _DURATION_SECONDS[match.group(2)]
 
 
+def format_duration(seconds: float) -> str:
+    """A duration for people, to the second: 42s, 3m05s, 2h10m, 3d04h."""
+    whole = int(seconds + 0.5)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
 class Model(BaseModel):
     """camelCase in, snake_case attributes; unknown keys are errors (a typo must not be ignored)."""
 
