@@ -72,3 +72,12 @@ def make_config(broker, registry):
         return parse_config({"sourceClusters": [cluster], "tables": [{"sourceCluster": "local", **t} for t in tables]})
 
     return build
+
+
+@pytest.fixture(scope="session")
+def moto_aws(state_dir):
+    """A moto server (Glue, S3, STS) that refuses stale Glue table versions as AWS does (icefloe_dev.moto_server)."""
+    from icefloe_dev.moto_server import MotoServer
+
+    with MotoServer(state_dir / "moto") as server:
+        yield server

@@ -47,7 +47,8 @@ def test_continuous_rows_visible_within_interval_and_sigterm_restart_is_exactly_
     identifier = f"local.{topic}"
     produced = 0
     for round_ in range(2):
-        process = start_continuous(path, state_dir)
+        job_log = tmp_path / f"job-{round_}.log"
+        process = start_continuous(path, state_dir, job_log)
         lines: list[str] = []
         threading.Thread(target=lambda p=process: lines.extend(p.stdout), daemon=True).start()
         try:
@@ -59,7 +60,10 @@ def test_continuous_rows_visible_within_interval_and_sigterm_restart_is_exactly_
                 while True:
                     if IcebergTable(spark, identifier).exists() and len(read_pyiceberg(state_dir, identifier)) == produced:
                         break
-                    assert time.monotonic() - sent_at < 60, f"rows not visible after 60s (round {round_}, step {step})"
+                    # Step 0 includes the job's Spark start (tens of seconds on a loaded 2-core machine).
+                    limit = 180 if step == 0 else 60
+                    assert time.monotonic() - sent_at < limit, (
+                        f"rows not visible after {limit}s (round {round_}, step {step}):\n{job_log.read_text()[-3000:]}")
                     time.sleep(0.5)
                 # Spark start is paid once per process; after that a batch is due every 2s (a loose functional bound:
                 # a trigger that ignored `refresh` would wait for the 15m default).
@@ -67,7 +71,7 @@ def test_continuous_rows_visible_within_interval_and_sigterm_restart_is_exactly_
                     assert time.monotonic() - sent_at < 30, "rows were not committed on the 2s refresh"
         finally:
             process.send_signal(signal.SIGTERM)
-            assert process.wait(60) == 0, "SIGTERM must stop the loop cleanly"
+            assert process.wait(120) == 0, "SIGTERM must stop the loop cleanly"
         assert any(json.loads(line)["status"] == "committed" for line in lines)
     rows = by_position(read_pyiceberg(state_dir, identifier))
     assert sorted(r["n"] for r in rows.values()) == list(range(produced))

@@ -15,10 +15,14 @@ import yaml
 
 from icefloe.catalog import EMR_ICEBERG_JAR
 from icefloe.cli import build_parser
+from icefloe.errors import ConfigError
+from icefloe.session import jvm_lib
 from icefloe.spec import load_config
 from icefloe_infra import iam as iam_module
 from icefloe_infra import jobs as jobs_module
-from icefloe_infra.testing import ACCOUNT_ID, REGION, decrypted_value, run_program, small_bundle
+from icefloe_infra.deployment import DEFAULT_RELEASE
+from icefloe_infra.jars import EMR_PROVIDED, job_jars, pinned_spark_jars
+from pulumi_mocks import ACCOUNT_ID, REGION, decrypted_value, fake_jar_dir, run_program, small_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "Pulumi.example.yaml"
@@ -243,11 +247,12 @@ def test_scheduler_role_starts_jobs_on_this_application_and_passes_only_the_job_
 
 def test_emr_application_is_bounded_and_logs_to_the_bucket_and_cloudwatch(program):
     app = program.one("aws:emrserverless/application:Application").inputs
-    assert app["type"] == "spark" and app["releaseLabel"] == "emr-7.5.0" and app["architecture"] == "X86_64"
+    assert app["type"] == "spark" and app["releaseLabel"] == DEFAULT_RELEASE == "emr-7.12.0"
+    assert app["architecture"] == "X86_64"
     assert app["autoStartConfiguration"] == {"enabled": True}
     assert app["autoStopConfiguration"] == {"enabled": True, "idleTimeoutMinutes": 15}
     assert app["maximumCapacity"] == {"cpu": "16 vCPU", "memory": "64 GB", "disk": "200 GB"}
-    assert app["imageConfiguration"] == {"imageUri": "123456789012.dkr.ecr.eu-west-1.amazonaws.com/icefloe-emr:7.5.0-py311"}
+    assert "imageConfiguration" not in app  # the release's own image: its Python 3.11 runs the jobs
     assert "networkConfiguration" not in app
     monitoring = app["monitoringConfiguration"]
     assert monitoring["s3MonitoringConfiguration"] == {"logUri": f"s3://{program.outputs['bucket']}/logs/",
@@ -259,7 +264,7 @@ def test_emr_application_is_bounded_and_logs_to_the_bucket_and_cloudwatch(progra
 
 def test_vpc_subnets_and_security_groups_reach_the_application(tmp_path):
     document_ = yaml.safe_load(MINIMAL.read_text())
-    document_["config"]["icefloe:emr"] |= {"subnetIds": ["subnet-0a1b", "subnet-0c2d"], "securityGroupIds": ["sg-0123"],
+    document_["config"]["icefloe:emr"] = {"subnetIds": ["subnet-0a1b", "subnet-0c2d"], "securityGroupIds": ["sg-0123"],
                                           "architecture": "ARM64"}
     path = tmp_path / "Pulumi.vpc.yaml"
     path.write_text(yaml.safe_dump(document_))
@@ -284,6 +289,79 @@ def test_bundle_entry_point_and_config_are_content_addressed_objects(program):
     config = objects["icefloe-runtime-job-config"]
     assert config["key"] == f"icefloe/config/{hashlib.sha256(config['content'].encode()).hexdigest()}.json"
     assert program.outputs["jobConfigUri"] == f"s3://{program.outputs['bucket']}/{config['key']}"
+
+
+def test_your_own_image_and_python_override_the_release_defaults(tmp_path):
+    document_ = yaml.safe_load(MINIMAL.read_text())
+    image = "123456789012.dkr.ecr.us-east-1.amazonaws.com/icefloe-emr:7.12.0-py311"
+    document_["config"]["icefloe:emr"] = {"imageUri": image, "releaseLabel": "emr-7.1.0", "python": "/opt/py/bin/python3"}
+    path = tmp_path / "Pulumi.image.yaml"
+    path.write_text(yaml.safe_dump(document_))
+    run = run_program(path)
+    app = run.one("aws:emrserverless/application:Application").inputs
+    assert app["imageConfiguration"] == {"imageUri": image} and app["releaseLabel"] == "emr-7.1.0"
+    conf = spark_conf(json.loads(run.one(SCHEDULE).inputs["target"]["input"])["JobDriver"]["SparkSubmit"]["SparkSubmitParameters"])
+    for key in ("spark.emr-serverless.driverEnv.PYSPARK_DRIVER_PYTHON", "spark.emr-serverless.driverEnv.PYSPARK_PYTHON",
+                "spark.executorEnv.PYSPARK_PYTHON"):
+        assert conf[key] == "/opt/py/bin/python3"
+
+
+# --- the JVM jars ---------------------------------------------------------------------------------------------
+
+SHIPPED = ["spark-sql-kafka-0-10_2.12-3.5.7.jar", "spark-token-provider-kafka-0-10_2.12-3.5.7.jar",
+           "kafka-clients-3.4.1.jar", "commons-pool2-2.11.1.jar", "spark-avro_2.12-3.5.9.jar"]
+
+
+def jar_objects(run) -> dict[str, dict]:
+    return {o.name: o.inputs for o in run.of_type(OBJECT) if o.name.startswith("icefloe-runtime-jar-")}
+
+
+def test_the_pom_pins_what_emr_lacks_and_the_jobs_ship_exactly_that(program):
+    pinned = {jar.coordinate: jar.file_name for jar in pinned_spark_jars()}
+    assert EMR_PROVIDED < set(pinned)  # Iceberg (runtime and AWS bundle) comes with the release
+    assert [p.name for p in job_jars(fake_jar_dir()).values()] == SHIPPED
+    assert sorted(pinned[c] for c in set(pinned) - EMR_PROVIDED) == sorted(SHIPPED)
+    objects = jar_objects(program)
+    assert sorted(Path(o["source"]["asset"]).name for o in objects.values()) == sorted(SHIPPED)
+    for inputs in objects.values():
+        source = Path(inputs["source"]["asset"])
+        assert source.parent == fake_jar_dir()
+        assert inputs["key"] == f"icefloe/jars/{hashlib.sha256(source.read_bytes()).hexdigest()}/{source.name}"
+        assert inputs["bucket"] == program.outputs["bucket"] and inputs["contentType"] == "application/java-archive"
+
+
+def test_a_changed_jar_is_a_new_object_under_the_same_resource(program, tmp_path):
+    rebuilt = run_program(MINIMAL, jar_dir=fake_jar_dir(tmp_path / "jars", content=b"another build"))
+    before, after = jar_objects(program), jar_objects(rebuilt)
+    assert set(before) == set(after)  # same logical resources: `pulumi up` replaces the objects
+    for name in before:
+        assert before[name]["key"] != after[name]["key"]
+        assert before[name]["key"].rsplit("/", 1)[1] == after[name]["key"].rsplit("/", 1)[1]
+    request = json.loads(rebuilt.one(SCHEDULE).inputs["target"]["input"])
+    jars = spark_conf(request["JobDriver"]["SparkSubmit"]["SparkSubmitParameters"])["spark.jars"].split(",")
+    assert jars[1:] == [f"s3://{rebuilt.outputs['bucket']}/{after[n]['key']}" for n in after]
+
+
+def test_missing_jars_fail_the_program_naming_them_and_the_fix(tmp_path):
+    jars = fake_jar_dir(tmp_path / "jars")
+    (jars / "kafka-clients-3.4.1.jar").unlink()
+    with pytest.raises(ConfigError, match=r"missing from .*jars: kafka-clients-3\.4\.1\.jar; run scripts/setup\.sh"):
+        run_program(MINIMAL, jar_dir=jars)
+
+
+def test_a_pom_without_an_artifact_emr_is_said_to_provide_is_an_error(tmp_path):
+    pom = tmp_path / "pom.xml"
+    pom.write_text((ROOT / "jvm" / "pom.xml").read_text().replace("<artifactId>iceberg-aws-bundle</artifactId>",
+                                                                   "<artifactId>iceberg-aws-bundle-renamed</artifactId>"))
+    with pytest.raises(ConfigError, match="org.apache.iceberg:iceberg-aws-bundle is listed as provided by EMR"):
+        job_jars(fake_jar_dir(), pom)
+
+
+@pytest.mark.skipif(not (jvm_lib() / "spark").is_dir(), reason="jvm/lib/spark is filled by scripts/setup.sh (Maven)")
+def test_the_files_maven_fetched_are_the_ones_the_pom_names():
+    fetched = {p.name for p in (jvm_lib() / "spark").glob("*.jar")}
+    assert {jar.file_name for jar in pinned_spark_jars()} <= fetched
+    assert all(path.is_file() for path in job_jars(jvm_lib() / "spark").values())
 
 
 # --- schedules ----------------------------------------------------------------------------------------------
@@ -340,7 +418,8 @@ def test_spark_parameters_come_from_the_runtime_catalog_settings(program):
     expected_catalog = spark_catalog_conf(CatalogSpec(type="glue", warehouse=program.outputs["warehouseUri"]))
     assert conf.items() >= expected_catalog.items()
     bucket, digest = program.outputs["bucket"], program.outputs["bundleDigest"]
-    assert conf["spark.jars"] == EMR_ICEBERG_JAR
+    shipped = [o.inputs["key"] for o in program.of_type(OBJECT) if o.inputs["key"].startswith("icefloe/jars/")]
+    assert conf["spark.jars"] == ",".join([EMR_ICEBERG_JAR, *(f"s3://{bucket}/{key}" for key in shipped)])
     assert conf["spark.archives"] == f"s3://{bucket}/icefloe/bundle/{digest}/deps.tar.gz#deps"
     for key in ("spark.emr-serverless.driverEnv.PYSPARK_DRIVER_PYTHON", "spark.emr-serverless.driverEnv.PYSPARK_PYTHON",
                 "spark.executorEnv.PYSPARK_PYTHON"):
@@ -450,7 +529,9 @@ def test_resource_names_are_stable(program):
         "icefloe-secrets-registry-value", "icefloe-job-role", "icefloe-job-policy", "icefloe-snowflake-role",
         "icefloe-snowflake-read", "icefloe-athena-analytics-external-id", "icefloe-athena-analytics-role",
         "icefloe-athena-analytics-read", "icefloe-runtime-bundle", "icefloe-runtime-entry-point",
-        "icefloe-runtime-job-config", "icefloe-emr-spark", "icefloe-schedules-dlq", "icefloe-schedules-role",
+        "icefloe-runtime-job-config", "icefloe-runtime-jar-spark-sql-kafka-0-10-2-12",
+        "icefloe-runtime-jar-spark-token-provider-kafka-0-10-2-12", "icefloe-runtime-jar-kafka-clients",
+        "icefloe-runtime-jar-commons-pool2", "icefloe-runtime-jar-spark-avro-2-12", "icefloe-emr-spark", "icefloe-schedules-dlq", "icefloe-schedules-role",
         "icefloe-schedules-start-jobs", "icefloe-schedules-main-stock-trades", "icefloe-schedules-main-accounts",
         "icefloe-schedules-main-clickstream",
     ])

@@ -7,15 +7,20 @@ real bundle's dependencies are imported from the archive alone, with no site-pac
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
 import time
+import types
 from pathlib import Path
 
 import pytest
 from packaging import tags
 
+import icefloe
+import icefloe_dev
+from icefloe_infra import bundle as bundle_module
 from icefloe_infra.bundle import ENTRY_POINT, build_bundle, runtime_requirements
 
 AL2023_GLIBC = (2, 34)  # EMR 7.x images are Amazon Linux 2023
@@ -81,6 +86,40 @@ def test_entry_point_runs_the_runtime_cli_from_deps(tmp_path):
     assert bad.returncode == 2 and "--config" in bad.stderr
 
 
+def test_the_bundle_holds_no_development_tools(tmp_path):
+    with tarfile.open(build_bundle(requirements=[], out_dir=tmp_path).archive) as tar:
+        names = tar.getnames()
+    assert "./icefloe/cli.py" in names
+    assert not any("icefloe_dev" in name or name.startswith(("./devtools/", "./icefloe_infra/")) for name in names)
+
+
+def test_only_runtime_code_changes_the_bundle_digest(tmp_path, monkeypatch):
+    # A copy of the source tree, so the real one is never written to: runtime/icefloe beside devtools/icefloe_dev.
+    runtime = tmp_path / "tree" / "runtime" / "icefloe"
+    devtools = tmp_path / "tree" / "devtools" / "icefloe_dev"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(Path(icefloe.__file__).parent, runtime, ignore=ignore)
+    shutil.copytree(Path(icefloe_dev.__file__).parent, devtools, ignore=ignore)
+    monkeypatch.setattr(bundle_module, "icefloe", types.SimpleNamespace(__file__=str(runtime / "__init__.py")))
+
+    def digest(step: str) -> str:
+        return build_bundle(requirements=[], out_dir=tmp_path / step).digest
+
+    before = digest("before")
+    (devtools / "demo.py").write_text((devtools / "demo.py").read_text() + "\n# a development-only edit\n")
+    (devtools / "new_tool.py").write_text("print('a new development tool')\n")
+    assert digest("devtools-changed") == before  # no `pulumi up` diff for development-only changes
+    (runtime / "cli.py").write_text((runtime / "cli.py").read_text() + "\n# a runtime edit\n")
+    assert digest("runtime-changed") != before
+
+
+def test_plan_is_not_in_the_bundle_and_says_so(tmp_path):
+    workdir = extract(build_bundle(requirements=[], out_dir=tmp_path / "out"), tmp_path / "job")
+    result = run_isolated(workdir, "main.py", "plan", "--config", "Pulumi.dev.yaml")
+    assert result.returncode == 2
+    assert "plan needs the Pulumi program's dependencies (icefloe_infra is missing)" in result.stderr
+
+
 def test_the_bundle_asks_for_the_runtime_dependencies():
     names = {re.split(r"[\[=<>]", r)[0] for r in runtime_requirements()}
     assert names == {"confluent-kafka", "pydantic", "pyyaml", "boto3", "pyarrow"}
@@ -109,6 +148,7 @@ def test_real_bundle_is_manylinux_cp311_x86_64_and_self_contained(tmp_path):
     compiled = {w.split("/")[1] for w, declared in wheel_tags.items() if any("manylinux" in t for t in declared)}
     assert {"confluent_kafka-2.16.0.dist-info", "pyarrow-26.0.1.dist-info"} <= compiled
     assert not any(n.startswith(("./pyspark/", "./py4j/", "./bin/")) for n in names), "EMR provides Spark"
+    assert not any(n.startswith(("./pulumi", "./icefloe_dev/", "./icefloe_infra/")) for n in names)
     # Cached: a second build with the same inputs is immediate and identical.
     built_in = time.monotonic() - started
     again_started = time.monotonic()

@@ -12,7 +12,7 @@ import yaml
 from icefloe.errors import ConfigError
 from icefloe.spec import CONFIG_KEYS, DEPLOYMENT_KEYS
 from icefloe_infra.deployment import load_stack_config
-from icefloe_infra.testing import PROJECT_FILE, decrypted_value, run_program, stack_config
+from pulumi_mocks import PROJECT_FILE, decrypted_value, run_program, stack_config
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "Pulumi.example.yaml"
@@ -79,7 +79,7 @@ def test_project_defaults_are_applied_and_required_keys_enforced(tmp_path):
     assert config["icefloe:logRetentionDays"] == "30"
     assert json.loads(config["icefloe:externalAccess"]) == [] and secret_keys == []
     no_owner = write_stack(tmp_path, "noowner", MINIMAL, owner=None)
-    with pytest.raises(ValueError, match=r"Stack 'noowner' is missing configuration value\(s\) icefloe:owner"):
+    with pytest.raises(ConfigError, match=r"Stack 'noowner' is missing configuration value\(s\) icefloe:owner"):
         stack_config(no_owner)
 
 
@@ -93,9 +93,10 @@ def test_secure_values_arrive_decrypted_and_their_key_secret():
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"emr": {"releaseLabel": "emr-6.15.0"}}, r"icefloe:emr\.releaseLabel: String should match pattern"),
-        ({"emr": {}}, r"icefloe:emr: imageUri is required: EMR 7\.x release images run Python 3\.9"),
-        ({"emr": None}, r"icefloe:emr: imageUri is required"),
+        ({"emr": {"releaseLabel": "emr-6.15.0"}},
+         r"icefloe:emr\.releaseLabel: 'emr-6\.15\.0' is not a release icefloe runs on: use emr-7\.1\.0 or a later emr-7\.x"),
+        ({"emr": {"releaseLabel": "emr-7.0.0"}}, r"icefloe:emr\.releaseLabel: 'emr-7\.0\.0' is not a release icefloe runs on"),
+        ({"emr": {"imageUri": "docker.io/me/spark:latest"}}, r"icefloe:emr\.imageUri: String should match pattern"),
         ({"tabels": []}, r"unknown key\(s\) icefloe:tabels"),
         ({"catalog": {"type": "glue", "warehouse": "s3://b/w"}}, r"icefloe:catalog is set by the stack"),
         ({"owner": ""}, r"icefloe:owner: String should have at least 1 character"),
@@ -124,13 +125,16 @@ def test_a_table_typo_is_named_by_the_shared_model():
         load_stack_config(raw)
 
 
-def test_streaming_tables_need_emr_7_1(tmp_path):
-    raw = raw_config()
-    raw["emr"] = {**raw["emr"], "releaseLabel": "emr-7.0.0"}
-    with pytest.raises(ConfigError, match=r"icefloe:emr\.releaseLabel: emr-7\.0\.0 has no streaming jobs .*main\.clickstream"):
-        load_stack_config(raw)
-    raw["tables"] = [t for t in raw["tables"] if not t.get("continuous")]
-    load_stack_config(raw)  # batch tables only: 7.0 is fine
+def test_without_emr_settings_the_stack_runs_on_the_release_python():
+    raw = raw_config(MINIMAL)
+    assert raw["emr"] == {}  # the stack sets none: Pulumi.yaml's default
+    _, deployment = load_stack_config(raw)
+    emr = deployment.emr
+    assert (emr.release_label, emr.image_uri, emr.python) == ("emr-7.12.0", None, "/usr/bin/python3.11")
+    # Continuous tables need EMR Serverless streaming jobs (7.1.0 and later): every accepted release has them.
+    raw["emr"] = {"releaseLabel": "emr-7.1.0"}
+    raw["tables"] = [{**raw["tables"][0], "continuous": True}]
+    assert load_stack_config(raw)[1].emr.release_label == "emr-7.1.0"
 
 
 def test_the_program_itself_rejects_a_bad_stack_file(tmp_path):
@@ -146,5 +150,6 @@ def test_the_program_itself_rejects_a_bad_stack_file(tmp_path):
 def test_the_password_never_shows_in_the_validated_model():
     _, deployment = load_stack_config(raw_config())
     secret = deployment.secrets["registry"]
-    assert "test-secret-" not in repr(deployment) and "test-secret-" not in str(secret)
-    assert secret.password.get_secret_value().startswith("test-secret-")
+    assert secret.password.get_secret_value() == decrypted_value(
+        yaml.safe_load(EXAMPLE.read_text())["config"]["icefloe:secrets"]["registry"]["password"]["secure"])
+    assert secret.password.get_secret_value() not in repr(deployment) + str(secret)

@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover
 
 from icefloe.spec import load_config
 from icefloe_infra.jobs import EXECUTION_ID
-from icefloe_infra.testing import REGION, run_program
+from pulumi_mocks import REGION, run_program
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "Pulumi.example.yaml"
@@ -197,8 +197,8 @@ def test_emr_application_schedules_and_every_job_run_are_accepted(program, aws):
         # The provider documents lowercase "spark" and the service takes either case; moto knows only "SPARK".
         type=app["type"].upper(), releaseLabel=app["releaseLabel"], architecture=app["architecture"],
         autoStartConfiguration=app["autoStartConfiguration"], autoStopConfiguration=app["autoStopConfiguration"],
-        maximumCapacity=app["maximumCapacity"], imageConfiguration=app["imageConfiguration"],
-        monitoringConfiguration=monitoring_api_shape(app["monitoringConfiguration"]), tags=app["tags"],
+        maximumCapacity=app["maximumCapacity"], monitoringConfiguration=monitoring_api_shape(app["monitoringConfiguration"]),
+        tags=app["tags"],
     )  # fmt: skip
     application_id = created["applicationId"]
     assert emr.get_application(applicationId=application_id)["application"]["autoStopConfiguration"] == {
@@ -232,6 +232,23 @@ def test_emr_application_schedules_and_every_job_run_are_accepted(program, aws):
         assert again["jobRunId"]
     assert {s["Name"] for s in scheduler.list_schedules()["Schedules"]} == {
         s.name for s in program.of_type("aws:scheduler/schedule:Schedule")}
+
+
+def test_an_application_on_your_own_image_is_accepted(aws, tmp_path):
+    import yaml
+
+    document = yaml.safe_load(EXAMPLE.read_text())
+    image = "123456789012.dkr.ecr.eu-west-1.amazonaws.com/icefloe-emr:7.12.0-py311"
+    document["config"]["icefloe:emr"] = {"imageUri": image}
+    path = tmp_path / "Pulumi.image.yaml"
+    path.write_text(yaml.safe_dump(document))
+    app = ints(run_program(path).one("aws:emrserverless/application:Application").inputs)
+    emr = client("emr-serverless")
+    created = call(emr, "create_application", name="icefloe", clientToken="replay", type=app["type"].upper(),
+                   releaseLabel=app["releaseLabel"], imageConfiguration=app["imageConfiguration"],
+                   maximumCapacity=app["maximumCapacity"])  # fmt: skip
+    assert app["imageConfiguration"] == {"imageUri": image}  # checked against the model's pattern by `call`
+    assert emr.get_application(applicationId=created["applicationId"])["application"]["releaseLabel"] == "emr-7.12.0"
 
 
 def test_the_runtime_reads_its_config_object_from_s3(program, aws):

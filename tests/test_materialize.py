@@ -10,6 +10,7 @@ from decimal import Decimal
 
 import pytest
 
+from icefloe.commit_state import committed_state
 from icefloe.errors import RecordError
 from icefloe.iceberg_table import IcebergTable
 from icefloe_dev.readers import pyiceberg_catalog
@@ -212,7 +213,7 @@ def test_bad_record_stops_there_and_a_fixed_rerun_resumes_at_it(spark, broker, r
     assert (caught.value.partition, caught.value.offset) == bad
     assert "magic byte" in caught.value.cause.lower()
     identifier = config.identifier(config.tables[0])
-    state = IcebergTable(spark, identifier).committed_state(topic)
+    state = committed_state(IcebergTable(spark, identifier), topic)
     assert state.offsets == {0: 12, 1: 12, 2: bad[1]}, "nothing at or past the bad record is committed"
     positions = set(by_position(read_pyiceberg(state_dir, identifier)))
     assert {p for p in later if p[0] != 2} <= positions and not {p for p in later if p[0] == 2} & positions

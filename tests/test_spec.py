@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from icefloe.errors import ConfigError
-from icefloe.spec import glue_safe_name, load_config, parse_config
+from icefloe.spec import Model, glue_safe_name, load_config, namespaced, parse_config, read_stack_file, validate_keys
 
 CLUSTER = {"name": "main", "bootstrapServers": "127.0.0.1:9092", "schemaRegistry": {"url": "http://127.0.0.1:8081"}}
 
@@ -98,6 +98,28 @@ def test_load_config_errors_name_the_file(tmp_path: Path):
     bad.write_text("config: [oops")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(str(bad))
+
+
+def test_one_stack_file_reader_and_one_error_format_for_every_model(tmp_path: Path):
+    path = tmp_path / "Pulumi.dev.yaml"
+    path.write_text("config:\n  aws:region: eu-west-1\n  icefloe:owner: me\n  icefloe:tables: [{topic: orders}]\n")
+    config = read_stack_file(str(path))  # what the runtime's load_config and the deploy dry run both read
+    assert config == {"aws:region": "eu-west-1", "icefloe:owner": "me", "icefloe:tables": [{"topic": "orders"}]}
+    assert namespaced(config) == {"owner": "me", "tables": [{"topic": "orders"}]}
+    (tmp_path / "Pulumi.flat.yaml").write_text("icefloe:owner: me\n")
+    with pytest.raises(ConfigError, match="expected a Pulumi stack file with a top-level 'config:' mapping"):
+        read_stack_file(str(tmp_path / "Pulumi.flat.yaml"))
+
+    class Owned(Model):  # any model over `icefloe:*` keys, like the Pulumi program's deployment settings
+        owner: int
+        tables: tuple[dict, ...] = ()
+
+    with pytest.raises(ConfigError) as caught:
+        validate_keys(Owned, {"owner": "me", "tables": ["x"], "other": 1}, ("owner", "tables"), "Pulumi.dev.yaml")
+    assert str(caught.value) == (
+        "Pulumi.dev.yaml: invalid icefloe config:\n"
+        "  icefloe:owner: Input should be a valid integer, unable to parse string as an integer\n"
+        "  icefloe:tables[0]: Input should be a valid dictionary")
 
 
 def test_glue_safe_name():

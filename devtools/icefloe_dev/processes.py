@@ -1,6 +1,7 @@
-"""A local JVM service as a child process: free loopback ports, a log file, readiness, a clean stop.
+"""A local service as a child process: free loopback ports, a log file, readiness, a clean stop.
 
-The Kafka broker and the schema registry both run this way for the demo, the tests and the benchmarks.
+The Kafka broker and the schema registry (JVMs) and the moto server (Python) run this way for the demo, the tests and
+the benchmarks.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def lib_dir(name: str) -> Path:
     return path
 
 
-class JvmService:
+class LocalService:
     """One child process whose output goes to `log_path`. Subclasses say how to start it and when it is ready."""
 
     name = "service"
@@ -158,9 +159,13 @@ class JvmService:
         self.stop()
 
 
-def start_together(*services: JvmService) -> None:
+# The broker and the registry subclass it under this name.
+JvmService = LocalService
+
+
+def start_together(*services: LocalService) -> None:
     """Launch every service, then wait for each: start-up times overlap instead of adding up."""
-    launched: list[JvmService] = []
+    launched: list[LocalService] = []
     try:
         for service in services:
             service.launch()

@@ -1,14 +1,21 @@
-"""What the jobs read from the bucket: the runtime bundle, its entry point and the job config, content-addressed."""
+"""What the jobs read from the bucket: the runtime bundle, its entry point, the jars and the job config.
+
+Every key carries a content hash, so a new bundle, jar or config is a new object: `pulumi up` after a change
+replaces it, and a job that is running keeps reading the objects it started with.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pulumi
 import pulumi_aws as aws
 
+from . import prefixes
 from .bundle import Bundle
-from .jobs import BUNDLE_PREFIX, config_key
 
 
 @dataclass
@@ -16,35 +23,45 @@ class RuntimeArtifactsArgs:
     bucket: pulumi.Input[str]
     bundle: Bundle
     job_config: pulumi.Input[str]  # jobs.job_config_document(...)
+    jars: dict[str, Path] = field(default_factory=dict)  # {artifactId: file}: jars.job_jars(...)
+
+
+def config_key(body: str) -> str:
+    return f"{prefixes.CONFIG}/{hashlib.sha256(body.encode()).hexdigest()}.json"
+
+
+def jar_key(path: Path) -> str:
+    """`icefloe/jars/<sha256>/<file name>`: the name stays readable in Spark's logs."""
+    return f"{prefixes.JARS}/{hashlib.sha256(path.read_bytes()).hexdigest()}/{path.name}"
 
 
 class RuntimeArtifacts(pulumi.ComponentResource):
-    """S3 keys carry the content hash, so a new bundle or config is a new object: running jobs keep theirs."""
-
     archive_uri: pulumi.Output[str]
     entry_point_uri: pulumi.Output[str]
     config_uri: pulumi.Output[str]
+    jar_uris: pulumi.Output[list[str]]
 
     def __init__(self, name: str, args: RuntimeArtifactsArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("icefloe:bundle:RuntimeArtifacts", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        prefix = f"{BUNDLE_PREFIX}/{args.bundle.digest}"
-        archive = aws.s3.BucketObjectv2(
-            f"{name}-bundle", bucket=args.bucket, key=f"{prefix}/deps.tar.gz", content_type="application/gzip",
-            source=pulumi.FileAsset(str(args.bundle.archive)), opts=child,
-        )  # fmt: skip
-        entry_point = aws.s3.BucketObjectv2(
-            f"{name}-entry-point", bucket=args.bucket, key=f"{prefix}/main.py", content_type="text/x-python",
-            source=pulumi.FileAsset(str(args.bundle.entry_point)), opts=child,
-        )  # fmt: skip
+
+        def upload(suffix: str, key: pulumi.Input[str], content_type: str, **body) -> pulumi.Output[str]:
+            uploaded = aws.s3.BucketObjectv2(f"{name}-{suffix}", bucket=args.bucket, key=key,
+                                             content_type=content_type, opts=child, **body)  # fmt: skip
+            return pulumi.Output.all(uploaded.bucket, uploaded.key).apply(lambda v: prefixes.s3_uri(v[0], v[1]))
+
+        prefix = f"{prefixes.BUNDLE}/{args.bundle.digest}"
+        self.archive_uri = upload("bundle", f"{prefix}/deps.tar.gz", "application/gzip",
+                                  source=pulumi.FileAsset(str(args.bundle.archive)))  # fmt: skip
+        self.entry_point_uri = upload("entry-point", f"{prefix}/main.py", "text/x-python",
+                                      source=pulumi.FileAsset(str(args.bundle.entry_point)))  # fmt: skip
         body = pulumi.Output.from_input(args.job_config)
-        config = aws.s3.BucketObjectv2(
-            f"{name}-job-config", bucket=args.bucket, key=body.apply(config_key), content=body,
-            content_type="application/json", opts=child,
-        )  # fmt: skip
-        self.archive_uri = pulumi.Output.concat("s3://", archive.bucket, "/", archive.key)
-        self.entry_point_uri = pulumi.Output.concat("s3://", entry_point.bucket, "/", entry_point.key)
-        self.config_uri = pulumi.Output.concat("s3://", config.bucket, "/", config.key)
-        self.register_outputs(
-            {"archiveUri": self.archive_uri, "entryPointUri": self.entry_point_uri, "configUri": self.config_uri}
-        )
+        self.config_uri = upload("job-config", body.apply(config_key), "application/json", content=body)
+        # Named by the artifact, not its version: after a version bump `pulumi up` replaces the object.
+        self.jar_uris = pulumi.Output.all(*[
+            upload(f"jar-{re.sub(r'[^a-z0-9-]+', '-', artifact)}", jar_key(path), "application/java-archive",
+                   source=pulumi.FileAsset(str(path)))
+            for artifact, path in args.jars.items()
+        ])  # fmt: skip
+        self.register_outputs({"archiveUri": self.archive_uri, "entryPointUri": self.entry_point_uri,
+                               "configUri": self.config_uri, "jarUris": self.jar_uris})  # fmt: skip

@@ -7,23 +7,25 @@ the stack's `icefloe:*` config, so a typo fails at `pulumi preview` with the key
 from __future__ import annotations
 
 import json
-import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, StringConstraints, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, StringConstraints, field_validator, model_validator
 
 from icefloe.errors import ConfigError
-from icefloe.spec import (CONFIG_KEYS, DEPLOYMENT_KEYS, NAMESPACE, IcefloeConfig, Model, TableSpec, duration_seconds,
-                          parse_config)
+from icefloe.spec import (CONFIG_KEYS, DEPLOYMENT_KEYS, IcefloeConfig, Model, TableSpec, duration_seconds, namespaced,
+                          parse_config, validate_keys)
+from icefloe_policies.emr import SUPPORTED_RELEASES, supported_release
 
 AWS_ARN = r"^arn:aws[a-z-]*:"
 # An ECR image: <account>.dkr.ecr.<region>.amazonaws.com/<repository>:<tag> or @sha256:<digest>.
 ECR_IMAGE = r"^\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/[a-z0-9._/-]+(:[\w.-]{1,128}|@sha256:[0-9a-f]{64})$"
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 3653)
-# EMR 7.x release images run Python 3.9; the runtime needs 3.11 (see infra/README.md, "Python on EMR").
+# Release images from emr-7.1.0 have Python 3.11 beside the default 3.9 (infra/README.md, "Python on EMR"): the
+# bundle is built for it and the jobs run it. emr-7.12.0 ships Spark 3.5 and Iceberg 1.10.0, the nearest to the
+# Spark 3.5 / Iceberg 1.10.1 the runtime is tested with locally.
+DEFAULT_RELEASE = "emr-7.12.0"
 DEFAULT_PYTHON = "/usr/bin/python3.11"
 RUNTIME_PYTHON_VERSION = "3.11"
-STREAMING_SINCE = (7, 1, 0)  # EMR Serverless StartJobRun mode STREAMING
 
 
 def _duration(value: str, low: float, high: float, what: str) -> str:
@@ -87,29 +89,29 @@ class JobSizing(Model):
 
 
 class EmrSpec(Model):
-    release_label: Annotated[str, StringConstraints(pattern=r"^emr-7\.\d+\.\d+$")] = "emr-7.5.0"
+    release_label: str = DEFAULT_RELEASE
     architecture: Literal["X86_64", "ARM64"] = "X86_64"
     maximum_capacity: CapacitySpec = CapacitySpec()
     idle_timeout_minutes: int = Field(default=15, ge=1, le=10080)
     subnet_ids: tuple[Annotated[str, StringConstraints(pattern=r"^subnet-[0-9a-f]+$")], ...] = ()
     security_group_ids: tuple[Annotated[str, StringConstraints(pattern=r"^sg-[0-9a-f]+$")], ...] = ()
-    image_uri: Annotated[str, StringConstraints(pattern=ECR_IMAGE)] | None = None
+    image_uri: Annotated[str, StringConstraints(pattern=ECR_IMAGE)] | None = None  # optional: your own image
     python: Annotated[str, StringConstraints(pattern=r"^/[\w./-]+$")] = DEFAULT_PYTHON
     job: JobSizing = JobSizing()
     # How long one continuous (STREAMING) job runs before the next one replaces it.
     streaming_job_minutes: int = Field(default=60, ge=5, le=1440)
 
+    @field_validator("release_label")
+    @classmethod
+    def _supported(cls, value: str) -> str:
+        if not supported_release(value):  # the policy pack's rule, so the two accept the same releases
+            raise ValueError(f"{value!r} is not a release icefloe runs on: use {SUPPORTED_RELEASES}")
+        return value
+
     @model_validator(mode="after")
-    def _image_and_network(self) -> "EmrSpec":
+    def _network(self) -> "EmrSpec":
         if bool(self.subnet_ids) != bool(self.security_group_ids):
             raise ValueError("subnetIds and securityGroupIds go together")
-        # Without an image the jobs would start on the release image's Python 3.9 and fail on import; say so now.
-        if self.image_uri is None and "python" not in self.model_fields_set:
-            raise ValueError(
-                "imageUri is required: EMR 7.x release images run Python 3.9 and the icefloe runtime needs "
-                f"{RUNTIME_PYTHON_VERSION} (build the two-line image in infra/README.md, 'Python on EMR'), "
-                f"or set python to a {RUNTIME_PYTHON_VERSION} interpreter that your release image has"
-            )
         return self
 
 
@@ -173,8 +175,7 @@ class ScheduleSpec(Model):
 class DeploymentConfig(Model):
     owner: Annotated[str, StringConstraints(min_length=1)]
     storage: StorageSpec = StorageSpec()
-    # Validated even when absent, so a stack without `icefloe:emr` hears about the image it needs.
-    emr: EmrSpec = Field(default_factory=dict, validate_default=True)  # type: ignore[arg-type]
+    emr: EmrSpec = EmrSpec()
     external_access: tuple[ExternalAccessSpec, ...] = ()
     tags: dict[Annotated[str, StringConstraints(min_length=1, max_length=128)], Annotated[str, StringConstraints(max_length=256)]] = {}
     glue: GlueSpec = GlueSpec()
@@ -198,26 +199,12 @@ class DeploymentConfig(Model):
         return values
 
 
-_ERROR_PREFIX = re.compile(r"^Value error, ")
-
-
-def _location(loc: tuple) -> str:
-    text = f"{NAMESPACE}:{loc[0]}" if loc else NAMESPACE
-    for part in loc[1:]:
-        text += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return text
-
-
 def load_stack_config(raw: dict[str, Any], source: str = "stack config") -> tuple[IcefloeConfig, DeploymentConfig]:
     """Validate every `icefloe:*` key (without the prefix): the shared model, then the deployment settings."""
     spec = parse_config(raw, source)  # also rejects keys that neither model knows
     if "catalog" in raw:
         raise ConfigError(f"{source}: icefloe:catalog is set by the stack (Glue on the lakehouse bucket); remove it")
-    try:
-        deployment = DeploymentConfig.model_validate({k: v for k, v in raw.items() if k in DEPLOYMENT_KEYS})
-    except ValidationError as error:
-        lines = [f"  {_location(tuple(item['loc']))}: {_ERROR_PREFIX.sub('', item['msg'])}" for item in error.errors()]
-        raise ConfigError(f"{source}: invalid icefloe config:\n" + "\n".join(lines)) from None
+    deployment = validate_keys(DeploymentConfig, raw, DEPLOYMENT_KEYS, source)
     for index, cluster in enumerate(spec.source_clusters):  # references to stack-created secrets must exist
         where = f"icefloe:sourceClusters[{index}] ({cluster.name})"
         refs = {"credentialsSecret": cluster.credentials_secret,
@@ -231,11 +218,6 @@ def load_stack_config(raw: dict[str, Any], source: str = "stack config") -> tupl
             if ref.env:
                 raise ConfigError(f"{source}: {where}.{field}: env is for local runs; "
                                   "use secretArn or name in a deployed stack")
-    streaming = [spec.identifier(t) for t in spec.tables if t.enabled and deployment.schedule.runs_continuously(t)]
-    release = tuple(int(part) for part in deployment.emr.release_label.removeprefix("emr-").split("."))
-    if streaming and release < STREAMING_SINCE:
-        raise ConfigError(f"{source}: icefloe:emr.releaseLabel: {deployment.emr.release_label} has no streaming jobs "
-                          f"(emr-7.1.0 and later), which continuous tables need: {', '.join(streaming)}")
     return spec, deployment
 
 
@@ -252,15 +234,10 @@ def decode_config_value(value: Any) -> Any:
     return value
 
 
-def namespace_keys(config_keys) -> list[str]:
-    """The `icefloe:*` keys among all config keys, without the prefix."""
-    return sorted({key.split(":", 1)[1] for key in config_keys if key.startswith(NAMESPACE + ":")})
-
-
 def read_pulumi_config(config, all_keys) -> dict[str, Any]:
     """Every `icefloe:*` key from a `pulumi.Config("icefloe")`, unknown ones included (so they can be rejected)."""
     raw: dict[str, Any] = {}
-    for key in namespace_keys(all_keys):
+    for key in sorted(namespaced(dict.fromkeys(all_keys))):
         value = config.get(key)
         if value is not None:
             raw[key] = decode_config_value(value)

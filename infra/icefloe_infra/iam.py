@@ -9,6 +9,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_random as random
 
+from . import prefixes
 from .deployment import ExternalAccessSpec
 
 
@@ -48,11 +49,11 @@ def job_policy(scope: Scope) -> str:
     statements = [
         {"Sid": "WarehouseReadWrite", "Effect": "Allow", "Resource": [warehouse],
          "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]},
-        # The bundle, the entry point and the job config are read-only for the job.
+        # The bundle, its entry point, the jars and the job config are read-only for the job.
         {"Sid": "ReadBundleAndConfig", "Effect": "Allow", "Action": ["s3:GetObject"],
-         "Resource": [f"{scope.bucket_arn}/icefloe/*"]},
+         "Resource": [f"{scope.bucket_arn}/{prefixes.ARTIFACTS}/*"]},
         {"Sid": "WriteJobLogs", "Effect": "Allow", "Action": ["s3:PutObject"],
-         "Resource": [f"{scope.bucket_arn}/logs/*"]},
+         "Resource": [f"{scope.bucket_arn}/{prefixes.LOGS}/*"]},
         # Listing for Iceberg's orphan-file cleanup, limited to the warehouse prefix.
         {"Sid": "ListWarehouse", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [scope.bucket_arn],
          "Condition": {"StringLike": {"s3:prefix": [f"{scope.warehouse_prefix}/*", scope.warehouse_prefix]}}},

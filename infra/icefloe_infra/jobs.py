@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 
@@ -14,9 +13,6 @@ from .deployment import EmrSpec, ScheduleSpec
 # EventBridge Scheduler replaces this context attribute with the ID of each invocation, so every firing
 # starts its own job run (StartJobRun's clientToken is an idempotency key).
 EXECUTION_ID = "<aws.scheduler.execution-id>"
-CONFIG_PREFIX = "icefloe/config"
-BUNDLE_PREFIX = "icefloe/bundle"
-LOGS_PREFIX = "logs"
 # Batch jobs are stopped after this many refresh intervals (30 minutes to 12 hours): a stuck run must end.
 BATCH_TIMEOUT_REFRESHES = 4
 BATCH_TIMEOUT_BOUNDS = (30, 720)
@@ -42,15 +38,11 @@ def job_config_document(spec: IcefloeConfig, warehouse_uri: str, secret_arns: di
     return json.dumps({"config": config}, sort_keys=True, indent=1)
 
 
-def config_key(body: str) -> str:
-    """Content-addressed: a changed config is a new object, and a job keeps reading the one it started with."""
-    return f"{CONFIG_PREFIX}/{hashlib.sha256(body.encode()).hexdigest()}.json"
-
-
-def spark_submit_parameters(warehouse_uri: str, archive_uri: str, emr: EmrSpec) -> str:
-    """Spark settings: the runtime's own Glue catalog settings, EMR's Iceberg jar, the bundle, the job size."""
+def spark_submit_parameters(warehouse_uri: str, archive_uri: str, jar_uris: list[str], emr: EmrSpec) -> str:
+    """Spark settings: the runtime's own Glue catalog settings, EMR's Iceberg jar and the shipped ones, the bundle
+    and the Python to run it with (the release's 3.11, or your image's), the job size."""
     conf = spark_catalog_conf(CatalogSpec(type="glue", warehouse=warehouse_uri)) | {
-        "spark.jars": EMR_ICEBERG_JAR,
+        "spark.jars": ",".join([EMR_ICEBERG_JAR, *jar_uris]),
         # The bundle is unpacked as ./deps next to the driver and every executor.
         "spark.archives": f"{archive_uri}#deps",
         "spark.emr-serverless.driverEnv.PYSPARK_DRIVER_PYTHON": emr.python,

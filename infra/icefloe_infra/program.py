@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pulumi
 from pulumi.runtime import config as runtime_config
 
@@ -14,12 +16,15 @@ def _all_config_keys() -> set[str]:
     return set(runtime_config.CONFIG.get()) | set(runtime_config.get_config_env())
 
 
-def run(build: BundleBuilder | None = None) -> dict:
+def run(build: BundleBuilder | None = None, jar_dir: Path | None = None) -> dict:
+    """Declare the stack; `build` and `jar_dir` replace the real bundle builder and jvm/lib/spark (dry runs, tests)."""
     raw = read_pulumi_config(pulumi.Config("icefloe"), _all_config_keys())
     spec, deployment = load_stack_config(raw, source=f"Pulumi.{pulumi.get_stack()}.yaml")
     args = IcefloeStackArgs(spec, deployment, pulumi.get_stack())
     if build is not None:
         args.build = build
+    if jar_dir is not None:
+        args.jar_dir = jar_dir
     stack = IcefloeStack("icefloe", args)
     for key, value in stack.outputs.items():
         pulumi.export(key, value)

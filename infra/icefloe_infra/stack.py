@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import pulumi
 import pulumi_aws as aws
 
+from icefloe.session import jvm_lib
 from icefloe.spec import IcefloeConfig
 from icefloe_policies import TAG_OWNER, TAG_STACK
 
+from . import prefixes
 from .artifacts import RuntimeArtifacts, RuntimeArtifactsArgs
 from .bundle import Bundle, build_bundle
 from .deployment import RUNTIME_PYTHON_VERSION, DeploymentConfig
 from .emr import SparkApplication, SparkApplicationArgs
 from .glue import GlueDatabases, GlueDatabasesArgs
 from .iam import ExternalAccessRole, ExternalAccessRoleArgs, JobRole, JobRoleArgs, Scope
-from .jobs import LOGS_PREFIX, TableJob, job_config_document, spark_submit_parameters
+from .jars import job_jars
+from .jobs import TableJob, job_config_document, spark_submit_parameters
 from .schedules import ScheduledJob, TableSchedules, TableSchedulesArgs
 from .secrets import StackSecrets, StackSecretsArgs, referenced_secret_arns
 from .snippets import query_snippets
@@ -32,6 +36,7 @@ class IcefloeStackArgs:
     deployment: DeploymentConfig
     stack_name: str
     build: BundleBuilder = field(default=build_bundle)
+    jar_dir: Path = field(default_factory=lambda: jvm_lib() / "spark")  # where scripts/setup.sh put the jars
 
 
 class IcefloeStack(pulumi.ComponentResource):
@@ -75,9 +80,10 @@ class IcefloeStack(pulumi.ComponentResource):
             lambda values: job_config_document(spec, values[0], values[1])
         )
         artifacts = RuntimeArtifacts(
-            f"{name}-runtime", RuntimeArtifactsArgs(storage.bucket_name, bundle, job_config), child
+            f"{name}-runtime", RuntimeArtifactsArgs(storage.bucket_name, bundle, job_config, job_jars(args.jar_dir)),
+            child,
         )
-        logs_uri = storage.bucket_name.apply(lambda b: f"s3://{b}/{LOGS_PREFIX}/")
+        logs_uri = storage.bucket_name.apply(lambda b: prefixes.s3_uri(b, f"{prefixes.LOGS}/"))
         application = SparkApplication(
             f"{name}-emr",
             SparkApplicationArgs(deployment.emr, log_group.name, logs_uri, storage.kms_key_arn, tags),
@@ -89,10 +95,11 @@ class IcefloeStack(pulumi.ComponentResource):
             job = TableJob.plan(spec, table, deployment.emr, deployment.schedule)
             request = pulumi.Output.all(
                 application.id, job_role.arn, artifacts.entry_point_uri, artifacts.config_uri, artifacts.archive_uri,
-                storage.warehouse_uri, logs_uri, storage.kms_key_arn,
+                storage.warehouse_uri, logs_uri, storage.kms_key_arn, artifacts.jar_uris,
             ).apply(lambda v, job=job: job.start_job_run_request(
                 application_id=v[0], role_arn=v[1], entry_point_uri=v[2], config_uri=v[3],
-                spark_parameters=spark_submit_parameters(v[5], v[4], deployment.emr), logs_uri=v[6], kms_key_arn=v[7],
+                spark_parameters=spark_submit_parameters(v[5], v[4], v[8], deployment.emr), logs_uri=v[6],
+                kms_key_arn=v[7],
             ))  # fmt: skip
             scheduled.append(ScheduledJob(job, request))
         schedules = TableSchedules(

@@ -10,7 +10,11 @@ from . import tokens
 from .props import get
 from .remedy import message
 
-MINIMUM_RELEASE = (7, 0)
+# The releases icefloe runs on, and the Pulumi program accepts (icefloe_infra.deployment uses the same function):
+# EMR 7.x is Spark 3.5 on Scala 2.12, like the jars the jobs ship; from 7.1.0 the release image has Python 3.11,
+# which the runtime bundle is built for, and EMR Serverless runs streaming jobs (continuous tables).
+SUPPORTED_RELEASES = "emr-7.1.0 or a later emr-7.x release"
+MINIMUM_RELEASE = (7, 1)
 
 
 def _is_application(args: ResourceValidationArgs) -> bool:
@@ -40,21 +44,21 @@ def _validate_auto_stop(args: ResourceValidationArgs, report: ReportViolation) -
             "set auto_stop_configuration enabled=True (with idle_timeout_minutes) or omit it."))
 
 
-def _release(label: str) -> tuple[int, int] | None:
-    match = re.match(r"^emr-(\d+)\.(\d+)", label)
-    return (int(match.group(1)), int(match.group(2))) if match else None
+def supported_release(label: str) -> bool:
+    """Whether icefloe runs on this EMR release label (emr-MAJOR.MINOR.PATCH)."""
+    match = re.fullmatch(r"emr-(\d+)\.(\d+)\.(\d+)", label)
+    return match is not None and int(match.group(1)) == MINIMUM_RELEASE[0] and int(match.group(2)) >= MINIMUM_RELEASE[1]
 
 
 def _validate_release(args: ResourceValidationArgs, report: ReportViolation) -> None:
     if not _is_application(args):
         return
     label = str(get(args.props, "releaseLabel", default=""))
-    release = _release(label)
-    if release is None or release < MINIMUM_RELEASE:
+    if not supported_release(label):
         report(message(
-            f"EMR Serverless application '{args.name}' uses release '{label}'; icefloe needs emr-7.0.0 or "
-            "later (Spark 3.5, Iceberg support, Java 17).",
-            "set release_label to 'emr-7.0.0' or a later emr-7.x release."))
+            f"EMR Serverless application '{args.name}' uses release '{label}'; icefloe runs on {SUPPORTED_RELEASES} "
+            "(Spark 3.5 with Scala 2.12, Python 3.11 in the release image, streaming jobs).",
+            "set release_label to 'emr-7.1.0' or a later emr-7.x release."))
 
 
 MAXIMUM_CAPACITY = ResourceValidationPolicy(
@@ -74,10 +78,10 @@ AUTO_STOP = ResourceValidationPolicy(
 )
 RELEASE_LABEL = ResourceValidationPolicy(
     name="emr-release-label",
-    description="EMR Serverless applications use release emr-7.0.0 or later.",
+    description=f"EMR Serverless applications use {SUPPORTED_RELEASES}.",
     validate=_validate_release,
     severity=Severity.MEDIUM,
-    remediation_steps="Set release_label to emr-7.0.0 or later.",
+    remediation_steps=f"Set release_label to {SUPPORTED_RELEASES}.",
 )
 
 POLICIES = [MAXIMUM_CAPACITY, AUTO_STOP, RELEASE_LABEL]

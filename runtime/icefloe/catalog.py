@@ -2,7 +2,8 @@
 
 One function builds the `spark.sql.catalog.icefloe.*` settings for both places a job runs: locally (a SQLite JDBC
 catalog that pyiceberg's SqlCatalog reads too) and on EMR Serverless (AWS Glue with S3FileIO). The Pulumi program
-renders the Glue variant into the job's Spark parameters, so the two never drift apart.
+renders the Glue variant into the job's Spark parameters, so the two never drift apart. The Glue variant also runs
+off AWS (against a moto server) with the same settings plus the catalog's `endpoints`.
 """
 
 from __future__ import annotations
@@ -53,6 +54,15 @@ def spark_catalog_conf(catalog: CatalogSpec, state_dir: Path | None = None) -> d
             # Glue keeps an archived table version per commit unless told not to (a known Glue limit).
             f"{prefix}.glue.skip-archive": "true",
         }
+        if catalog.endpoints is not None:
+            # Off AWS only (e.g. a moto server): the EMR job's settings never carry endpoints (see CatalogEndpoints).
+            conf |= {
+                f"{prefix}.glue.endpoint": catalog.endpoints.glue,
+                f"{prefix}.s3.endpoint": catalog.endpoints.s3,
+                f"{prefix}.s3.path-style-access": "true",  # an endpoint like 127.0.0.1:port has no bucket subdomains
+            }
+            if catalog.endpoints.region:
+                conf[f"{prefix}.client.region"] = catalog.endpoints.region
     return conf
 
 
@@ -60,8 +70,8 @@ def pyiceberg_catalog(catalog: CatalogSpec, state_dir: Path | None = None, read_
     """The same catalog for pyiceberg (no Spark): reading tables' metadata from the command line (`icefloe status`).
 
     Locally pyiceberg's SqlCatalog over the SQLite file Spark's JDBC catalog writes, opened read-only unless asked
-    (a missing file is then an error, not a new empty catalog); on AWS pyiceberg's GlueCatalog with the account's
-    default credentials and region. Needs pyiceberg (the `local` extra).
+    (a missing file is then an error, not a new empty catalog); for Glue pyiceberg's GlueCatalog with the default
+    credentials and region (and the catalog's endpoints off AWS). Needs pyiceberg (the `local` extra).
     """
     try:
         from pyiceberg.catalog.glue import GlueCatalog
@@ -79,4 +89,9 @@ def pyiceberg_catalog(catalog: CatalogSpec, state_dir: Path | None = None, read_
                           init_catalog_tables=str(not read_only).lower())  # fmt: skip
     if not catalog.warehouse:
         raise ValueError("a glue catalog needs a warehouse (s3://bucket/prefix)")
-    return GlueCatalog(CATALOG, warehouse=catalog.warehouse)
+    properties = {"warehouse": catalog.warehouse}
+    if catalog.endpoints is not None:  # off AWS (a moto server); credentials still come from the environment
+        properties |= {"glue.endpoint": catalog.endpoints.glue, "s3.endpoint": catalog.endpoints.s3}
+        if catalog.endpoints.region:
+            properties["client.region"] = catalog.endpoints.region
+    return GlueCatalog(CATALOG, **properties)

@@ -1,4 +1,8 @@
-"""The `icefloe` command line: `run`, `status`, `maintain` and `demo`."""
+"""The `icefloe` command line: `run`, `status`, `maintain`, `plan` and `demo`.
+
+`plan` and `demo` import their packages (icefloe_infra, icefloe_dev) only when chosen: the runtime bundle that
+EMR jobs run holds neither, nor Pulumi.
+"""
 
 from __future__ import annotations
 
@@ -46,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     maintain.add_argument("--json", action="store_true")
     maintain.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
 
+    plan = commands.add_parser("plan", help="what `pulumi up` would create, checked by the policy pack (no AWS needed)")
+    plan.add_argument("--config", required=True, help="Pulumi.<stack>.yaml")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+
     demo = commands.add_parser("demo", help="the local end-to-end demo: broker, registry, 100k trades, a table")
     demo.add_argument("--records", type=int, default=100_000)
     demo.add_argument("--partitions", type=int, default=3)
@@ -69,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             return _maintain(args)
         if args.command == "status":
             return _status(args)
+        if args.command == "plan":
+            return _plan(args)
         from icefloe_dev.demo import run_demo
 
         return run_demo(records=args.records, partitions=args.partitions, state_dir=Path(args.state_dir))
@@ -116,6 +126,13 @@ def _status(args: argparse.Namespace) -> int:
     if any(s.problems for s in statuses):
         return 1
     return EXIT_BEHIND if any(s.behind_max_lag for s in statuses) else 0
+def _plan(args: argparse.Namespace) -> int:
+    try:
+        from icefloe_infra.plan import main as plan
+    except ImportError as error:
+        raise IcefloeError(f"plan needs the Pulumi program's dependencies ({error.name} is missing): "
+                           "pip install 'icefloe[infra]'") from None
+    return plan(args.config, as_json=args.json)
 
 
 def _maintain(args: argparse.Namespace) -> int:

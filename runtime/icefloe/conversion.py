@@ -19,6 +19,8 @@ import pyarrow as pa
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from .batch_columns import KAFKA_COLUMNS, STATUS_COLUMNS
+
 Convert = Callable[[Any], Any]
 # Types a decoder (fastavro) already hands over exactly as Arrow takes them; Arrow itself rejects what overflows.
 _AVRO_NATIVE = (T.BooleanType, T.IntegerType, T.FloatType, T.DoubleType, T.DecimalType, T.TimestampType,
@@ -282,7 +284,7 @@ class BatchBuilder:
     def clear(self) -> None:
         self.values: list[Any] = []
         self.payloads: list[bytes | None] = []  # kept (by reference) so a row refused later keeps its raw bytes
-        self.rows: list[tuple] = []  # metadata and status per record, in _ROW_COLUMNS order
+        self.rows: list[tuple] = []  # metadata and status per record, in _ROW_COLUMNS order (tuples: the hot path)
 
     def __len__(self) -> int:
         return len(self.values)
@@ -303,22 +305,21 @@ class BatchBuilder:
 
     def build(self) -> pa.RecordBatch:
         values = pa.array(self.values, type=self.value_type).flatten()
-        columns = dict(zip(_ROW_COLUMNS, zip(*self.rows)))
-        timestamps = pa.array(columns["kafka_timestamp"], type=pa.int64()).cast(pa.timestamp("ms"))
-        rest = [
-            pa.array(columns[name], type=self.schema.field(name).type)
-            for name in _ROW_COLUMNS
-            if name != "kafka_timestamp"
-        ]
-        rest.insert(3, timestamps.cast(pa.timestamp("us", tz="UTC")))
+        rest = [self._column(name, column) for name, column in zip(_ROW_COLUMNS, zip(*self.rows))]
         batch = pa.RecordBatch.from_arrays([*values, *rest], schema=self.schema)
         self.clear()
         return batch
 
+    def _column(self, name: str, column: tuple) -> pa.Array:
+        arrow_type = self.schema.field(name).type
+        if pa.types.is_timestamp(arrow_type):  # Kafka timestamps arrive as epoch milliseconds
+            return pa.array(column, type=pa.int64()).cast(pa.timestamp("ms")).cast(arrow_type)
+        return pa.array(column, type=arrow_type)
+
     def fail_row(self, index: int, kind: str, message: str, schema_id: int | None) -> None:
         """Turn row `index` into a failed record: no value, its raw bytes and the error."""
         self.values[index] = None
-        status = (False, kind, message, self.payloads[index], schema_id)
+        status = (False, kind, message, self.payloads[index], schema_id)  # in STATUS_COLUMNS order
         self.rows[index] = self.rows[index][: -len(status)] + status
 
     def row_error(self, index: int) -> str | None:
@@ -332,8 +333,4 @@ class BatchBuilder:
 
 # (error class, message, raw value bytes, schema id)
 RecordFailure = tuple[str, str, "bytes | None", "int | None"]
-_ROW_COLUMNS = (
-    "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "kafka_timestamp_type", "kafka_key",
-    "kafka_headers", "icefloe_tombstone", "icefloe_error_class", "icefloe_error_message", "icefloe_raw_value",
-    "icefloe_schema_id",
-)  # fmt: skip
+_ROW_COLUMNS = (*KAFKA_COLUMNS, *STATUS_COLUMNS)

@@ -7,22 +7,27 @@ a rerun, adds nothing twice.
 
 from __future__ import annotations
 
-import json
-
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from .batch_columns import ERROR_CLASS, ERROR_MESSAGE, RAW_VALUE, SCHEMA_ID, STATUS_COLUMNS
 from .commit import commit_on_branch, drop_stale_branches
-from .iceberg_table import OFFSETS_PROPERTY, RUN_PROPERTY, TOPIC_PROPERTY, IcebergTable, append_with_properties
-from .schema_mapping import METADATA_FIELDS
+from .commit_state import Checkpoint, committed_state
+from .iceberg_table import IcebergTable
+from .schema_mapping import METADATA_FIELDS, spark_field
 
+# Dead-letter columns taken from the batch's status columns (same types).
+_FROM_STATUS = {
+    "raw_value": RAW_VALUE,
+    "schema_id": SCHEMA_ID,
+    "error_class": ERROR_CLASS,
+    "error_message": ERROR_MESSAGE,
+}
 DLQ_STRUCT = T.StructType(
     [
         *METADATA_FIELDS,
-        T.StructField("raw_value", T.BinaryType()),
-        T.StructField("schema_id", T.IntegerType()),
-        T.StructField("error_class", T.StringType()),
-        T.StructField("error_message", T.StringType()),
+        *(spark_field(name, STATUS_COLUMNS[status]) for name, status in _FROM_STATUS.items()),
         T.StructField("run_id", T.StringType()),
         T.StructField("failed_at", T.TimestampType()),
     ]
@@ -33,28 +38,24 @@ def dead_letter_identifier(identifier: str) -> str:
     return f"{identifier}_dlq"
 
 
-def commit_dead_letters(spark, identifier: str, topic: str, bad, next_offsets: dict[int, int], run_id: str) -> int:
+def commit_dead_letters(
+    spark: SparkSession, identifier: str, topic: str, bad: DataFrame, next_offsets: dict[int, int], run_id: str
+) -> int:
     """Append the batch's bad records not yet in the DLQ table; returns the snapshot id published."""
     dlq = IcebergTable(spark, dead_letter_identifier(identifier))
-    dlq.ensure(DLQ_STRUCT, (), 128, topic)
+    dlq.ensure(DLQ_STRUCT, (), 128, Checkpoint(topic).to_summary())
     drop_stale_branches(dlq)
-    state = dlq.committed_state(topic)
+    state = committed_state(dlq, topic)
     fresh = bad
     for partition, mark in state.offsets.items():
         fresh = fresh.where(~((F.col("kafka_partition") == partition) & (F.col("kafka_offset") < mark)))
     rows = fresh.select(
         *[F.col(f.name) for f in METADATA_FIELDS],
-        F.col("icefloe_raw_value").alias("raw_value"),
-        F.col("icefloe_schema_id").alias("schema_id"),
-        F.col("icefloe_error_class").alias("error_class"),
-        F.col("icefloe_error_message").alias("error_message"),
+        *[F.col(status).alias(name) for name, status in _FROM_STATUS.items()],
         F.lit(run_id).alias("run_id"),
         F.current_timestamp().alias("failed_at"),
     )
     marks = {p: max(o, state.offsets.get(p, 0)) for p, o in next_offsets.items()}
-    properties = {OFFSETS_PROPERTY: json.dumps({str(p): o for p, o in marks.items()}), TOPIC_PROPERTY: topic,
-                  RUN_PROPERTY: run_id}  # fmt: skip
-
-    return commit_on_branch(
-        dlq, state.snapshot_id, f"{run_id}_dlq", lambda target: append_with_properties(rows, target, properties)
-    )
+    checkpoint = Checkpoint(topic, marks, run_id)
+    snapshot_id, _ = commit_on_branch(dlq, state.snapshot_id, checkpoint, lambda branch: branch.append(rows))
+    return snapshot_id

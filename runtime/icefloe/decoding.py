@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .errors import ConfigError, SourceError
-from .secrets import resolve_credentials
+from .credential_lookup import resolve_credentials
 from .spec import SchemaRegistrySpec, SourceCluster, TableSpec
 
 Decoder = Callable[[bytes], Any]

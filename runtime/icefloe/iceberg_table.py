@@ -1,19 +1,19 @@
-"""An icefloe-managed Iceberg table as Spark sees it: creation, properties, and the offsets its snapshots carry."""
+"""An icefloe-managed Iceberg table as Spark sees it: creation, properties, schema evolution, snapshots and branches.
+
+What icefloe records in a snapshot's summary (the offsets) is `commit_state`'s business, not this module's.
+"""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from typing import Mapping
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
 
 from .catalog import CATALOG
 from .errors import ConfigError
 from .partitioning import PartitionField
 
-OFFSETS_PROPERTY = "icefloe.offsets"
-TOPIC_PROPERTY = "icefloe.topic"
-RUN_PROPERTY = "icefloe.run-id"
-TOPIC_ID_PROPERTY = "icefloe.topic-id"  # the Kafka topic id the offsets belong to (a recreated topic has a new one)
-DATA_LOSS_PROPERTY = "icefloe.data-loss"  # ranges deleted before they were read (onDataLoss: warn), as JSON
 # Managed-table defaults: format v2, zstd Parquet, ~128 MiB files,
 # row-level changes as merge-on-read deletes (cheap upserts; compaction folds them away).
 DEFAULT_PROPERTIES = {
@@ -29,7 +29,7 @@ DEFAULT_PROPERTIES = {
 }
 
 
-def append_with_properties(frame, target: str, properties: dict[str, str]) -> None:
+def append_with_properties(frame: DataFrame, target: str, properties: Mapping[str, str]) -> None:
     """Append `frame` to `target` (a table or branch) in one snapshot whose summary carries `properties`."""
     writer = frame.writeTo(target)
     for key, value in properties.items():
@@ -37,17 +37,8 @@ def append_with_properties(frame, target: str, properties: dict[str, str]) -> No
     writer.append()
 
 
-@dataclass(frozen=True)
-class CommittedState:
-    """The table's current snapshot and the next Kafka offset per partition recorded in its ancestry."""
-
-    snapshot_id: int | None
-    offsets: dict[int, int]
-    topic_id: str | None = None
-
-
 class IcebergTable:
-    def __init__(self, spark, identifier: str):
+    def __init__(self, spark: SparkSession, identifier: str):
         self.spark = spark
         self.identifier = identifier  # database.table
         self.database, self.name = identifier.split(".")
@@ -60,8 +51,15 @@ class IcebergTable:
         found = self.spark.sql(f"SHOW TABLES IN {CATALOG}.`{self.database}` LIKE '{self.name}'").collect()
         return bool(found)
 
-    def ensure(self, struct, partitions: tuple[PartitionField, ...], target_file_size_mb: int, topic: str) -> bool:
-        """Create the table (and its database) on first use; True if it was created now."""
+    def ensure(
+        self,
+        struct: T.StructType,
+        partitions: tuple[PartitionField, ...],
+        target_file_size_mb: int,
+        first_summary: Mapping[str, str],
+    ) -> bool:
+        """Create the table (and its database) on first use, with a first, empty snapshot whose summary carries
+        `first_summary`; True if it was created now."""
         self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.`{self.database}`")
         if self.exists():
             return False
@@ -75,10 +73,10 @@ class IcebergTable:
         )
         # A first, empty snapshot gives every later commit a base to branch from.
         empty = self.spark.createDataFrame([], struct)
-        append_with_properties(empty, self.full_name, {OFFSETS_PROPERTY: "{}", TOPIC_PROPERTY: topic})
+        append_with_properties(empty, self.full_name, first_summary)
         return True
 
-    def evolve(self, struct) -> list[str]:
+    def evolve(self, struct: T.StructType) -> list[str]:
         """Bring the table's schema up to `struct` (new fields, widened types); returns what changed."""
         changes = schema_changes(self.spark.table(self.full_name).schema, struct)
         for change in changes:
@@ -88,29 +86,6 @@ class IcebergTable:
     def main_snapshot_id(self) -> int | None:
         rows = self.spark.sql(f"SELECT snapshot_id FROM {self.full_name}.refs WHERE name = 'main'").collect()
         return rows[0].snapshot_id if rows else None
-
-    def committed_state(self, topic: str) -> CommittedState:
-        """Walk main's ancestry to the newest snapshot carrying icefloe offsets (maintenance commits carry none)."""
-        current = self.main_snapshot_id()
-        rows = self.spark.sql(
-            f"SELECT snapshot_id, parent_id, summary['{OFFSETS_PROPERTY}'] AS offsets, "
-            f"summary['{TOPIC_PROPERTY}'] AS topic, summary['{TOPIC_ID_PROPERTY}'] AS topic_id "
-            f"FROM {self.full_name}.snapshots"
-        ).collect()
-        by_id = {row.snapshot_id: row for row in rows}
-        snapshot = current
-        while snapshot is not None and snapshot in by_id:
-            row = by_id[snapshot]
-            if row.offsets is not None:
-                if row.topic not in (None, topic):
-                    raise ConfigError(
-                        f"table {self.identifier} holds topic {row.topic!r}, but the config now names {topic!r}; "
-                        "declare a new table for a different topic"
-                    )
-                offsets = {int(p): int(o) for p, o in json.loads(row.offsets).items()}
-                return CommittedState(current, offsets, row.topic_id)
-            snapshot = row.parent_id
-        return CommittedState(current, {})
 
     def snapshot_summary(self, snapshot_id: int) -> dict[str, str]:
         rows = self.spark.sql(
@@ -132,11 +107,9 @@ class IcebergTable:
 _WIDENINGS = {("int", "bigint"), ("float", "double")}
 
 
-def schema_changes(current, desired, path: str = "") -> list[str]:
-    """ALTER TABLE clauses that evolve `current` toward `desired` (both Spark StructTypes): new columns, nested
-    fields and the type promotions Iceberg allows. Columns the new schema lacks stay (readers see nulls)."""
-    from pyspark.sql import types as T
-
+def schema_changes(current: T.StructType, desired: T.StructType, path: str = "") -> list[str]:
+    """ALTER TABLE clauses that evolve `current` toward `desired`: new columns, nested fields and the type
+    promotions Iceberg allows. Columns the new schema lacks stay (readers see nulls)."""
     changes = []
     have = {f.name.lower(): f for f in current.fields}
     for field in desired.fields:

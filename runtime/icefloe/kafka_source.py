@@ -22,8 +22,8 @@ from typing import Iterator
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from .credential_lookup import resolve_credentials
 from .errors import DataLossError, SourceError
-from .secrets import resolve_credentials
 from .spec import SourceCluster
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Table maintenance: compaction, delete-file folding, retention TTL, snapshot expiry, orphan cleanup, manifests.
 
 Runs between the table's own commits (the runner serializes them per table), so it never races icefloe's writes.
-A maintenance commit carries no offsets: `IcebergTable.committed_state` walks past it to the newest snapshot that
+A maintenance commit carries no offsets: `commit_state.committed_state` walks past it to the newest snapshot that
 does, and snapshot expiry always keeps that snapshot, so the offsets are never expired away.
 """
 
@@ -13,7 +13,8 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from .catalog import CATALOG
-from .iceberg_table import OFFSETS_PROPERTY, IcebergTable
+from .commit_state import newest_checkpoint_time
+from .iceberg_table import IcebergTable
 from .spec import TableSpec, duration_seconds
 
 log = logging.getLogger(__name__)
@@ -93,11 +94,9 @@ def maintain(table: IcebergTable, spec: TableSpec) -> MaintenanceResult:
 
     # Expire old snapshots, but never the newest one carrying offsets: it is where the next run resumes.
     keep_from = now - dt.timedelta(seconds=duration_seconds(settings.snapshot_retention))
-    offsets_at = spark.sql(
-        f"SELECT max(committed_at) AS at FROM {name}.snapshots WHERE summary['{OFFSETS_PROPERTY}'] IS NOT NULL"
-    ).collect()[0].at
+    offsets_at = newest_checkpoint_time(table)
     if offsets_at is not None:
-        keep_from = min(keep_from, offsets_at.replace(tzinfo=dt.timezone.utc) if offsets_at.tzinfo is None else offsets_at)
+        keep_from = min(keep_from, offsets_at)
     snapshots_before = spark.sql(f"SELECT count(*) AS n FROM {name}.snapshots").collect()[0].n
     spark.sql(
         f"CALL {CATALOG}.system.expire_snapshots(table => '{table.identifier}', "
@@ -124,5 +123,8 @@ def _remove_orphans(table: IcebergTable, older_than: dt.datetime) -> int:
     jvm = spark._jvm
     java_table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table.full_name)
     action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession).deleteOrphanFiles(java_table)
+    # List through the table's FileIO (S3FileIO on Glue), not Hadoop's FileSystem: off EMR there is no
+    # FileSystem for s3:// (EMR has EMRFS), so the default listing would fail against a moto server.
+    action = action.usePrefixListing(True)
     outcome = action.olderThan(int(older_than.timestamp() * 1000)).execute()
     return sum(1 for _ in outcome.orphanFileLocations())

@@ -16,26 +16,22 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
+from typing import Callable
 
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from . import progress
-from .commit import commit_on_branch, drop_stale_branches
+from .batch_columns import ERROR_CLASS, ERROR_MESSAGE
+from .commit import Branch, commit_on_branch, drop_stale_branches
+from .commit_state import Checkpoint, CommittedState, committed_state, lost_as_json
 from .dead_letter import commit_dead_letters
 from .decoding import decoder_spec
 from .errors import IcefloeError, RecordError
-from .iceberg_table import (
-    DATA_LOSS_PROPERTY,
-    OFFSETS_PROPERTY,
-    RUN_PROPERTY,
-    TOPIC_ID_PROPERTY,
-    TOPIC_PROPERTY,
-    IcebergTable,
-    append_with_properties,
-)
+from .iceberg_table import IcebergTable
 from .kafka_source import OffsetRange, client_config, plan_ranges
-from .reader import ReadPlan, read_batches, unmark
+from .executor_tasks import ReadPlan, read_batches, unmark
 from .schema_mapping import avro_value_fields, batch_struct, inline_value_fields, required_paths, table_struct
 from .spec import IcefloeConfig, TableSpec
 from .upsert import merge_batch
@@ -98,7 +94,28 @@ class Batch:
         return Batch([r for r in ranges if r.end > r.start], {**self.next_offsets, partition: offset})
 
 
-def materialize_once(spark, config: IcefloeConfig, table: TableSpec) -> BatchResult:
+# Writes a batch's good rows to the run's branch; returns the rows written (appended, or changes merged).
+Writer = Callable[[DataFrame, Branch], int]
+
+
+@dataclass(frozen=True)
+class ErrorModeOutcome:
+    """What the table's error mode leaves to commit."""
+
+    good: DataFrame  # the rows to write
+    batch: Batch  # the batch as committed: in fail mode, cut before each partition's first bad record
+    records_failed: int  # bad records skipped or sent to the DLQ (0 in fail mode, which skips nothing)
+    error: RecordError | None  # fail mode: the earliest bad record, raised once what precedes it is committed
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    snapshot_id: int | None  # main's new snapshot; None when the error mode left nothing to commit
+    rows_written: int
+    error_mode: ErrorModeOutcome
+
+
+def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpec) -> BatchResult:
     started = time.monotonic()
     run_id = uuid.uuid4().hex[:16]
     identifier = config.identifier(table)
@@ -112,12 +129,13 @@ def materialize_once(spark, config: IcefloeConfig, table: TableSpec) -> BatchRes
     struct = table_struct(value_fields)
 
     iceberg = IcebergTable(spark, identifier)
-    if iceberg.ensure(struct, table.partitions, table.maintenance.target_file_size_mb, table.topic):
+    first = Checkpoint(table.topic).to_summary()  # a first, empty checkpoint: the base of the first commit
+    if iceberg.ensure(struct, table.partitions, table.maintenance.target_file_size_mb, first):
         log.info("%s: created table", identifier)
     for change in iceberg.evolve(struct):
         log.info("%s: schema evolved: %s", identifier, change)
     drop_stale_branches(iceberg)
-    state = iceberg.committed_state(table.topic)
+    state = committed_state(iceberg, table.topic)
     planned = plan_ranges(
         kafka_conf, table.topic, state.offsets, table.starting_offsets, table.max_records_per_run,
         table.on_data_loss, state.topic_id,
@@ -144,79 +162,47 @@ def materialize_once(spark, config: IcefloeConfig, table: TableSpec) -> BatchRes
     )
     write = _upsert_writer(table, struct) if table.mode == "upsert" else _append_writer(struct)
 
-    recorded = {TOPIC_ID_PROPERTY: planned.topic_id} if planned.topic_id else {}
-    data_lost = [{"partition": r.partition, "start": r.start, "end": r.end} for r in planned.lost]
-    if data_lost:
-        recorded[DATA_LOSS_PROPERTY] = json.dumps(data_lost)
-    snapshot_id, rows, failed, batch, first_error = _commit(
-        spark, iceberg, table, plan, batch, state, run_id, write, recorded
-    )
+    checkpoint = Checkpoint(table.topic, next_offsets, run_id, planned.topic_id, tuple(planned.lost))
+    outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write)
     result = BatchResult(
         identifier=identifier,
         topic=table.topic,
         status="committed",
-        rows_written=rows,
-        records_failed=failed,
-        snapshot_id=snapshot_id,
+        rows_written=outcome.rows_written,
+        records_failed=outcome.error_mode.records_failed,
+        snapshot_id=outcome.snapshot_id,
         metadata_location=iceberg.metadata_location(),
-        offsets=batch.next_offsets,
+        offsets=outcome.error_mode.batch.next_offsets,
         seconds=time.monotonic() - started,
         run_id=run_id,
-        data_lost=data_lost,
+        data_lost=lost_as_json(checkpoint.lost),
     )
-    if first_error is not None:
+    if outcome.error_mode.error is not None:
         log.error("%s: committed up to the bad record: %s", identifier, result.describe())
-        raise first_error
+        raise outcome.error_mode.error
     return result
 
 
-def _commit(spark, iceberg, table, plan, batch: Batch, state, run_id, write, recorded: dict[str, str]):
-    """Read the batch in executors, apply the error mode, commit; returns
-    (main's snapshot or None, rows written, bad records, the batch as committed, the error to raise in fail mode)."""
-    rows = [(t.topic, t.partition, t.start, t.end) for t in batch.tasks()]
-    task_rdd = spark.sparkContext.parallelize(rows, max(1, len(rows)))
-    batch_schema = StructType.fromJson(json.loads(plan.batch_schema_json))
-    # Kafka is read once: the error accounting, the dead letters and the write all use this cached frame.
-    frame = (
-        spark.createDataFrame(task_rdd, "topic string, partition int, start long, end long")
-        .mapInArrow(partial(read_batches, plan), batch_schema)
-        .persist()
-    )
+def _commit(
+    spark: SparkSession,
+    iceberg: IcebergTable,
+    table: TableSpec,
+    plan: ReadPlan,
+    batch: Batch,
+    state: CommittedState,
+    checkpoint: Checkpoint,
+    write: Writer,
+) -> CommitOutcome:
+    """Read the batch in executors, apply the error mode, commit what it leaves on the run's branch with
+    `checkpoint` (its offsets are the batch's as the error mode leaves it)."""
+    frame = _read(spark, plan, batch)
     try:
-        bad = frame.where("icefloe_error_class IS NOT NULL")
-        first_bad = {
-            row.kafka_partition: (row.first, row.failed)
-            for row in bad.groupBy("kafka_partition").agg(
-                F.min("kafka_offset").alias("first"), F.count("*").alias("failed")
-            ).collect()
-        }
-        good = frame.where("icefloe_error_class IS NULL")
-        failed, error = sum(n for _, n in first_bad.values()), None
-        if failed:
-            _log_failures(iceberg.identifier, bad)
-            if table.errors == "fail":
-                error = _first_error(bad, first_bad)
-                for partition, (offset, _) in first_bad.items():
-                    batch = batch.cut_before(partition, offset)
-                    good = good.where((F.col("kafka_partition") != partition) | (F.col("kafka_offset") < offset))
-                failed = 0
-                if batch.next_offsets == state.offsets:
-                    return None, 0, 0, batch, error
-            elif table.errors == "dlq":
-                commit_dead_letters(spark, iceberg.identifier, table.topic, bad, batch.next_offsets, run_id)
-        properties = {
-            OFFSETS_PROPERTY: json.dumps({str(p): o for p, o in batch.next_offsets.items()}),
-            TOPIC_PROPERTY: table.topic,
-            RUN_PROPERTY: run_id,
-            **recorded,
-        }
-        written = {}
-
-        def write_branch(target: str) -> None:
-            written["rows"] = write(spark, good, target, properties)
-
-        snapshot_id = commit_on_branch(iceberg, state.snapshot_id, run_id, write_branch)
-        return snapshot_id, written["rows"], failed, batch, error
+        applied = _apply_error_mode(spark, iceberg.identifier, table, frame, batch, checkpoint.run_id)
+        if applied.batch.next_offsets == state.offsets:  # fail mode, a bad record first in every partition read
+            return CommitOutcome(None, 0, applied)
+        checkpoint = replace(checkpoint, offsets=applied.batch.next_offsets)
+        snapshot_id, rows = commit_on_branch(iceberg, state.snapshot_id, checkpoint, partial(write, applied.good))
+        return CommitOutcome(snapshot_id, rows, applied)
     except IcefloeError:
         raise
     except Exception as failure:
@@ -228,39 +214,74 @@ def _commit(spark, iceberg, table, plan, batch: Batch, state, run_id, write, rec
         frame.unpersist()
 
 
-def _first_error(bad, first_bad: dict[int, tuple[int, int]]) -> RecordError:
+def _read(spark: SparkSession, plan: ReadPlan, batch: Batch) -> DataFrame:
+    """The batch as executors read it, bad records included as failed rows; cached, so Kafka is read once: the
+    error accounting, the dead letters and the write all use this frame (the caller unpersists it)."""
+    rows = [(t.topic, t.partition, t.start, t.end) for t in batch.tasks()]
+    task_rdd = spark.sparkContext.parallelize(rows, max(1, len(rows)))
+    batch_schema = StructType.fromJson(json.loads(plan.batch_schema_json))
+    return (
+        spark.createDataFrame(task_rdd, "topic string, partition int, start long, end long")
+        .mapInArrow(partial(read_batches, plan), batch_schema)
+        .persist()
+    )
+
+
+def _apply_error_mode(
+    spark: SparkSession, identifier: str, table: TableSpec, frame: DataFrame, batch: Batch, run_id: str
+) -> ErrorModeOutcome:
+    """Split the read batch into what to commit and what failed, as the table's `errors` mode says."""
+    bad = frame.where(F.col(ERROR_CLASS).isNotNull())
+    first_bad = {
+        row.kafka_partition: (row.first, row.failed)
+        for row in bad.groupBy("kafka_partition").agg(
+            F.min("kafka_offset").alias("first"), F.count("*").alias("failed")
+        ).collect()
+    }
+    good = frame.where(F.col(ERROR_CLASS).isNull())
+    failed = sum(n for _, n in first_bad.values())
+    if not failed:
+        return ErrorModeOutcome(good, batch, 0, None)
+    _log_failures(identifier, bad)
+    if table.errors == "fail":
+        error = _first_error(bad, first_bad)
+        for partition, (offset, _) in first_bad.items():
+            batch = batch.cut_before(partition, offset)
+            good = good.where((F.col("kafka_partition") != partition) | (F.col("kafka_offset") < offset))
+        return ErrorModeOutcome(good, batch, 0, error)
+    if table.errors == "dlq":
+        commit_dead_letters(spark, identifier, table.topic, bad, batch.next_offsets, run_id)
+    return ErrorModeOutcome(good, batch, failed, None)
+
+
+def _first_error(bad: DataFrame, first_bad: dict[int, tuple[int, int]]) -> RecordError:
     """The bad record that stops a `fail` table: the earliest offset, lowest partition first on ties."""
     partition = min(first_bad, key=lambda p: (first_bad[p][0], p))
     row = bad.where((F.col("kafka_partition") == partition) & (F.col("kafka_offset") == first_bad[partition][0]))
-    detail = row.select("icefloe_error_class", "icefloe_error_message").first()
-    return RecordError(partition, first_bad[partition][0], detail.icefloe_error_message, detail.icefloe_error_class)
+    detail = row.select(ERROR_CLASS, ERROR_MESSAGE).first()
+    return RecordError(partition, first_bad[partition][0], detail[ERROR_MESSAGE], detail[ERROR_CLASS])
 
 
-def _log_failures(identifier: str, bad) -> None:
-    sample = bad.select("kafka_partition", "kafka_offset", "icefloe_error_class", "icefloe_error_message")
+def _log_failures(identifier: str, bad: DataFrame) -> None:
+    sample = bad.select("kafka_partition", "kafka_offset", ERROR_CLASS, ERROR_MESSAGE)
     for row in sample.orderBy("kafka_partition", "kafka_offset").limit(LOGGED_FAILURES).collect():
         log.warning("%s: bad record at partition %d offset %d: %s: %s", identifier, *row)
 
 
-def _append_writer(struct):
+def _append_writer(struct: StructType) -> Writer:
     columns = [f.name for f in struct.fields]
 
-    def append(spark, frame, target: str, properties: dict[str, str]) -> int:
-        append_with_properties(frame.select(*columns), target, properties)
-        table = target.rsplit(".branch_", 1)[0]
-        added = spark.sql(
-            f"SELECT summary['added-records'] AS added FROM {table}.snapshots "
-            f"WHERE summary['{RUN_PROPERTY}'] = '{properties[RUN_PROPERTY]}'"
-        ).collect()
-        return int(added[0].added or 0) if added else 0
+    def append(frame: DataFrame, branch: Branch) -> int:
+        branch.append(frame.select(*columns))
+        return branch.rows_appended()
 
     return append
 
 
-def _upsert_writer(table: TableSpec, struct):
+def _upsert_writer(table: TableSpec, struct: StructType) -> Writer:
     key_columns = list(table.key) if table.key else ["kafka_key"]
 
-    def upsert(spark, frame, target: str, properties: dict[str, str]) -> int:
-        return merge_batch(spark, frame, target, struct, key_columns, properties)
+    def upsert(frame: DataFrame, branch: Branch) -> int:
+        return merge_batch(frame, branch, struct, key_columns)
 
     return upsert

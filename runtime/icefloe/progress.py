@@ -55,10 +55,11 @@ class Progress:
     def done_reading(self) -> bool:
         return self.tasks > 0 and self.tasks_done >= self.tasks
 
-    def describe(self) -> str:
+    def describe(self, finished: bool = False) -> str:
         if self.done_reading:
             rate = self.planned / self.elapsed if self.elapsed > 0 else 0.0
-            return f"{self.identifier}: read {self.planned:,} records in {self.elapsed:.1f}s ({rate:,.0f} rec/s); writing"
+            text = f"{self.identifier}: read {self.planned:,} records in {self.elapsed:.1f}s ({rate:,.0f} rec/s)"
+            return text if finished else text + "; writing"
         percent = 100 * self.read / self.planned if self.planned else 0.0
         text = f"{self.identifier}: read {self.read:,} of {self.planned:,} records ({percent:.0f}%"
         text += f", {self.tasks_done}/{self.tasks} tasks)" if self.tasks else ", starting)"
@@ -100,24 +101,23 @@ def watch(spark, identifier: str, stream: TextIO | None = None) -> Iterator[None
 def _report(spark, identifier: str, stream: TextIO, stop: threading.Event) -> None:
     interactive = stream.isatty()
     tracker = spark.sparkContext.statusTracker()
-    shown, last_logged, latest = False, time.monotonic(), None
-    while not stop.wait(REDRAW_EVERY_S):
+    shown, last_logged = False, time.monotonic()
+    while True:
+        finished = stop.wait(REDRAW_EVERY_S)
         batch = _reading.get(identifier)
-        if batch is None:
-            continue
-        try:
-            latest = measure(tracker, identifier, batch)
-        except Exception as error:  # progress is a courtesy: never let it disturb the batch
-            log.debug("progress of %s: %s", identifier, error)
-            continue
-        if interactive:
-            stream.write("\r\x1b[K" + latest.describe())
-            stream.flush()
-            shown = True
-        elif time.monotonic() - last_logged >= LOG_EVERY_S:
-            log.info("%s", latest.describe())
-            last_logged, shown = time.monotonic(), True
-    if shown and interactive:
-        stream.write("\n")
-        stream.flush()
+        if batch is not None and (shown or not finished):  # a last word only after earlier ones
+            try:
+                text = measure(tracker, identifier, batch).describe(finished)
+            except Exception as error:  # progress is a courtesy: never let it disturb the batch
+                log.debug("progress of %s: %s", identifier, error)
+                text = None
+            if text and interactive:
+                stream.write("\r\x1b[K" + text + ("\n" if finished else ""))
+                stream.flush()
+                shown = True
+            elif text and (finished or time.monotonic() - last_logged >= LOG_EVERY_S):
+                log.info("%s", text)
+                last_logged, shown = time.monotonic(), True
+        if finished:
+            return
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from pyspark.sql import SparkSession
+
 from . import progress
 from .errors import CommitConflict, ConfigError, IcefloeError, RecordError, SourceError, is_transient
 from .heartbeat import RUNNING, STOPPED, Heartbeat, write_heartbeat
@@ -49,7 +51,7 @@ def table_lock(state_dir: Path, identifier: str, local: bool) -> Iterator[None]:
         yield
 
 
-def run_table(spark, config: IcefloeConfig, table: TableSpec, state_dir: Path) -> BatchResult:
+def run_table(spark: SparkSession, config: IcefloeConfig, table: TableSpec, state_dir: Path) -> BatchResult:
     """One batch with retries: a commit conflict re-plans at once; an unreachable source, registry or catalog
     (or any failure that reads as transient: throttling, timeouts, refused connections) backs off."""
     identifier = config.identifier(table)
@@ -107,7 +109,7 @@ class Outcome:
 
 
 def _attempt(
-    spark, config: IcefloeConfig, table: TableSpec, state_dir: Path, on_result: Callable[[BatchResult], None],
+    spark: SparkSession, config: IcefloeConfig, table: TableSpec, state_dir: Path, on_result: Callable[[BatchResult], None],
     metrics: bool, known: dict[int, int] | None = None,
 ) -> tuple[str, str, BatchResult | None]:  # fmt: skip
     """One batch and its maintenance (`_run_and_maintain`), the table's heartbeat written before and after it, and
@@ -144,7 +146,7 @@ def _beat(state_dir: Path, beat: Heartbeat) -> None:
 
 
 def _batch_metrics(
-    spark, config: IcefloeConfig, table: TableSpec, status: str, why: str, result: BatchResult | None,
+    spark: SparkSession, config: IcefloeConfig, table: TableSpec, status: str, why: str, result: BatchResult | None,
     offsets: dict[int, int], seconds: float,
 ) -> BatchMetrics:  # fmt: skip
     """The attempt's metrics; the lag (after the batch) and the bytes its commit added when they can be read."""
@@ -171,7 +173,13 @@ def _batch_metrics(
     )  # fmt: skip
 
 
-def _run_and_maintain(spark, config: IcefloeConfig, table: TableSpec, state_dir: Path, on_result) -> tuple[str, str]:
+def _run_and_maintain(
+    spark: SparkSession,
+    config: IcefloeConfig,
+    table: TableSpec,
+    state_dir: Path,
+    on_result: Callable[[BatchResult], None],
+) -> tuple[str, str]:
     """One batch, then maintenance if it is due; (outcome, why) after logging any failure."""
     identifier = config.identifier(table)
     try:
@@ -227,7 +235,14 @@ class _Outage:
 
 
 def run_continuously(
-    spark, config, tables, state_dir, on_result, stop: threading.Event, poll_s: float = 1.0, metrics: bool = False
+    spark: SparkSession,
+    config: IcefloeConfig,
+    tables: list[TableSpec],
+    state_dir: Path,
+    on_result: Callable[[BatchResult], None],
+    stop: threading.Event,
+    poll_s: float = 1.0,
+    metrics: bool = False,
 ) -> int:
     """Micro-batches per table: commit when `refresh` has elapsed or `commitRecords` are waiting, whichever first.
 
@@ -284,7 +299,9 @@ def run_continuously(
     return len(suspended)
 
 
-def maintain_tables(config_path: str, table_names: list[str], state_dir: Path, on_result: Callable) -> int:
+def maintain_tables(
+    config_path: str, table_names: list[str], state_dir: Path, on_result: Callable[[dict], None]
+) -> int:
     """`icefloe maintain`: maintenance now for the chosen tables that exist."""
     config = load_config(config_path)
     spark = spark_session(config.catalog, state_dir)

@@ -16,31 +16,19 @@ from typing import Any
 
 from pyspark.sql import types as T
 
+from .batch_columns import KAFKA_COLUMNS, STATUS_COLUMNS, SparkTypeJson, field_json
 from .errors import ConfigError
-from .spec import DECIMAL_TYPE, FIXED_TYPE, METADATA_COLUMNS, InlineSchema, InlineType
+from .inline_types import DECIMAL_TYPE, FIXED_TYPE, PRIMITIVES
+from .spec import InlineSchema, InlineType
 
-HEADER_TYPE = T.ArrayType(
-    T.StructType([T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())])
-)
-METADATA_FIELDS = [
-    T.StructField("kafka_topic", T.StringType()),
-    T.StructField("kafka_partition", T.IntegerType()),
-    T.StructField("kafka_offset", T.LongType()),
-    T.StructField("kafka_timestamp", T.TimestampType()),
-    T.StructField("kafka_timestamp_type", T.StringType()),
-    T.StructField("kafka_key", T.BinaryType()),
-    T.StructField("kafka_headers", HEADER_TYPE),
-]
-assert tuple(f.name for f in METADATA_FIELDS) == METADATA_COLUMNS
-# Columns a batch carries beside the table's, never written to the table itself: whether the record was a
-# tombstone, and for a record that failed, the error and its raw bytes (for the dead-letter table).
-STATUS_FIELDS = [
-    T.StructField("icefloe_tombstone", T.BooleanType()),
-    T.StructField("icefloe_error_class", T.StringType()),
-    T.StructField("icefloe_error_message", T.StringType()),
-    T.StructField("icefloe_raw_value", T.BinaryType()),
-    T.StructField("icefloe_schema_id", T.IntegerType()),
-]
+
+def spark_field(name: str, type_json: SparkTypeJson) -> T.StructField:
+    """A nullable Spark field from a type in Spark's JSON schema form (read by Spark's own parser)."""
+    return T.StructField.fromJson(field_json(name, type_json))
+
+
+METADATA_FIELDS = [spark_field(name, type_json) for name, type_json in KAFKA_COLUMNS.items()]
+STATUS_FIELDS = [spark_field(name, type_json) for name, type_json in STATUS_COLUMNS.items()]
 
 _AVRO_PRIMITIVES: dict[str, T.DataType] = {
     "boolean": T.BooleanType(),
@@ -62,19 +50,7 @@ _AVRO_LOGICAL: dict[str, T.DataType] = {
     "uuid": T.StringType(),
 }
 _INLINE_PRIMITIVES: dict[str, T.DataType] = {
-    "boolean": T.BooleanType(),
-    "int": T.IntegerType(),
-    "long": T.LongType(),
-    "float": T.FloatType(),
-    "double": T.DoubleType(),
-    "date": T.DateType(),
-    "time": T.LongType(),
-    "timestamp": T.TimestampNTZType(),
-    "timestamp_ntz": T.TimestampNTZType(),
-    "timestamptz": T.TimestampType(),
-    "string": T.StringType(),
-    "uuid": T.StringType(),
-    "binary": T.BinaryType(),
+    name: spark_field(name, primitive.spark).dataType for name, primitive in PRIMITIVES.items()
 }
 
 
@@ -211,23 +187,14 @@ def inline_to_avro(schema: InlineSchema, name: str = "Value") -> dict[str, Any]:
         elif match := FIXED_TYPE.match(kind):
             base = {"type": "fixed", "name": f"{name}_{next(counter)}", "size": int(match.group(1))}
         else:
-            base = {
-                "boolean": "boolean", "int": "int", "long": "long", "float": "float", "double": "double",
-                "string": "string", "binary": "bytes",
-                "date": {"type": "int", "logicalType": "date"},
-                "time": {"type": "long", "logicalType": "time-micros"},
-                "timestamp": {"type": "long", "logicalType": "local-timestamp-micros"},
-                "timestamp_ntz": {"type": "long", "logicalType": "local-timestamp-micros"},
-                "timestamptz": {"type": "long", "logicalType": "timestamp-micros"},
-                "uuid": {"type": "string", "logicalType": "uuid"},
-            }[kind]  # fmt: skip
+            base = PRIMITIVES[kind].avro
         return ["null", base] if spec.optional else base
 
     return {"type": "record", "name": name, "fields": [{"name": f.name, "type": avro(f)} for f in schema.fields]}
 
 
 def table_struct(value_fields: list[T.StructField]) -> T.StructType:
-    clash = sorted({f.name for f in value_fields} & set(METADATA_COLUMNS))
+    clash = sorted({f.name for f in value_fields} & set(KAFKA_COLUMNS))
     if clash:
         raise ConfigError(f"value fields {clash} clash with icefloe's Kafka metadata columns")
     return T.StructType([*value_fields, *METADATA_FIELDS])

@@ -40,11 +40,13 @@ def local_jars() -> list[str]:
 
 
 def spark_session(catalog: CatalogSpec, state_dir: Path):
-    """A local session (2 cores here) for a local catalog; otherwise the cluster's session, configured for Glue."""
+    """A local session (2 cores here) for a local catalog or a Glue catalog off AWS; else the cluster's session."""
     from pyspark.sql import SparkSession
 
     conf = spark_catalog_conf(catalog, state_dir) | BOUNDED_BOOKKEEPING
-    if catalog.type == "local":
+    # A Glue catalog runs on a local master too when it is off AWS: endpoint overrides (a moto server) or
+    # ICEFLOE_SPARK_MASTER set. On EMR Serverless neither is set and the cluster's session is used.
+    if catalog.type == "local" or catalog.endpoints is not None or os.environ.get("ICEFLOE_SPARK_MASTER"):
         # Executors must run this interpreter, which has icefloe's dependencies.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, no DNS lookup of the host name

@@ -9,25 +9,19 @@ table and the field.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from .batch_columns import KAFKA_COLUMNS
 from .errors import ConfigError
+from .inline_types import DECIMAL_TYPE, FIXED_TYPE, PRIMITIVES
 from .partitioning import PartitionField, parse_partition_field
 
 # Glue and Athena want lowercase names of letters, digits and underscores.
 GLUE_NAME = r"^[a-z_][a-z0-9_]{0,254}$"
-METADATA_COLUMNS = (
-    "kafka_topic",
-    "kafka_partition",
-    "kafka_offset",
-    "kafka_timestamp",
-    "kafka_timestamp_type",
-    "kafka_key",
-    "kafka_headers",
-)
 DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
 _DURATION_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -113,14 +107,6 @@ class SourceCluster(Model):
         return self.database or glue_safe_name(self.name)
 
 
-PRIMITIVE_TYPES = {
-    "boolean", "int", "long", "float", "double", "date", "time", "timestamp", "timestamptz",
-    "timestamp_ntz", "string", "uuid", "binary",
-}  # fmt: skip
-DECIMAL_TYPE = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
-FIXED_TYPE = re.compile(r"^fixed\[(\d+)\]$")
-
-
 class InlineType(Model):
     """An Iceberg-style type, as used for list elements and map keys/values."""
 
@@ -143,9 +129,9 @@ class InlineType(Model):
         elif kind == "map":
             if self.key is None or self.value is None:
                 raise ValueError("a map needs key and value")
-        elif kind not in PRIMITIVE_TYPES and not DECIMAL_TYPE.match(kind) and not FIXED_TYPE.match(kind):
+        elif kind not in PRIMITIVES and not DECIMAL_TYPE.match(kind) and not FIXED_TYPE.match(kind):
             raise ValueError(
-                f"unknown type {kind!r}; use one of {sorted(PRIMITIVE_TYPES)}, decimal(P,S), fixed[N], struct, list, map"
+                f"unknown type {kind!r}; use one of {sorted(PRIMITIVES)}, decimal(P,S), fixed[N], struct, list, map"
             )
         decimal = DECIMAL_TYPE.match(kind)
         if decimal:
@@ -246,10 +232,10 @@ class TableSpec(Model):
         if self.format == "json" and self.schema_ is None:
             raise ValueError("format json needs an inline schema (schema.fields)")
         if self.schema_ is not None:
-            clash = sorted({f.name for f in self.schema_.fields} & set(METADATA_COLUMNS))
+            clash = sorted({f.name for f in self.schema_.fields} & set(KAFKA_COLUMNS))
             if clash:
                 raise ValueError(f"schema fields {clash} clash with icefloe's Kafka metadata columns")
-            known = {f.name for f in self.schema_.fields} | set(METADATA_COLUMNS)
+            known = {f.name for f in self.schema_.fields} | set(KAFKA_COLUMNS)
             for partition in self.partitions:
                 if partition.source not in known:
                     raise ValueError(f"partitionBy {partition.text!r} names unknown field {partition.source!r}")
@@ -285,11 +271,37 @@ class TableSpec(Model):
         return duration_seconds(self.refresh)
 
 
+class CatalogEndpoints(Model):
+    """Where a Glue catalog's AWS APIs answer when a run is off AWS, e.g. a moto server on loopback.
+
+    For local runs only: the Pulumi program renders the EMR job's catalog itself and never sets these. Credentials
+    never go here; they come from the environment, as on EMR.
+    """
+
+    glue: str
+    s3: str
+    region: str | None = None  # else the AWS SDK's default chain (AWS_REGION); without any region it fails
+
+    @field_validator("glue", "s3")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"an endpoint must be an http:// or https:// URL, got {value!r}")
+        return value
+
+
 class CatalogSpec(Model):
     """Where tables live. Local runs default to a SQLite JDBC catalog under the state directory."""
 
     type: Literal["local", "glue"] = "local"
     warehouse: str | None = None
+    endpoints: CatalogEndpoints | None = None
+
+    @model_validator(mode="after")
+    def _endpoints_need_glue(self) -> "CatalogSpec":
+        if self.endpoints is not None and self.type != "glue":
+            raise ValueError("endpoints apply to a glue catalog only (type: glue)")
+        return self
 
 
 class IcefloeConfig(Model):
@@ -344,6 +356,7 @@ DEPLOYMENT_KEYS: tuple[str, ...] = (
     "storage", "emr", "externalAccess", "owner", "tags", "glue", "secrets", "logRetentionDays", "schedule",
 )  # fmt: skip
 NAMESPACE = "icefloe"
+ModelT = TypeVar("ModelT", bound=Model)
 
 
 def _location(raw: dict[str, Any], loc: tuple[Any, ...]) -> str:
@@ -367,30 +380,41 @@ def _location(raw: dict[str, Any], loc: tuple[Any, ...]) -> str:
     return text
 
 
+def config_error(error: ValidationError, raw: dict[str, Any], source: str) -> ConfigError:
+    """A pydantic error as one ConfigError with a line per problem, each naming its key (see `_location`)."""
+    lines = []
+    for item in error.errors():
+        loc = tuple(p for p in item["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        lines.append(f"  {_location(raw, loc)}: {item['msg'].removeprefix('Value error, ')}")
+    return ConfigError(f"{source}: invalid icefloe config:\n" + "\n".join(lines))
+
+
+def validate_keys(model: type[ModelT], raw: dict[str, Any], keys: Iterable[str], source: str) -> ModelT:
+    """Validate the `icefloe:*` keys (without the namespace prefix) that `model` reads; errors name the key.
+
+    The runtime validates its keys with IcefloeConfig, the Pulumi program its own with its deployment model.
+    """
+    keys = set(keys)
+    try:
+        return model.model_validate({k: v for k, v in raw.items() if k in keys})
+    except ValidationError as error:
+        raise config_error(error, raw, source) from None
+
+
 def parse_config(raw: dict[str, Any], source: str = "stack config") -> IcefloeConfig:
     """Validate the `icefloe:*` keys (without the namespace prefix) and return the model."""
-    from pydantic import ValidationError
-
     unknown = sorted(set(raw) - set(CONFIG_KEYS) - set(DEPLOYMENT_KEYS))
     if unknown:
         known = ", ".join(f"{NAMESPACE}:{k}" for k in (*CONFIG_KEYS, *DEPLOYMENT_KEYS))
         raise ConfigError(f"{source}: unknown key(s) {', '.join(f'{NAMESPACE}:{k}' for k in unknown)}; known: {known}")
-    try:
-        return IcefloeConfig.model_validate({k: v for k, v in raw.items() if k in CONFIG_KEYS})
-    except ValidationError as error:
-        lines = []
-        for item in error.errors():
-            loc = tuple(p for p in item["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-            message = item["msg"].removeprefix("Value error, ")
-            lines.append(f"  {_location(raw, loc)}: {message}")
-        raise ConfigError(f"{source}: invalid icefloe config:\n" + "\n".join(lines)) from None
+    return validate_keys(IcefloeConfig, raw, CONFIG_KEYS, source)
 
 
-def load_config(path: str) -> IcefloeConfig:
-    """Read a Pulumi stack file (or the same shape as JSON, local path or s3:// URI) and validate it."""
+def read_stack_file(path: str) -> dict[str, Any]:
+    """The `config:` mapping of a Pulumi stack file (or the same shape as JSON), from a local path or s3:// URI."""
     import yaml
 
-    from .storage import read_text
+    from .text_files import read_text
 
     try:
         document = yaml.safe_load(read_text(path))
@@ -400,11 +424,17 @@ def load_config(path: str) -> IcefloeConfig:
         raise ConfigError(f"{path}: config file not found") from None
     if not isinstance(document, dict) or not isinstance(document.get("config"), dict):
         raise ConfigError(f"{path}: expected a Pulumi stack file with a top-level 'config:' mapping")
-    raw = {
-        key.split(":", 1)[1]: value
-        for key, value in document["config"].items()
-        if key.startswith(NAMESPACE + ":")
-    }
+    return document["config"]
+
+
+def namespaced(config: dict[str, Any]) -> dict[str, Any]:
+    """The `icefloe:*` entries of a Pulumi config map, keyed without the namespace prefix."""
+    return {key.split(":", 1)[1]: value for key, value in config.items() if key.startswith(NAMESPACE + ":")}
+
+
+def load_config(path: str) -> IcefloeConfig:
+    """Read a Pulumi stack file (or the same shape as JSON, local path or s3:// URI) and validate it."""
+    raw = namespaced(read_stack_file(path))
     if not raw:
         raise ConfigError(f"{path}: no '{NAMESPACE}:' keys under config")
     return parse_config(raw, source=path)

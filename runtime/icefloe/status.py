@@ -24,16 +24,15 @@ batch or checked the table within two refresh intervals (at least 60s).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .catalog import pyiceberg_catalog
+from .commit_state import Checkpoint, for_topic, lost_as_json
 from .dead_letter import dead_letter_identifier
 from .errors import ConfigError, IcefloeError
 from .heartbeat import FAILED, RUNNING, STOPPED, Heartbeat, read_heartbeat
-from .iceberg_table import DATA_LOSS_PROPERTY, OFFSETS_PROPERTY, TOPIC_PROPERTY
 from .kafka_source import client_config
 from .lag import Lag, measure_lag
 from .spec import IcefloeConfig, TableSpec, duration_seconds, format_duration
@@ -142,17 +141,14 @@ def read_table_facts(catalog, identifier: str, topic: str) -> TableFacts:
     summary = current.summary or {}
     facts.rows = int(summary.get("total-records", 0)) - int(summary.get("total-position-deletes", 0))
     facts.files, facts.delete_files = int(summary.get("total-data-files", 0)), int(summary.get("total-delete-files", 0))
-    for snapshot in ancestors_of(current, table.metadata):
-        summary = snapshot.summary or {}
-        if summary.get(OFFSETS_PROPERTY) is None:
+    for snapshot in ancestors_of(current, table.metadata):  # newest first
+        checkpoint = Checkpoint.from_summary(snapshot.summary or {})
+        if checkpoint is None:
             continue  # a maintenance commit
         if facts.last_commit is None:
-            if summary.get(TOPIC_PROPERTY) not in (None, topic):
-                raise ConfigError(f"table {identifier} holds topic {summary.get(TOPIC_PROPERTY)!r}, "
-                                  f"but the config names {topic!r}")  # fmt: skip
-            facts.offsets = {int(p): int(o) for p, o in json.loads(summary[OFFSETS_PROPERTY]).items()}
+            facts.offsets = for_topic(checkpoint, identifier, topic).offsets
             facts.last_commit = snapshot.timestamp_ms / 1000
-        facts.data_lost[:0] = json.loads(summary.get(DATA_LOSS_PROPERTY) or "[]")  # oldest first
+        facts.data_lost[:0] = lost_as_json(checkpoint.lost)  # oldest first
     return facts
 
 

@@ -2,40 +2,42 @@
 
 The batch is reduced to one change per key (highest offset; within one partition offsets are Kafka's order) and
 merged with `MERGE INTO` on the run's branch (merge-on-read: position deletes, cheap to write, folded away by
-compaction). The offsets then ride on an empty append on the same branch, so the fast-forward publishes the merge
-and the offsets together.
+compaction). The commit protocol then puts the offsets on the same branch (an empty append carrying them), so the
+fast-forward publishes the merge and the offsets together.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import Window
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
-from .iceberg_table import append_with_properties
+from .batch_columns import TOMBSTONE
+from .commit import Branch
 
 
-def merge_batch(spark, frame, target: str, struct, key_columns: list[str], properties: dict[str, str]) -> int:
-    """Merge one batch into `target` (a branch); returns the number of changes applied (upserts + deletes)."""
+def merge_batch(frame: DataFrame, branch: Branch, struct: T.StructType, key_columns: list[str]) -> int:
+    """Merge one batch into the run's branch; returns the number of changes applied (upserts + deletes)."""
+    spark = branch.spark
     columns = [f.name for f in struct.fields]
     newest_first = Window.partitionBy(*key_columns).orderBy(F.col("kafka_partition").desc(), F.col("kafka_offset").desc())
     changes = (
         frame.withColumn("icefloe_rank", F.row_number().over(newest_first))
         .where("icefloe_rank = 1")
-        .select(*columns, "icefloe_tombstone")
+        .select(*columns, TOMBSTONE)
     )
-    view = f"icefloe_changes_{properties['icefloe.run-id']}"
+    view = f"icefloe_changes_{branch.name}"
     changes.createOrReplaceTempView(view)
     matches = " AND ".join(f"t.`{k}` = s.`{k}`" for k in key_columns)
     updates = ", ".join(f"t.`{c}` = s.`{c}`" for c in columns)
     names = ", ".join(f"`{c}`" for c in columns)
     values = ", ".join(f"s.`{c}`" for c in columns)
     spark.sql(
-        f"MERGE INTO {target} t USING {view} s ON {matches} "
-        "WHEN MATCHED AND s.icefloe_tombstone THEN DELETE "
+        f"MERGE INTO {branch.identifier} t USING {view} s ON {matches} "
+        f"WHEN MATCHED AND s.{TOMBSTONE} THEN DELETE "
         f"WHEN MATCHED THEN UPDATE SET {updates} "
-        f"WHEN NOT MATCHED AND NOT s.icefloe_tombstone THEN INSERT ({names}) VALUES ({values})"
+        f"WHEN NOT MATCHED AND NOT s.{TOMBSTONE} THEN INSERT ({names}) VALUES ({values})"
     )
     applied = changes.count()
     spark.catalog.dropTempView(view)
-    append_with_properties(spark.createDataFrame([], struct), target, properties)
     return applied

@@ -1,0 +1,141 @@
+"""Where a table has read its topic up to: the checkpoint a snapshot's summary carries, written and read here only.
+
+A commit's snapshot summary records the topic and its Kafka topic id, the next offset per partition, the run that
+wrote it and any ranges deleted from the topic before they were read (like the Iceberg Kafka Connect sink's commit
+state). The newest snapshot in main's ancestry that carries a checkpoint is where the next run resumes; maintenance
+commits carry none and are walked past. Writers never see these keys: they write through their run's branch
+(`commit.Branch`), which attaches the checkpoint.
+
+To record something more per commit, add a field to `Checkpoint` and its key to `to_summary`/`from_summary`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from pyspark.sql import DataFrame
+
+from .errors import ConfigError
+from .iceberg_table import IcebergTable, append_with_properties
+from .kafka_source import LostRange
+
+OFFSETS_KEY = "icefloe.offsets"
+TOPIC_KEY = "icefloe.topic"
+RUN_ID_KEY = "icefloe.run-id"
+TOPIC_ID_KEY = "icefloe.topic-id"  # the Kafka topic id the offsets belong to (a recreated topic has a new one)
+DATA_LOSS_KEY = "icefloe.data-loss"  # ranges deleted before they were read (onDataLoss: warn), as JSON
+SUMMARY_KEYS = (OFFSETS_KEY, TOPIC_KEY, RUN_ID_KEY, TOPIC_ID_KEY, DATA_LOSS_KEY)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What a commit records: the topic, the next offset per partition once committed, the run, the topic's id and
+    the ranges lost to retention before they were read."""
+
+    topic: str | None
+    offsets: dict[int, int] = field(default_factory=dict)
+    run_id: str | None = None  # None on the table's first, empty snapshot
+    topic_id: str | None = None  # None where the broker reports none
+    lost: tuple[LostRange, ...] = ()
+
+    def to_summary(self) -> dict[str, str]:
+        summary = {OFFSETS_KEY: json.dumps({str(p): o for p, o in self.offsets.items()})}
+        if self.topic is not None:
+            summary[TOPIC_KEY] = self.topic
+        if self.run_id is not None:
+            summary[RUN_ID_KEY] = self.run_id
+        if self.topic_id:
+            summary[TOPIC_ID_KEY] = self.topic_id
+        if self.lost:
+            summary[DATA_LOSS_KEY] = json.dumps(lost_as_json(self.lost))
+        return summary
+
+    @classmethod
+    def from_summary(cls, summary: Mapping[str, str | None]) -> "Checkpoint | None":
+        """The checkpoint a snapshot summary carries, or None (a maintenance commit carries none)."""
+        offsets = summary.get(OFFSETS_KEY)
+        if offsets is None:
+            return None
+        return cls(
+            topic=summary.get(TOPIC_KEY),
+            offsets={int(p): int(o) for p, o in json.loads(offsets).items()},
+            run_id=summary.get(RUN_ID_KEY),
+            topic_id=summary.get(TOPIC_ID_KEY),
+            lost=tuple(LostRange(**r) for r in json.loads(summary.get(DATA_LOSS_KEY) or "[]")),
+        )
+
+
+def lost_as_json(lost: tuple[LostRange, ...]) -> list[dict[str, int]]:
+    """Lost ranges as the summary and the run's report give them."""
+    return [{"partition": r.partition, "start": r.start, "end": r.end} for r in lost]
+
+
+@dataclass(frozen=True)
+class CommittedState:
+    """Main's current snapshot (the next commit's base) and the newest checkpoint in its ancestry."""
+
+    snapshot_id: int | None
+    checkpoint: Checkpoint | None = None
+
+    @property
+    def offsets(self) -> dict[int, int]:
+        """The next Kafka offset per partition; empty when nothing was committed yet."""
+        return dict(self.checkpoint.offsets) if self.checkpoint is not None else {}
+
+    @property
+    def topic_id(self) -> str | None:
+        """The Kafka topic id the offsets belong to, if recorded."""
+        return self.checkpoint.topic_id if self.checkpoint is not None else None
+
+
+def committed_state(table: IcebergTable, topic: str) -> CommittedState:
+    """Walk main's ancestry to the newest snapshot carrying a checkpoint, which must be for `topic`."""
+    current = table.main_snapshot_id()
+    keys = ", ".join(f"summary['{key}']" for key in SUMMARY_KEYS)
+    rows = table.spark.sql(f"SELECT snapshot_id, parent_id, {keys} FROM {table.full_name}.snapshots").collect()
+    by_id = {row.snapshot_id: row for row in rows}
+    snapshot = current
+    while snapshot is not None and snapshot in by_id:
+        row = by_id[snapshot]
+        checkpoint = Checkpoint.from_summary(dict(zip(SUMMARY_KEYS, row[2:])))
+        if checkpoint is not None:
+            return CommittedState(current, for_topic(checkpoint, table.identifier, topic))
+        snapshot = row.parent_id
+    return CommittedState(current)
+
+
+def for_topic(checkpoint: Checkpoint, identifier: str, topic: str) -> Checkpoint:
+    """`checkpoint`, if it is for `topic`: a table holds one topic for life."""
+    if checkpoint.topic not in (None, topic):
+        raise ConfigError(
+            f"table {identifier} holds topic {checkpoint.topic!r}, but the config now names {topic!r}; "
+            "declare a new table for a different topic"
+        )
+    return checkpoint
+
+
+def append_with_checkpoint(frame: DataFrame, target: str, checkpoint: Checkpoint) -> None:
+    """Append `frame` to `target` (a table or branch) in one snapshot that carries `checkpoint`."""
+    append_with_properties(frame, target, checkpoint.to_summary())
+
+
+def rows_added_by_run(table: IcebergTable, run_id: str) -> int:
+    """Rows added by the snapshot that carries `run_id`'s checkpoint (0 if it added none or does not exist)."""
+    added = table.spark.sql(
+        f"SELECT summary['added-records'] AS added FROM {table.full_name}.snapshots "
+        f"WHERE summary['{RUN_ID_KEY}'] = '{run_id}'"
+    ).collect()
+    return int(added[0].added or 0) if added else 0
+
+
+def newest_checkpoint_time(table: IcebergTable) -> dt.datetime | None:
+    """When the newest snapshot carrying a checkpoint was committed (UTC), on any branch; None if there is none."""
+    at = table.spark.sql(
+        f"SELECT max(committed_at) AS at FROM {table.full_name}.snapshots WHERE summary['{OFFSETS_KEY}'] IS NOT NULL"
+    ).collect()[0].at
+    if at is None:
+        return None
+    return at.replace(tzinfo=dt.timezone.utc) if at.tzinfo is None else at

@@ -1,0 +1,39 @@
+"""What a commit records in its snapshot summary, and reading it back (no Spark: the summary is plain strings)."""
+
+from __future__ import annotations
+
+import json
+
+from icefloe.commit_state import Checkpoint, CommittedState
+from icefloe.kafka_source import LostRange
+
+
+def test_checkpoint_round_trips_through_a_snapshot_summary():
+    checkpoint = Checkpoint("orders", {0: 12, 2: 7}, "run1")
+    summary = checkpoint.to_summary()
+    assert summary == {"icefloe.offsets": '{"0": 12, "2": 7}', "icefloe.topic": "orders", "icefloe.run-id": "run1"}
+    # Iceberg's own keys sit beside icefloe's in the same summary.
+    assert Checkpoint.from_summary({**summary, "added-records": "19"}) == checkpoint
+
+
+def test_a_tables_first_snapshot_records_its_topic_and_no_offsets():
+    assert Checkpoint("orders").to_summary() == {"icefloe.offsets": "{}", "icefloe.topic": "orders"}
+    assert Checkpoint.from_summary({"icefloe.offsets": "{}", "icefloe.topic": "orders"}) == Checkpoint("orders", {})
+
+
+def test_a_summary_without_offsets_carries_no_checkpoint():
+    """Maintenance commits (compaction, TTL deletes) record no offsets: reading walks past them."""
+    assert Checkpoint.from_summary({"added-records": "0", "icefloe.run-id": None}) is None
+    assert CommittedState(5).offsets == {}
+    assert CommittedState(5, Checkpoint("t", {1: 3})).offsets == {1: 3}
+
+
+def test_topic_id_and_lost_ranges_round_trip():
+    checkpoint = Checkpoint("orders", {0: 15}, "run2", "q7Zb3d1AQ5i2w1n0mJ8Xkg", (LostRange(0, 10, 15),))
+    summary = checkpoint.to_summary()
+    assert summary["icefloe.topic-id"] == "q7Zb3d1AQ5i2w1n0mJ8Xkg"
+    assert json.loads(summary["icefloe.data-loss"]) == [{"partition": 0, "start": 10, "end": 15}]
+    assert Checkpoint.from_summary(summary) == checkpoint
+    assert CommittedState(9, checkpoint).topic_id == "q7Zb3d1AQ5i2w1n0mJ8Xkg"
+    # Nothing lost, no topic id reported: neither key is written.
+    assert set(Checkpoint("orders", {0: 15}, "run3").to_summary()) == {"icefloe.offsets", "icefloe.topic", "icefloe.run-id"}

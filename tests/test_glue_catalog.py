@@ -1,0 +1,133 @@
+"""The EMR job's catalog code path on one machine: Iceberg GlueCatalog + S3FileIO against a moto server.
+
+The run is the real `icefloe run --once` command in its own process (a SparkSession is per process), with exactly the
+Glue catalog settings infra renders into the EMR job plus the catalog's endpoint overrides; the table is then read
+back by an independent reader, pyiceberg's Glue catalog, through the same moto server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import test_materialize as orders
+from icefloe.catalog import CATALOG, spark_catalog_conf
+from icefloe.errors import ConfigError
+from icefloe.spec import CatalogSpec, parse_config
+
+ICEFLOE = [sys.executable, "-m", "icefloe.cli"]
+PREFIX = f"spark.sql.catalog.{CATALOG}"
+ENDPOINT_KEYS = {f"{PREFIX}.{k}" for k in ("glue.endpoint", "s3.endpoint", "s3.path-style-access", "client.region")}
+
+
+def test_endpoints_add_only_the_overrides_to_the_emr_settings():
+    emr = spark_catalog_conf(CatalogSpec(type="glue", warehouse="s3://b/w"))
+    endpoints = {"glue": "http://127.0.0.1:1", "s3": "http://127.0.0.1:2", "region": "eu-west-1"}
+    local = spark_catalog_conf(CatalogSpec(type="glue", warehouse="s3://b/w", endpoints=endpoints))
+
+    assert not ENDPOINT_KEYS & emr.keys(), "the EMR job's settings must not carry endpoint overrides"
+    assert {k: v for k, v in local.items() if k not in ENDPOINT_KEYS} == emr
+    assert {k: local[k] for k in ENDPOINT_KEYS} == {
+        f"{PREFIX}.glue.endpoint": "http://127.0.0.1:1", f"{PREFIX}.s3.endpoint": "http://127.0.0.1:2",
+        f"{PREFIX}.s3.path-style-access": "true", f"{PREFIX}.client.region": "eu-west-1",
+    }  # fmt: skip
+
+
+def test_the_emr_job_parameters_carry_no_endpoints():
+    pytest.importorskip("pulumi")
+    from icefloe_infra.deployment import EmrSpec
+    from icefloe_infra.jobs import spark_submit_parameters
+
+    emr = EmrSpec(python="/usr/bin/python3.11")  # an image with its own 3.11: no imageUri needed here
+    parameters = spark_submit_parameters("s3://b/w", "s3://b/bundle.tar.gz", emr)
+    assert f"--conf {PREFIX}.type=glue" in parameters
+    assert "endpoint" not in parameters and "path-style" not in parameters and "client.region" not in parameters
+
+
+@pytest.mark.parametrize(
+    ("catalog", "message"),
+    [
+        ({"type": "local", "endpoints": {"glue": "http://h:1", "s3": "http://h:1"}},
+         r"icefloe:catalog: endpoints apply to a glue catalog only"),
+        ({"type": "glue", "warehouse": "s3://w", "endpoints": {"glue": "h:1", "s3": "http://h:1"}},
+         r"icefloe:catalog\.endpoints\.glue: an endpoint must be an http"),
+        ({"type": "glue", "warehouse": "s3://w", "endpoints": {"glue": "http://h:1"}},
+         r"icefloe:catalog\.endpoints\.s3: Field required"),
+    ],
+)  # fmt: skip
+def test_bad_endpoints_are_config_errors_naming_the_key(catalog, message):
+    cluster = {"name": "local", "bootstrapServers": "127.0.0.1:9092"}
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"sourceClusters": [cluster], "catalog": catalog})
+
+
+def run_once(config: Path, state_dir: Path, env: dict[str, str]) -> tuple[dict, str]:
+    """`icefloe run --once --json` as its own process: (the table's JSON result, the log)."""
+    done = subprocess.run(
+        [*ICEFLOE, "run", "--config", str(config), "--once", "--json", "--state-dir", str(state_dir)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def glue_metadata_location(moto_aws, identifier: str) -> str:
+    database, name = identifier.split(".")
+    table = moto_aws.client("glue").get_table(DatabaseName=database, Name=name)["Table"]
+    assert table["Parameters"]["table_type"].upper() == "ICEBERG"
+    return table["Parameters"]["metadata_location"]
+
+
+@pytest.mark.broker
+def test_glue_catalog_on_moto_materializes_and_pyiceberg_reads_it_back(broker, registry, moto_aws, topic, tmp_path):
+    bucket = "icefloe-glue-" + topic.replace("_", "-")[:40].strip("-")
+    s3 = moto_aws.client("s3")
+    s3.create_bucket(Bucket=bucket)
+    warehouse = f"s3://{bucket}/warehouse"
+    # A file no snapshot references, as a crashed run leaves behind: maintenance after the first batch removes it.
+    orphan = f"warehouse/local.db/{topic}/data/left-by-a-crashed-run.parquet"
+    s3.put_object(Bucket=bucket, Key=orphan, Body=b"PAR1 not referenced by any snapshot")
+    broker.create_topic(topic, 3)
+    produced = orders.produce_orders(broker, registry, topic, range(150), random.Random(11))
+    config = tmp_path / "Pulumi.glue.yaml"
+    config.write_text(yaml.safe_dump({"config": {
+        "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers,
+                                    "schemaRegistry": {"url": registry.url}}],
+        "icefloe:tables": [{"sourceCluster": "local", "topic": topic, "partitionBy": ["day(created_ms)"],
+                            "maintenance": {"orphanFileAge": "1s"}}],
+        "icefloe:catalog": {"type": "glue", "warehouse": warehouse, "endpoints": moto_aws.catalog_endpoints()},
+    }}))  # fmt: skip
+    # No AWS settings of the machine leak in: credentials and region come from the environment, as on EMR.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | moto_aws.aws_env()
+
+    first, log = run_once(config, tmp_path / "state", env)
+
+    identifier = f"local.{topic}"
+    assert first["status"] == "committed" and first["rows_written"] == len(produced)
+    assert first["offsets"] == {str(p): 1 + max(o for (q, o) in produced if q == p) for p in range(3)}
+    assert first["metadata_location"].startswith(f"{warehouse}/local.db/{topic}")
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
+    assert any(k.endswith(".parquet") for k in keys) and any(k.endswith(".metadata.json") for k in keys)
+    # Maintenance ran through S3FileIO: compaction, expiry and orphan removal listing the bucket.
+    assert orphan not in keys, f"orphan removal left {orphan}:\n{log[-3000:]}"
+    # Iceberg Java sent Glue's VersionId with every commit, so the moto server checked each one as Glue would.
+    commits = [line for line in moto_aws.log_path.read_text().splitlines() if f"UpdateTable {identifier}:" in line]
+    assert commits and all("is current, accepted" in line for line in commits), commits
+
+    table = moto_aws.pyiceberg_catalog().load_table(identifier)
+    assert table.metadata_location == glue_metadata_location(moto_aws, identifier)
+    orders.assert_rows_match(table.scan().to_arrow().to_pylist(), produced, topic, empty_for_null_struct_list=True)
+    assert [(f.name, str(f.transform)) for f in table.spec().fields] == [("created_ms_day", "day")]
+
+    # The first run also ran maintenance (due on a new table); a second run finds nothing new and commits nothing.
+    before = glue_metadata_location(moto_aws, identifier)
+    again, _ = run_once(config, tmp_path / "state", env)
+    assert again["status"] == "up-to-date" and again["offsets"] == first["offsets"]
+    assert glue_metadata_location(moto_aws, identifier) == before, "a run with nothing new must not commit"
