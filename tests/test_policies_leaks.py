@@ -18,7 +18,7 @@ from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
 from test_policies import (ACCOUNT, BUCKET, BUCKET_ARN, BUCKET_NAME, OWNERSHIP, ROLE, ROLE_POLICY, TAGS,
                            bucket_resources, check, check_stack, doc, replace, safe_stack, trust, urn)
 
-from icefloe_infra.testing import ACCOUNT_ID, run_program
+from pulumi_mocks import ACCOUNT_ID, run_program
 from icefloe_policies import TAG_ROLE, escalation, iam_users, resource_policies, s3_acls
 from icefloe_policies.runner import Resource, run_pack
 
