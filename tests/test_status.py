@@ -156,6 +156,40 @@ def test_status_names_an_unreachable_broker(spark, broker, state_dir, topic, mak
     assert unreachable.as_dict()["error"] == problem
 
 
+@pytest.mark.broker
+def test_status_reads_a_glue_table_without_spark(broker, moto_aws, topic, tmp_path, monkeypatch):
+    """The AWS code path: pyiceberg's GlueCatalog (on the moto server) holding a table whose snapshot carries
+    icefloe's checkpoint, read with the credentials and region of the environment, as on AWS."""
+    import pyarrow as pa
+
+    from icefloe.commit_state import Checkpoint
+
+    bucket = "icefloe-status-" + topic.replace("_", "-")[:40].strip("-")
+    moto_aws.client("s3").create_bucket(Bucket=bucket)
+    warehouse = f"s3://{bucket}/warehouse"
+    broker.create_topic(topic, 1)
+    produce(broker.bootstrap_servers, topic, records(0, 8, 0, age_s=60))
+    writer = moto_aws.pyiceberg_catalog(warehouse=warehouse)
+    writer.create_namespace("local")
+    rows = pa.table({"n": pa.array(range(5), pa.int64())})
+    table = writer.create_table(f"local.{topic}", schema=rows.schema)
+    table.append(rows, snapshot_properties=Checkpoint(topic, {0: 5}, run_id="r1").to_summary())
+    config = parse_config({
+        "sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers}],
+        "tables": [{"sourceCluster": "local", "topic": topic, "format": "json", "schema": SCHEMA}],
+        "catalog": {"type": "glue", "warehouse": warehouse, "endpoints": moto_aws.catalog_endpoints()},
+    })  # fmt: skip
+    for key in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(key)
+    for key, value in moto_aws.aws_env().items():
+        monkeypatch.setenv(key, value)
+
+    (glue,) = collect_status(config, [], tmp_path, MaxLag())
+    assert glue.problems == [] and glue.facts.exists and glue.facts.offsets == {0: 5}
+    assert glue.facts.rows == 5 and glue.facts.files == 1 and glue.dlq_rows is None
+    assert glue.lag.records == 3 and 50 <= glue.lag.seconds <= 600 and glue.state == "catching-up"
+
+
 # --- the state rules, from lag and heartbeat (no broker needed) ----------------------------------------------
 
 TABLE = parse_config({"sourceClusters": [{"name": "c", "bootstrapServers": "x:1"}],
