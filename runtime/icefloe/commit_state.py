@@ -102,14 +102,19 @@ def committed_state(table: IcebergTable, topic: str) -> CommittedState:
         row = by_id[snapshot]
         checkpoint = Checkpoint.from_summary(dict(zip(SUMMARY_KEYS, row[2:])))
         if checkpoint is not None:
-            if checkpoint.topic not in (None, topic):
-                raise ConfigError(
-                    f"table {table.identifier} holds topic {checkpoint.topic!r}, but the config now names {topic!r}; "
-                    "declare a new table for a different topic"
-                )
-            return CommittedState(current, checkpoint)
+            return CommittedState(current, for_topic(checkpoint, table.identifier, topic))
         snapshot = row.parent_id
     return CommittedState(current)
+
+
+def for_topic(checkpoint: Checkpoint, identifier: str, topic: str) -> Checkpoint:
+    """`checkpoint`, if it is for `topic`: a table holds one topic for life."""
+    if checkpoint.topic not in (None, topic):
+        raise ConfigError(
+            f"table {identifier} holds topic {checkpoint.topic!r}, but the config now names {topic!r}; "
+            "declare a new table for a different topic"
+        )
+    return checkpoint
 
 
 def append_with_checkpoint(frame: DataFrame, target: str, checkpoint: Checkpoint) -> None:
