@@ -147,6 +147,7 @@ def test_data_outlives_destroy_unless_the_user_opts_in(tmp_path):
     classes = [(aws.glue, "CatalogDatabase"), (aws.kms, "Key"), (aws.s3, "Bucket"),
                (aws.s3, "BucketServerSideEncryptionConfiguration"), (aws.s3, "BucketPublicAccessBlock"),
                (aws.s3, "BucketVersioning"), (aws.s3, "BucketPolicy"), (aws.s3, "BucketLifecycleConfiguration"),
+               (aws.s3, "BucketOwnershipControls"),
                (aws.emrserverless, "Application")]
     results = {}
     for opt_in in (False, True):
@@ -158,7 +159,7 @@ def test_data_outlives_destroy_unless_the_user_opts_in(tmp_path):
         results[opt_in] = retained_on_delete(path, classes)
     data = {"icefloe-glue-events", "icefloe-lakehouse-key", "icefloe-lakehouse-bucket", "icefloe-lakehouse-encryption",
             "icefloe-lakehouse-public-access", "icefloe-lakehouse-versioning", "icefloe-lakehouse-tls-only",
-            "icefloe-lakehouse-lifecycle"}
+            "icefloe-lakehouse-lifecycle", "icefloe-lakehouse-ownership"}
     assert set(results[False]) == data | {"icefloe-emr-spark"}
     assert all(results[False][n] for n in data) and not any(results[True][n] for n in data)
     assert results[False]["icefloe-emr-spark"] is False  # compute goes with the stack
@@ -525,7 +526,7 @@ def test_resource_names_are_stable(program):
     assert names == sorted([
         "icefloe-lakehouse-key", "icefloe-lakehouse-bucket", "icefloe-lakehouse-encryption",
         "icefloe-lakehouse-versioning", "icefloe-lakehouse-public-access", "icefloe-lakehouse-tls-only",
-        "icefloe-lakehouse-lifecycle", "icefloe-glue-main", "icefloe-logs", "icefloe-secrets-registry",
+        "icefloe-lakehouse-lifecycle", "icefloe-lakehouse-ownership", "icefloe-glue-main", "icefloe-logs", "icefloe-secrets-registry",
         "icefloe-secrets-registry-value", "icefloe-job-role", "icefloe-job-policy", "icefloe-snowflake-role",
         "icefloe-snowflake-read", "icefloe-athena-analytics-external-id", "icefloe-athena-analytics-role",
         "icefloe-athena-analytics-read", "icefloe-runtime-bundle", "icefloe-runtime-entry-point",

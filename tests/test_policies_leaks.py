@@ -411,21 +411,17 @@ def mandatory(resources) -> set[str]:
     return {v.policy for v in run_pack(resources) if v.level == "mandatory"}
 
 
-def test_the_program_passes_the_whole_pack_and_only_lacks_declared_ownership(program):
-    """The program creates no BucketOwnershipControls (AWS's default for new buckets is BucketOwnerEnforced):
-    the one advisory finding. Everything the new rules read is there and passes."""
+def test_the_program_passes_the_whole_pack_with_ownership_enforced(program):
+    """Everything the leak rules read is in the program, and it passes them all, ownership declared included."""
     assert {r.type for r in program} >= {"aws:s3/bucketPolicy:BucketPolicy", "aws:kms/key:Key", "aws:sqs/queue:Queue",
-                                         "aws:secretsmanager/secret:Secret", ROLE_POLICY, OBJECT}
-    violations = run_pack(program)
-    assert [(v.policy, v.level, v.urn) for v in violations] == [
+                                         "aws:secretsmanager/secret:Secret", ROLE_POLICY, OBJECT, OWNERSHIP}
+    assert run_pack(program) == []
+
+
+def test_the_program_without_its_ownership_controls_gets_the_advisory(program):
+    without = [r for r in program if r.type != OWNERSHIP]
+    assert [(v.policy, v.level, v.urn) for v in run_pack(without)] == [
         ("s3-bucket-ownership-declared", "advisory", program.one(BUCKET).urn)]
-
-
-def test_the_program_with_ownership_enforced_has_no_finding_at_all(program):
-    bucket = program.one(BUCKET)
-    enforced = Resource(OWNERSHIP, "icefloe-lakehouse-ownership", {
-        "bucket": bucket.id, "rule": {"objectOwnership": "BucketOwnerEnforced"}})
-    assert run_pack([*program, enforced]) == []
 
 
 def test_the_schedule_roles_passrole_is_checked_against_the_stacks_roles(program):

@@ -88,6 +88,13 @@ class LakehouseStorage(pulumi.ComponentResource):
             restrict_public_buckets=True,
             opts=child,
         )
+        # ACLs off: the bucket owner owns every object (AWS's default for new buckets, stated so drift shows).
+        aws.s3.BucketOwnershipControls(
+            f"{name}-ownership",
+            bucket=bucket.id,
+            rule=aws.s3.BucketOwnershipControlsRuleArgs(object_ownership="BucketOwnerEnforced"),
+            opts=child,
+        )
         aws.s3.BucketPolicy(
             f"{name}-tls-only",
             bucket=bucket.id,
