@@ -134,6 +134,8 @@ SUMMARIES: dict[str, Callable[[dict], dict[str, Any]]] = {
     "aws:s3/bucketObjectv2:BucketObjectv2": _picked("key"),
     "aws:glue/catalogDatabase:CatalogDatabase": _picked("name", "locationUri"),
     "aws:cloudwatch/logGroup:LogGroup": _picked("retentionInDays"),
+    "aws:cloudwatch/metricAlarm:MetricAlarm": _picked(
+        "metricName", "statistic", "threshold", "period", "treatMissingData", "alarmActions"),
     "aws:secretsmanager/secret:Secret": _picked("kmsKeyId", "recoveryWindowInDays"),
     "aws:iam/role:Role": _trust,
     "aws:iam/rolePolicy:RolePolicy": _permissions,

@@ -32,11 +32,15 @@ class _Reading:
     started: float  # monotonic
 
 
+_watched: set[str] = set()  # tables whose batch runs inside `watch`
 _reading: dict[str, _Reading] = {}  # identifier -> the batch in flight
 
 
 def reading(spark, identifier: str, records: int) -> None:
-    """Called by a batch once it is planned: its Spark jobs from here on are measured against `records`."""
+    """Called by a batch once it is planned: its Spark jobs from here on are measured against `records` (when
+    someone watches: a batch run outside `watch` is left alone)."""
+    if identifier not in _watched:
+        return
     group = f"icefloe-{identifier}-{uuid.uuid4().hex[:8]}"
     spark.sparkContext.setJobGroup(group, f"icefloe {identifier}: {records} records")
     _reading[identifier] = _Reading(group, records, time.monotonic())
@@ -85,6 +89,7 @@ def measure(tracker, identifier: str, batch: _Reading) -> Progress:
 def watch(spark, identifier: str, stream: TextIO | None = None) -> Iterator[None]:
     """Show the progress of the batch run inside this block (if it plans any records), then clear its job group."""
     stream = stream or sys.stderr
+    _watched.add(identifier)
     stop = threading.Event()
     thread = threading.Thread(target=_report, args=(spark, identifier, stream, stop), daemon=True, name="progress")
     thread.start()
@@ -93,6 +98,7 @@ def watch(spark, identifier: str, stream: TextIO | None = None) -> Iterator[None
     finally:
         stop.set()
         thread.join()
+        _watched.discard(identifier)
         _reading.pop(identifier, None)
         for key in ("spark.jobGroup.id", "spark.job.description"):
             spark.sparkContext.setLocalProperty(key, None)

@@ -128,10 +128,18 @@ def _attempt(
     result = results[-1] if results else None
     status = result.status if result is not None and outcome == Outcome.OK else outcome
     offsets = result.offsets if result is not None else (known or {})
-    _beat(state_dir, Heartbeat(identifier, time.time(), status, result.describe() if result else why, _keyed(offsets)))
+    _beat(state_dir, Heartbeat(identifier, time.time(), status, _seen(result) if result else why, _keyed(offsets)))
     if metrics:
         emit(_batch_metrics(spark, config, table, status, why, result, offsets, time.monotonic() - started))
     return outcome, why, result
+
+
+def _seen(result: BatchResult) -> str:
+    """What a batch saw, in a few words (the heartbeat's detail)."""
+    if result.status == "up-to-date":
+        return "nothing new"
+    lost = sum(r["end"] - r["start"] for r in result.data_lost)
+    return f"{result.rows_written} rows, {result.records_failed} bad records" + (f", {lost} lost" if lost else "")
 
 
 def _keyed(offsets: dict[int, int]) -> dict[str, int]:
