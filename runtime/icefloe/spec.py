@@ -189,6 +189,8 @@ class TableSpec(Model):
     retention: str | None = None
     max_records_per_run: int | None = Field(default=None, ge=1)
     max_record_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
+    # The longest a batch may take: an older run does not publish, so other runs may drop its branch.
+    run_timeout: str = "12h"
     enabled: bool = True
     maintenance: MaintenanceSpec = MaintenanceSpec()
 
@@ -197,6 +199,13 @@ class TableSpec(Model):
     def _refresh(cls, value: str) -> str:
         if duration_seconds(value) < 1:
             raise ValueError("refresh must be at least 1s")
+        return value
+
+    @field_validator("run_timeout")
+    @classmethod
+    def _run_timeout(cls, value: str) -> str:
+        if duration_seconds(value) < 60:
+            raise ValueError("runTimeout must be at least 1m")
         return value
 
     @field_validator("retention")
@@ -257,6 +266,10 @@ class TableSpec(Model):
     @property
     def refresh_seconds(self) -> float:
         return duration_seconds(self.refresh)
+
+    @property
+    def run_timeout_seconds(self) -> float:
+        return duration_seconds(self.run_timeout)
 
 
 class CatalogEndpoints(Model):
