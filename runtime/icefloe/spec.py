@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from .batch_columns import KAFKA_COLUMNS
@@ -194,18 +194,12 @@ class TableSpec(Model):
     enabled: bool = True
     maintenance: MaintenanceSpec = MaintenanceSpec()
 
-    @field_validator("refresh")
+    @field_validator("refresh", "run_timeout")
     @classmethod
-    def _refresh(cls, value: str) -> str:
-        if duration_seconds(value) < 1:
-            raise ValueError("refresh must be at least 1s")
-        return value
-
-    @field_validator("run_timeout")
-    @classmethod
-    def _run_timeout(cls, value: str) -> str:
-        if duration_seconds(value) < 60:
-            raise ValueError("runTimeout must be at least 1m")
+    def _at_least(cls, value: str, info: ValidationInfo) -> str:
+        name, least = {"refresh": ("refresh", "1s"), "run_timeout": ("runTimeout", "1m")}[info.field_name]
+        if duration_seconds(value) < duration_seconds(least):
+            raise ValueError(f"{name} must be at least {least}")
         return value
 
     @field_validator("retention")
