@@ -26,8 +26,10 @@ def records(start: int, count: int) -> list[dict]:
 
 
 def a_maintenance_commit(table: IcebergTable) -> None:
-    """A commit without offsets on main, as compaction or a manifest rewrite makes."""
-    table.spark.sql(f"CALL {CATALOG}.system.rewrite_manifests(table => '{table.identifier}', use_caching => false)").collect()
+    """A commit without offsets on main, as compaction makes."""
+    table.spark.sql(
+        f"CALL {CATALOG}.system.rewrite_data_files(table => '{table.identifier}', options => map('rewrite-all', 'true'))"
+    ).collect()
 
 
 def test_expiry_keeps_mains_checkpoint_though_an_abandoned_branch_holds_a_newer_one(spark, broker, state_dir, topic, make_config):

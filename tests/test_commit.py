@@ -41,14 +41,14 @@ def test_concurrent_commit_makes_the_batch_replan_not_duplicate(spark, broker, s
     original = commit_module.commit_on_branch
     intrusions = []
 
-    def racing_commit(table, base, checkpoint, write):
+    def racing_commit(table, base, checkpoint, write, *args):
         def write_after_a_rival(branch):
             if not intrusions:
                 # A rival run commits the same offsets to main while this batch is being written.
                 intrusions.append(original(table, base, replace(checkpoint, run_id="rival"), write))
             return write(branch)
 
-        return original(table, base, checkpoint, write_after_a_rival)
+        return original(table, base, checkpoint, write_after_a_rival, *args)
 
     monkeypatch.setattr("icefloe.materializer.commit_on_branch", racing_commit)
     with pytest.raises(CommitConflict, match="another writer committed"):

@@ -98,7 +98,7 @@ def test_overlapping_runs_never_lose_or_duplicate(spark, broker, state_dir, topi
 
 
 def test_only_branches_older_than_the_run_timeout_are_dropped(spark, broker, state_dir, topic, make_config):
-    broker.create_topic(topic, 1)
+    broker.create_topic(topic, 2)
     produce(broker.bootstrap_servers, topic, records(0, 3))
     config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "runTimeout": "1h"})
     result = materialize_once(spark, config, config.tables[0])
