@@ -534,6 +534,8 @@ def test_resource_names_are_stable(program):
         "icefloe-runtime-jar-spark-token-provider-kafka-0-10-2-12", "icefloe-runtime-jar-kafka-clients",
         "icefloe-runtime-jar-commons-pool2", "icefloe-runtime-jar-spark-avro-2-12", "icefloe-emr-spark", "icefloe-schedules-dlq", "icefloe-schedules-role",
         "icefloe-schedules-start-jobs", "icefloe-schedules-main-stock-trades", "icefloe-schedules-main-accounts",
-        "icefloe-schedules-main-clickstream",
+        "icefloe-schedules-main-clickstream", "icefloe-alarms-main-stock-trades-lag",
+        "icefloe-alarms-main-stock-trades-bad-records", "icefloe-alarms-main-accounts-lag",
+        "icefloe-alarms-main-clickstream-lag",
     ])
     assert all(re.fullmatch(r"[a-z0-9-]+", n) for n in names)

@@ -26,9 +26,7 @@ def duckdb_connect():
 
 def pyiceberg_catalog(state_dir: Path):
     """pyiceberg's SqlCatalog over the SQLite file Spark's JDBC catalog writes (same catalog name: `icefloe`)."""
-    from pyiceberg.catalog.sql import SqlCatalog
+    from icefloe.catalog import pyiceberg_catalog as runtime_catalog
+    from icefloe.spec import CatalogSpec
 
-    from icefloe.catalog import CATALOG, local_paths
-
-    db_file, warehouse = local_paths(state_dir)
-    return SqlCatalog(CATALOG, uri=f"sqlite:///{db_file}", warehouse=warehouse.as_uri())
+    return runtime_catalog(CatalogSpec(), state_dir, read_only=False)

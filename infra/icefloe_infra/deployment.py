@@ -172,6 +172,12 @@ class ScheduleSpec(Model):
         return int(duration_seconds(self.dead_letter_retention))
 
 
+class AlarmsSpec(Model):
+    """Where the tables' CloudWatch alarms notify (each table's thresholds are its `alarms` setting)."""
+
+    topic_arn: Annotated[str, StringConstraints(pattern=AWS_ARN + r"sns:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_-]{1,256}$")] | None = None
+
+
 class DeploymentConfig(Model):
     owner: Annotated[str, StringConstraints(min_length=1)]
     storage: StorageSpec = StorageSpec()
@@ -182,6 +188,7 @@ class DeploymentConfig(Model):
     secrets: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]+$")], SecretSpec] = {}
     log_retention_days: int = 30
     schedule: ScheduleSpec = ScheduleSpec()
+    alarms: AlarmsSpec = AlarmsSpec()
 
     @field_validator("log_retention_days")
     @classmethod

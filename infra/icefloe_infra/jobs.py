@@ -84,7 +84,8 @@ class TableJob:
     def arguments(self, config_uri: str) -> list[str]:
         """The entry point's arguments: the runtime's own CLI (`icefloe.cli.build_parser`)."""
         mode = "--continuous" if self.continuous else "--once"
-        return ["run", "--config", config_uri, "--table", self.identifier, mode, "--json"]
+        # --metrics emf: a CloudWatch embedded-metric line per batch, which the tables' alarms watch (alarms.py).
+        return ["run", "--config", config_uri, "--table", self.identifier, mode, "--json", "--metrics", "emf"]
 
     def start_job_run_request(
         self, *, application_id: str, role_arn: str, entry_point_uri: str, config_uri: str,

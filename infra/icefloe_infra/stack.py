@@ -14,6 +14,7 @@ from icefloe.spec import IcefloeConfig
 from icefloe_policies import TAG_OWNER, TAG_STACK
 
 from . import prefixes
+from .alarms import TableAlarms, TableAlarmsArgs
 from .artifacts import RuntimeArtifacts, RuntimeArtifactsArgs
 from .bundle import Bundle, build_bundle
 from .deployment import RUNTIME_PYTHON_VERSION, DeploymentConfig
@@ -107,6 +108,7 @@ class IcefloeStack(pulumi.ComponentResource):
             TableSchedulesArgs(scheduled, deployment.schedule, application.arn, job_role.arn, identity.account_id, tags),
             child,
         )
+        alarms = TableAlarms(f"{name}-alarms", TableAlarmsArgs(spec, deployment.alarms, args.stack_name, tags), child)
 
         identifiers = [spec.identifier(t) for t in spec.tables]
         external_arns = {key: role.arn for key, role in external.items()}
@@ -123,6 +125,7 @@ class IcefloeStack(pulumi.ComponentResource):
             "schedulerRoleArn": schedules.role_arn,
             "deadLetterQueueUrl": schedules.dead_letter_queue_url,
             "logGroup": log_group.name,
+            "alarms": alarms.alarm_names,
             "externalRoleArns": external_arns,
             "externalIds": pulumi.Output.secret({key: role.external_id for key, role in external.items()}),
             "jobConfigUri": artifacts.config_uri,

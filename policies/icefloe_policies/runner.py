@@ -1,7 +1,7 @@
 """Run the whole pack over a list of resources, the way the Pulumi engine would.
 
 Meant for resources recorded from the icefloe program under Pulumi's mocks
-(`icefloe_infra.testing.run_program`), or built by hand in tests. A recorded resource is any object with
+(`icefloe_infra.dry_run`, or `tests/pulumi_mocks.run_program`), or built by hand in tests. A recorded resource is any object with
 `type` (token), `name`, `inputs` (camelCase dict) and optionally `urn`, `id`, `outputs`, `parent` (URN),
 `dependencies` (URNs), `property_dependencies` ({input name: [URNs]}) and `provider` (another recorded
 resource, e.g. the AWS provider with defaultTags).

@@ -64,3 +64,34 @@ def spark_catalog_conf(catalog: CatalogSpec, state_dir: Path | None = None) -> d
             if catalog.endpoints.region:
                 conf[f"{prefix}.client.region"] = catalog.endpoints.region
     return conf
+
+
+def pyiceberg_catalog(catalog: CatalogSpec, state_dir: Path | None = None, read_only: bool = True):
+    """The same catalog for pyiceberg (no Spark): reading tables' metadata from the command line (`icefloe status`).
+
+    Locally pyiceberg's SqlCatalog over the SQLite file Spark's JDBC catalog writes, opened read-only unless asked
+    (a missing file is then an error, not a new empty catalog); for Glue pyiceberg's GlueCatalog with the default
+    credentials and region (and the catalog's endpoints off AWS). Needs pyiceberg (the `local` extra).
+    """
+    try:
+        from pyiceberg.catalog.glue import GlueCatalog
+        from pyiceberg.catalog.sql import SqlCatalog
+    except ImportError:
+        from .errors import ConfigError
+
+        raise ConfigError("reading tables without Spark needs pyiceberg: pip install 'icefloe[local]'") from None
+    if catalog.type == "local":
+        if state_dir is None:
+            raise ValueError("a local catalog needs a state directory")
+        db_file, warehouse = local_paths(state_dir)
+        uri = f"sqlite:///file:{db_file}?mode=ro&uri=true" if read_only else f"sqlite:///{db_file}"
+        return SqlCatalog(CATALOG, uri=uri, warehouse=catalog.warehouse or warehouse.as_uri(),
+                          init_catalog_tables=str(not read_only).lower())  # fmt: skip
+    if not catalog.warehouse:
+        raise ValueError("a glue catalog needs a warehouse (s3://bucket/prefix)")
+    properties = {"warehouse": catalog.warehouse}
+    if catalog.endpoints is not None:  # off AWS (a moto server); credentials still come from the environment
+        properties |= {"glue.endpoint": catalog.endpoints.glue, "s3.endpoint": catalog.endpoints.s3}
+        if catalog.endpoints.region:
+            properties["client.region"] = catalog.endpoints.region
+    return GlueCatalog(CATALOG, **properties)

@@ -1,4 +1,4 @@
-"""The `icefloe` command line: `run`, `maintain`, `plan` and `demo`.
+"""The `icefloe` command line: `run`, `status`, `maintain`, `plan` and `demo`.
 
 `plan` and `demo` import their packages (icefloe_infra, icefloe_dev) only when chosen: the runtime bundle that
 EMR jobs run holds neither, nor Pulumi.
@@ -17,6 +17,8 @@ from .errors import IcefloeError
 DEFAULT_STATE_DIR = ".icefloe"
 # Committed, but records were deleted from the topic before they were read (a table with `onDataLoss: warn`).
 EXIT_DATA_LOSS = 3
+# `icefloe status --max-lag`: a table is further behind than allowed.
+EXIT_BEHIND = 4
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
     when.add_argument("--continuous", action="store_true", help="micro-batches until SIGTERM")
     run.add_argument("--json", action="store_true", help="print one JSON summary per table")
     run.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="local catalog and warehouse (local catalog only)")
+    run.add_argument("--metrics", choices=["emf"], help="emf: a CloudWatch embedded-metric line per table and batch on stdout")
+
+    status = commands.add_parser("status", help="freshness per table: last commit, lag, rows, DLQ, data loss")
+    status.add_argument("--config", required=True)
+    status.add_argument("--table", action="append", default=[], metavar="NAME")
+    status.add_argument("--json", action="store_true", help="one JSON object per table (see README)")
+    status.add_argument("--max-lag", action="append", default=[], metavar="N|DURATION",
+                        help=f"exit {EXIT_BEHIND} if a table lags more records (10000) or longer (5m) than this")
+    status.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
 
     maintain = commands.add_parser("maintain", help="compact, expire snapshots, remove orphan files")
     maintain.add_argument("--config", required=True)
@@ -64,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "maintain":
             return _maintain(args)
+        if args.command == "status":
+            return _status(args)
         if args.command == "plan":
             return _plan(args)
         from icefloe_dev.demo import run_demo
@@ -92,12 +105,27 @@ def _run(args: argparse.Namespace) -> int:
         state_dir=Path(args.state_dir),
         continuous=args.continuous,
         on_result=report,
+        metrics=args.metrics == "emf",
     )
     if failures:
         return 1
     return EXIT_DATA_LOSS if lost else 0
 
 
+def _status(args: argparse.Namespace) -> int:
+    from .spec import load_config
+    from .status import MaxLag, collect_status, render
+
+    max_lag = MaxLag.parse(args.max_lag)
+    statuses = collect_status(load_config(args.config), args.table, Path(args.state_dir), max_lag)
+    if args.json:
+        for status in statuses:
+            print(json.dumps(status.as_dict(), sort_keys=True), flush=True)
+    else:
+        print(render(statuses), flush=True)
+    if any(s.problems for s in statuses):
+        return 1
+    return EXIT_BEHIND if any(s.behind_max_lag for s in statuses) else 0
 def _plan(args: argparse.Namespace) -> int:
     try:
         from icefloe_infra.plan import main as plan

@@ -114,12 +114,9 @@ def committed_state(table: IcebergTable, topic: str) -> CommittedState:
             )
         checkpoint = Checkpoint.from_summary(dict(zip(SUMMARY_KEYS, row[4:])))
         if checkpoint is not None:
-            if checkpoint.topic not in (None, topic):
-                raise ConfigError(
-                    f"table {table.identifier} holds topic {checkpoint.topic!r}, but the config now names {topic!r}; "
-                    "declare a new table for a different topic"
-                )
-            return CommittedState(current, checkpoint, snapshot, _utc(row.committed_at))
+            return CommittedState(
+                current, for_topic(checkpoint, table.identifier, topic), snapshot, _utc(row.committed_at)
+            )
         snapshot = row.parent_id
     if current is not None and int(by_id[current][3] or 0) > 0:
         raise CheckpointLost(
@@ -131,6 +128,16 @@ def committed_state(table: IcebergTable, topic: str) -> CommittedState:
 
 def _utc(at: dt.datetime) -> dt.datetime:
     return at.replace(tzinfo=dt.timezone.utc) if at.tzinfo is None else at
+
+
+def for_topic(checkpoint: Checkpoint, identifier: str, topic: str) -> Checkpoint:
+    """`checkpoint`, if it is for `topic`: a table holds one topic for life."""
+    if checkpoint.topic not in (None, topic):
+        raise ConfigError(
+            f"table {identifier} holds topic {checkpoint.topic!r}, but the config now names {topic!r}; "
+            "declare a new table for a different topic"
+        )
+    return checkpoint
 
 
 def append_with_checkpoint(frame: DataFrame, target: str, checkpoint: Checkpoint) -> None:

@@ -256,3 +256,35 @@ def read_range(conf: dict[str, str], task: OffsetRange, poll_batch: int = 5000) 
                     return
     finally:
         consumer.close()
+
+
+def first_record_timestamps(conf: dict[str, str], topic: str, ranges: dict[int, tuple[int, int]]) -> dict[int, float]:
+    """The Kafka timestamp (epoch seconds) of the first readable record in [start, end) per partition: the oldest
+    record a table has not read yet. Partitions with nothing readable in their range, or that do not answer within
+    the planning timeout, are left out."""
+    wanted = {p: bounds for p, bounds in ranges.items() if bounds[0] < bounds[1]}
+    if not wanted:
+        return {}
+    consumer = _consumer(conf)  # read_committed: the first record a run would actually read
+    found: dict[int, float] = {}
+    try:
+        consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in wanted.items()])
+        pending, deadline = set(wanted), time.monotonic() + PLAN_TIMEOUT_S
+        while pending and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.partition() not in pending:
+                continue
+            error = msg.error()
+            if error is not None and error.code() != KafkaError._PARTITION_EOF:
+                raise SourceError(f"{topic}[{msg.partition()}] at offset {msg.offset()}: {error.str()}")
+            if error is None and msg.offset() < wanted[msg.partition()][1]:
+                _, millis = msg.timestamp()
+                if millis >= 0:  # -1: the record carries no timestamp
+                    found[msg.partition()] = millis / 1000
+            pending.discard(msg.partition())
+            consumer.incremental_unassign([TopicPartition(topic, msg.partition())])
+    except KafkaException as error:
+        raise _unreachable(conf, error) from None
+    finally:
+        consumer.close()
+    return found

@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from . import progress
 from .batch_columns import ERROR_CLASS, ERROR_MESSAGE
 from .commit import Branch, commit_on_branch, drop_stale_branches, new_run_id
 from .commit_state import Checkpoint, CommittedState, committed_state, lost_as_json
@@ -146,6 +147,7 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
             metadata_location=iceberg.metadata_location(), run_id=run_id, seconds=time.monotonic() - started,
         )  # fmt: skip
     log.info("%s: reading %d records from %d partitions", identifier, sum(r.count for r in ranges), len(ranges))
+    progress.reading(spark, identifier, sum(r.count for r in ranges))
 
     plan = ReadPlan(
         kafka_conf=kafka_conf,

@@ -14,11 +14,15 @@ from typing import Callable, Iterator
 
 from pyspark.sql import SparkSession
 
+from . import progress
 from .errors import CommitConflict, ConfigError, IcefloeError, RecordError, SourceError, is_transient
+from .heartbeat import RUNNING, STOPPED, Heartbeat, write_heartbeat
 from .iceberg_table import IcebergTable
 from .kafka_source import client_config, plan_ranges
+from .lag import measure_lag
 from .maintenance import is_due, maintain
 from .materializer import BatchResult, materialize_once
+from .metrics import BatchMetrics, emit
 from .session import spark_session
 from .spec import IcefloeConfig, TableSpec, load_config
 
@@ -52,7 +56,7 @@ def run_table(spark: SparkSession, config: IcefloeConfig, table: TableSpec, stat
     (or any failure that reads as transient: throttling, timeouts, refused connections) backs off."""
     identifier = config.identifier(table)
     commit_tries = source_tries = 0
-    with table_lock(state_dir, identifier, config.catalog.type == "local"):
+    with table_lock(state_dir, identifier, config.catalog.type == "local"), progress.watch(spark, identifier):
         while True:
             try:
                 return materialize_once(spark, config, table)
@@ -79,18 +83,20 @@ def run_tables(
     continuous: bool,
     on_result: Callable[[BatchResult], None],
     stop: threading.Event | None = None,
+    metrics: bool = False,
 ) -> int:
-    """Materialize the chosen tables (once, or until stopped); returns the number of tables that failed."""
+    """Materialize the chosen tables (once, or until stopped); returns the number of tables that failed.
+    With `metrics`, an EMF line per table follows every batch attempt (`icefloe.metrics`)."""
     config = load_config(config_path)
     tables = config.select(table_names)
     if not tables:
         raise ConfigError(f"{config_path}: no enabled tables to run")
     spark = spark_session(config.catalog, state_dir)
     if continuous:
-        return run_continuously(spark, config, tables, state_dir, on_result, stop or stop_on_signals())
+        return run_continuously(spark, config, tables, state_dir, on_result, stop or stop_on_signals(), metrics=metrics)
     failures = 0
     for table in tables:
-        outcome, _ = _run_and_maintain(spark, config, table, state_dir, on_result)
+        outcome, _, _ = _attempt(spark, config, table, state_dir, on_result, metrics)
         if outcome != Outcome.OK:
             failures += 1
     return failures
@@ -100,6 +106,71 @@ class Outcome:
     OK = "ok"
     WAITING = "waiting"  # the environment failed (source, registry, catalog, Spark): try again later
     FAILED = "failed"  # a bad record or a bad config: trying again gives the same answer
+
+
+def _attempt(
+    spark: SparkSession, config: IcefloeConfig, table: TableSpec, state_dir: Path, on_result: Callable[[BatchResult], None],
+    metrics: bool, known: dict[int, int] | None = None,
+) -> tuple[str, str, BatchResult | None]:  # fmt: skip
+    """One batch and its maintenance (`_run_and_maintain`), the table's heartbeat written before and after it, and
+    with `metrics` an EMF line after it. `known`: the table's offsets from an earlier batch, for the lag when this
+    one fails."""
+    identifier = config.identifier(table)
+    started = time.monotonic()
+    _beat(state_dir, Heartbeat(identifier, time.time(), RUNNING, offsets=_keyed(known or {})))
+    results: list[BatchResult] = []
+
+    def keep(result: BatchResult) -> None:
+        results.append(result)
+        on_result(result)
+
+    outcome, why = _run_and_maintain(spark, config, table, state_dir, keep)
+    result = results[-1] if results else None
+    status = result.status if result is not None and outcome == Outcome.OK else outcome
+    offsets = result.offsets if result is not None else (known or {})
+    _beat(state_dir, Heartbeat(identifier, time.time(), status, result.describe() if result else why, _keyed(offsets)))
+    if metrics:
+        emit(_batch_metrics(spark, config, table, status, why, result, offsets, time.monotonic() - started))
+    return outcome, why, result
+
+
+def _keyed(offsets: dict[int, int]) -> dict[str, int]:
+    return {str(p): o for p, o in sorted(offsets.items())}
+
+
+def _beat(state_dir: Path, beat: Heartbeat) -> None:
+    try:
+        write_heartbeat(state_dir, beat)
+    except OSError as error:  # the heartbeat is for operators: a full or read-only disk must not stop the table
+        log.warning("%s: cannot write its heartbeat: %s", beat.table, error)
+
+
+def _batch_metrics(
+    spark: SparkSession, config: IcefloeConfig, table: TableSpec, status: str, why: str, result: BatchResult | None,
+    offsets: dict[int, int], seconds: float,
+) -> BatchMetrics:  # fmt: skip
+    """The attempt's metrics; the lag (after the batch) and the bytes its commit added when they can be read."""
+    identifier = config.identifier(table)
+    lag = added_bytes = None
+    if offsets:
+        try:
+            lag = measure_lag(client_config(config.cluster(table.source_cluster)), table.topic, offsets,
+                              table.starting_offsets)  # fmt: skip
+        except Exception as error:  # the broker may be the reason the batch failed
+            log.debug("%s: lag not measured: %s", identifier, error)
+    if result is not None and result.status == "committed" and result.snapshot_id is not None:
+        try:
+            summary = IcebergTable(spark, identifier).snapshot_summary(result.snapshot_id)
+            added_bytes = int(summary.get("added-files-size") or 0)
+        except Exception as error:
+            log.debug("%s: bytes written not read: %s", identifier, error)
+    return BatchMetrics(
+        table=identifier, topic=table.topic, status=status, duration_s=seconds,
+        records_committed=result.rows_written if result else 0, bad_records=result.records_failed if result else 0,
+        records_lost=sum(r["end"] - r["start"] for r in result.data_lost) if result else 0,
+        lag_records=lag.records if lag else None, lag_seconds=lag.seconds if lag else None,
+        bytes_written=added_bytes, run_id=result.run_id if result else "", error=why,
+    )  # fmt: skip
 
 
 def _run_and_maintain(
@@ -171,6 +242,7 @@ def run_continuously(
     on_result: Callable[[BatchResult], None],
     stop: threading.Event,
     poll_s: float = 1.0,
+    metrics: bool = False,
 ) -> int:
     """Micro-batches per table: commit when `refresh` has elapsed or `commitRecords` are waiting, whichever first.
 
@@ -201,12 +273,9 @@ def run_continuously(
             if not due:
                 continue
             last_batch[identifier] = time.monotonic()
-
-            def remember(result: BatchResult, key=identifier) -> None:
-                committed[key] = result.offsets
-                on_result(result)
-
-            outcome, why = _run_and_maintain(spark, config, table, state_dir, remember)
+            outcome, why, result = _attempt(spark, config, table, state_dir, on_result, metrics, committed.get(identifier))
+            if result is not None:
+                committed[identifier] = result.offsets
             if outcome == Outcome.FAILED:
                 suspended.add(identifier)
                 log.error("%s: suspended until restart", identifier)
@@ -223,6 +292,10 @@ def run_continuously(
                 del outages[identifier]
                 log.info("%s: recovered after %.0fs; committing again", identifier, time.monotonic() - outage.since)
         stop.wait(poll_s)
+    for table in tables:  # a clean stop: status must not take the table for a live job's
+        identifier = config.identifier(table)
+        if identifier not in suspended:
+            _beat(state_dir, Heartbeat(identifier, time.time(), STOPPED, offsets=_keyed(committed.get(identifier, {}))))
     return len(suspended)
 
 

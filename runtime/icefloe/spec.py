@@ -22,6 +22,7 @@ from .partitioning import PartitionField, parse_partition_field
 
 # Glue and Athena want lowercase names of letters, digits and underscores.
 GLUE_NAME = r"^[a-z_][a-z0-9_]{0,254}$"
+LAG_ALARM_REFRESHES = 3
 DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
 _DURATION_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -39,6 +40,18 @@ def duration_seconds(text: str) -> float:
     if not match:
         raise ValueError(f"{text!r} is not a duration like 30s, 5m, 1h or 7d")
     return int(match.group(1)) * _DURATION_SECONDS[match.group(2)]
+
+
+def format_duration(seconds: float) -> str:
+    """A duration for people, to the second: 42s, 3m05s, 2h10m, 3d04h."""
+    whole = int(seconds + 0.5)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
 
 
 class Model(BaseModel):
@@ -168,6 +181,26 @@ class MaintenanceSpec(Model):
         return value
 
 
+class AlarmSpec(Model):
+    """The CloudWatch alarms a deployed table gets from its per-batch metrics (`icefloe.metrics`; created by infra).
+
+    `lag`: alarm when the oldest unread record is older than this, or when no batch reported in a window this long
+    (default: three refresh intervals, at least 5m; 1m to 1d). `badRecords`: with `errors: dlq` or `skip`, alarm
+    when more bad records than this arrive within that window (default 0: any).
+    """
+
+    enabled: bool = True
+    lag: str | None = None
+    bad_records: int = Field(default=0, ge=0)
+
+    @field_validator("lag")
+    @classmethod
+    def _lag(cls, value: str | None) -> str | None:
+        if value is not None and not 60 <= duration_seconds(value) <= 86400:
+            raise ValueError(f"lag must be between 1m and 1d (CloudWatch alarm periods), got {value}")
+        return value
+
+
 class TableSpec(Model):
     source_cluster: str
     topic: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,249}$")]
@@ -193,6 +226,7 @@ class TableSpec(Model):
     run_timeout: str = "12h"
     enabled: bool = True
     maintenance: MaintenanceSpec = MaintenanceSpec()
+    alarms: AlarmSpec = AlarmSpec()
 
     @field_validator("refresh", "run_timeout")
     @classmethod
@@ -264,6 +298,13 @@ class TableSpec(Model):
     @property
     def run_timeout_seconds(self) -> float:
         return duration_seconds(self.run_timeout)
+
+    @property
+    def lag_alarm_seconds(self) -> float:
+        """When the table counts as late: its `alarms.lag`, else three refresh intervals (at least 5 minutes)."""
+        if self.alarms.lag is not None:
+            return duration_seconds(self.alarms.lag)
+        return min(86400.0, max(300.0, LAG_ALARM_REFRESHES * self.refresh_seconds))
 
 
 class CatalogEndpoints(Model):
@@ -348,7 +389,7 @@ class IcefloeConfig(Model):
 CONFIG_KEYS = {"sourceClusters": "source_clusters", "tables": "tables", "catalog": "catalog"}
 # Keys that only the Pulumi program reads (validated by icefloe_infra.deployment); the runtime ignores them.
 DEPLOYMENT_KEYS: tuple[str, ...] = (
-    "storage", "emr", "externalAccess", "owner", "tags", "glue", "secrets", "logRetentionDays", "schedule",
+    "storage", "emr", "externalAccess", "owner", "tags", "glue", "secrets", "logRetentionDays", "schedule", "alarms",
 )  # fmt: skip
 NAMESPACE = "icefloe"
 ModelT = TypeVar("ModelT", bound=Model)
