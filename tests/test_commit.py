@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 
 import pytest
@@ -40,14 +41,14 @@ def test_concurrent_commit_makes_the_batch_replan_not_duplicate(spark, broker, s
     original = commit_module.commit_on_branch
     intrusions = []
 
-    def racing_commit(table, base, checkpoint, write):
+    def racing_commit(table, base, checkpoint, write, *args):
         def write_after_a_rival(branch):
             if not intrusions:
                 # A rival run commits the same offsets to main while this batch is being written.
                 intrusions.append(original(table, base, replace(checkpoint, run_id="rival"), write))
             return write(branch)
 
-        return original(table, base, checkpoint, write_after_a_rival)
+        return original(table, base, checkpoint, write_after_a_rival, *args)
 
     monkeypatch.setattr("icefloe.materializer.commit_on_branch", racing_commit)
     with pytest.raises(CommitConflict, match="another writer committed"):
@@ -84,7 +85,9 @@ def test_crash_before_publish_leaves_main_untouched_and_rerun_completes(spark, b
         materialize_once(spark, config, config.tables[0])
     monkeypatch.undo()
     assert table.main_snapshot_id() == first.snapshot_id
-    real_sql(f"ALTER TABLE {table.full_name} CREATE BRANCH `icefloe_run_leftover`")
+    # a leftover of a run older than the run timeout (12h by default): provably dead
+    leftover = commit_module.branch_name(commit_module.new_run_id(time.time() - 13 * 3600))
+    real_sql(f"ALTER TABLE {table.full_name} CREATE BRANCH `{leftover}`")
 
     result = run_table(spark, config, config.tables[0], state_dir)
     assert result.rows_written == 6

@@ -80,6 +80,22 @@ def test_key_fields_with_json_key_tombstones(spark, broker, state_dir, topic, ma
     assert [(r["account"], r["balance"]) for r in rows] == [("a", 3)]
 
 
+def test_a_key_spanning_partitions_takes_the_newest_record_timestamp(spark, broker, state_dir, topic, make_config):
+    """`key: [account]` records of one key in two partitions: Kafka orders them only by their timestamps."""
+    broker.create_topic(topic, 2)
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert", "key": ["account"]})
+    now = int(time.time() * 1000)
+
+    def upsert(balance, partition, timestamp):
+        value = json.dumps({"account": "a", "balance": balance, "seq": balance}).encode()
+        return {"key": b"a", "value": value, "partition": partition, "timestamp": timestamp}
+
+    # The newer record sits in the lower partition: a tie-break by partition would keep the older one.
+    produce(broker.bootstrap_servers, topic, [upsert(2, 0, now), upsert(1, 1, now - 10_000)])
+    result = run_table(spark, config, config.tables[0], state_dir)
+    assert [r["balance"] for r in read_pyiceberg(state_dir, result.identifier)] == [2]
+
+
 def stack_file(path, bootstrap, table: dict):
     path.write_text(yaml.safe_dump({"config": {
         "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": bootstrap}],

@@ -5,12 +5,21 @@ fast-forwarded to the branch. Iceberg refuses the fast-forward when main has mov
 committed), so two runs can never both commit the same offsets: the loser gets `CommitConflict`, its data never
 becomes visible, and the next run re-plans from what main holds. The catalog's atomic metadata swap makes the
 fast-forward the single commit point; a crash before it leaves main untouched.
+
+Runs of one table may overlap (a scheduler fires while a long batch still runs), so a run only drops branches that
+are provably dead: a run id carries its start, and a run older than `runTimeout` never publishes (it checks before
+its fast-forward), so a branch whose run started longer ago than that can be dropped. And because Iceberg recreates
+a dropped branch from main's head on the next write to it, the publish step verifies the branch's lineage: main is
+still the base the offsets were planned from, and every snapshot the run wrote is on the branch above that base.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
@@ -22,7 +31,21 @@ from .iceberg_table import IcebergTable
 
 log = logging.getLogger(__name__)
 BRANCH_PREFIX = "icefloe_run_"
+_STARTED = re.compile(r"^(\d{10,})_")  # a run id begins with its start, in whole seconds since the epoch
 Written = TypeVar("Written")
+# How long a run may take before other runs may drop its branch (the table's `runTimeout`, spec's default).
+DEFAULT_RUN_TIMEOUT_S = 12 * 3600
+
+
+def new_run_id(started: float | None = None) -> str:
+    """A unique run id that says when the run started (so other runs can tell when its branch is dead)."""
+    return f"{int(time.time() if started is None else started)}_{uuid.uuid4().hex[:12]}"
+
+
+def run_started(run_id: str) -> float | None:
+    """When the run started (epoch seconds), or None for an id that does not say (e.g. an older icefloe's)."""
+    match = _STARTED.match(run_id)
+    return float(match.group(1)) if match else None
 
 
 def branch_name(run_id: str) -> str:
@@ -38,6 +61,7 @@ class Branch:
     name: str
     checkpoint: Checkpoint
     checkpointed: bool = False  # a snapshot on the branch carries the checkpoint
+    written: list[int] = field(default_factory=list)  # the branch's head after each write: all must be published
 
     @property
     def spark(self) -> SparkSession:
@@ -52,24 +76,69 @@ class Branch:
         """Append `frame` in one snapshot that carries the checkpoint."""
         append_with_checkpoint(frame, self.identifier, self.checkpoint)
         self.checkpointed = True
+        self.wrote()
+
+    def wrote(self) -> None:
+        """Note the branch's head after a write (every writer calls this after each statement that commits)."""
+        head = self.table.ref_snapshot_id(self.name)
+        if head is None:
+            raise CommitConflict(f"table {self.table.identifier}: branch {self.name} was dropped while being written")
+        self.written.append(head)
 
     def rows_appended(self) -> int:
         """The rows `append` added."""
         return rows_added_by_run(self.table, self.checkpoint.run_id)
 
 
-def drop_stale_branches(table: IcebergTable) -> None:
-    """Branches left by runs that crashed before their fast-forward hold nothing visible: drop them."""
+def drop_stale_branches(table: IcebergTable, run_timeout_s: float, now: float | None = None) -> None:
+    """Drop branches of runs that started more than `run_timeout_s` ago: such a run can no longer publish (see
+    `commit_on_branch`), so its branch holds nothing that will ever be visible. Younger runs may still be writing;
+    a branch whose name does not say when its run started is kept (it cannot be proven dead)."""
+    now = time.time() if now is None else now
     for branch in table.branches(BRANCH_PREFIX):
-        log.info("%s: dropping branch %s left by an interrupted run", table.identifier, branch)
+        started = run_started(branch[len(BRANCH_PREFIX) :])
+        if started is None or now - started <= run_timeout_s:
+            continue
+        log.info("%s: dropping branch %s left by a run that started %.0fs ago", table.identifier, branch, now - started)
         table.spark.sql(f"ALTER TABLE {table.full_name} DROP BRANCH IF EXISTS `{branch}`")
 
 
+def verify_publishable(branch: Branch, base_snapshot_id: int, run_timeout_s: float) -> None:
+    """Refuse to publish unless the run is younger than its timeout (older runs' branches may be dropped by
+    others), main is still `base_snapshot_id` (the snapshot the offsets were planned from), and the branch descends
+    from that base through every snapshot the run wrote (a dropped and recreated branch would not)."""
+    table = branch.table
+    started = run_started(branch.checkpoint.run_id or "")
+    if started is not None and time.time() - started > run_timeout_s:
+        raise CommitConflict(
+            f"table {table.identifier}: run {branch.checkpoint.run_id} is older than runTimeout "
+            f"({run_timeout_s:.0f}s); its branch may have been dropped, nothing was committed, the batch will be re-planned"
+        )
+    main = table.ref_snapshot_id("main")
+    if main != base_snapshot_id:
+        raise CommitConflict(
+            f"table {table.identifier}: another writer committed (main is at snapshot {main}, this batch was planned "
+            f"from {base_snapshot_id}); nothing was committed, the batch will be re-planned"
+        )
+    lineage = table.lineage(branch.name, base_snapshot_id)
+    missing = [snapshot for snapshot in branch.written if snapshot not in lineage]
+    if lineage is None or missing:
+        raise CommitConflict(
+            f"table {table.identifier}: branch {branch.name} no longer holds this run's writes above snapshot "
+            f"{base_snapshot_id} (dropped by another run?); nothing was committed, the batch will be re-planned"
+        )
+
+
 def commit_on_branch(
-    table: IcebergTable, base_snapshot_id: int, checkpoint: Checkpoint, write: Callable[[Branch], Written]
+    table: IcebergTable,
+    base_snapshot_id: int,
+    checkpoint: Checkpoint,
+    write: Callable[[Branch], Written],
+    run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S,
 ) -> tuple[int, Written]:
     """Run `write(branch)` on the run's branch at `base_snapshot_id`, make sure the branch carries `checkpoint`,
-    then publish it; returns main's new snapshot and what `write` returned."""
+    verify the branch may be published (`verify_publishable`), then publish it; returns main's new snapshot and
+    what `write` returned."""
     if checkpoint.run_id is None:
         raise ValueError("a commit's checkpoint names the run that writes it")
     branch = Branch(table, branch_name(checkpoint.run_id), checkpoint)
@@ -79,6 +148,7 @@ def commit_on_branch(
         written = write(branch)
         if not branch.checkpointed:  # e.g. after a MERGE: the checkpoint rides on an empty append
             branch.append(spark.createDataFrame([], spark.table(table.full_name).schema))
+        verify_publishable(branch, base_snapshot_id, run_timeout_s)
         try:
             result = spark.sql(
                 f"CALL {CATALOG}.system.fast_forward('{table.identifier}', 'main', '{branch.name}')"

@@ -3,7 +3,8 @@
 A commit's snapshot summary records the topic and its Kafka topic id, the next offset per partition, the run that
 wrote it and any ranges deleted from the topic before they were read (like the Iceberg Kafka Connect sink's commit
 state). The newest snapshot in main's ancestry that carries a checkpoint is where the next run resumes; maintenance
-commits carry none and are walked past. Writers never see these keys: they write through their run's branch
+commits carry none and are walked past. A walk that runs into an expired snapshot before it finds a checkpoint
+stops the table (`CheckpointLost`) rather than start over; maintenance keeps the snapshot the walk finds. Writers never see these keys: they write through their run's branch
 (`commit.Branch`), which attaches the checkpoint.
 
 To record something more per commit, add a field to `Checkpoint` and its key to `to_summary`/`from_summary`.
@@ -18,7 +19,7 @@ from typing import Mapping
 
 from pyspark.sql import DataFrame
 
-from .errors import ConfigError
+from .errors import CheckpointLost, ConfigError
 from .iceberg_table import IcebergTable, append_with_properties
 from .kafka_source import LostRange
 
@@ -79,6 +80,8 @@ class CommittedState:
 
     snapshot_id: int | None
     checkpoint: Checkpoint | None = None
+    checkpoint_snapshot_id: int | None = None  # the snapshot in main's ancestry that carries `checkpoint`
+    checkpoint_committed_at: dt.datetime | None = None  # when it was committed (UTC)
 
     @property
     def offsets(self) -> dict[int, int]:
@@ -92,19 +95,39 @@ class CommittedState:
 
 
 def committed_state(table: IcebergTable, topic: str) -> CommittedState:
-    """Walk main's ancestry to the newest snapshot carrying a checkpoint, which must be for `topic`."""
+    """Walk main's ancestry to the newest snapshot carrying a checkpoint, which must be for `topic`. Raises
+    `CheckpointLost` when the walk breaks at an expired snapshot, or ends without a checkpoint on a table with data."""
     current = table.main_snapshot_id()
     keys = ", ".join(f"summary['{key}']" for key in SUMMARY_KEYS)
-    rows = table.spark.sql(f"SELECT snapshot_id, parent_id, {keys} FROM {table.full_name}.snapshots").collect()
+    rows = table.spark.sql(
+        f"SELECT snapshot_id, parent_id, committed_at, summary['total-records'], {keys} FROM {table.full_name}.snapshots"
+    ).collect()
     by_id = {row.snapshot_id: row for row in rows}
     snapshot = current
-    while snapshot is not None and snapshot in by_id:
-        row = by_id[snapshot]
-        checkpoint = Checkpoint.from_summary(dict(zip(SUMMARY_KEYS, row[2:])))
+    while snapshot is not None:
+        row = by_id.get(snapshot)
+        if row is None:
+            raise CheckpointLost(
+                f"table {table.identifier}: snapshot {snapshot} in main's history was expired before a snapshot "
+                "carrying icefloe's offsets was found; where to resume reading is unknown, so nothing is read "
+                "(restore the table's history, or recreate the table)"
+            )
+        checkpoint = Checkpoint.from_summary(dict(zip(SUMMARY_KEYS, row[4:])))
         if checkpoint is not None:
-            return CommittedState(current, for_topic(checkpoint, table.identifier, topic))
+            return CommittedState(
+                current, for_topic(checkpoint, table.identifier, topic), snapshot, _utc(row.committed_at)
+            )
         snapshot = row.parent_id
+    if current is not None and int(by_id[current][3] or 0) > 0:
+        raise CheckpointLost(
+            f"table {table.identifier} holds rows but no snapshot in main's history carries icefloe's offsets; "
+            "where to resume reading is unknown, so nothing is read"
+        )
     return CommittedState(current)
+
+
+def _utc(at: dt.datetime) -> dt.datetime:
+    return at.replace(tzinfo=dt.timezone.utc) if at.tzinfo is None else at
 
 
 def for_topic(checkpoint: Checkpoint, identifier: str, topic: str) -> Checkpoint:
@@ -129,13 +152,3 @@ def rows_added_by_run(table: IcebergTable, run_id: str) -> int:
         f"WHERE summary['{RUN_ID_KEY}'] = '{run_id}'"
     ).collect()
     return int(added[0].added or 0) if added else 0
-
-
-def newest_checkpoint_time(table: IcebergTable) -> dt.datetime | None:
-    """When the newest snapshot carrying a checkpoint was committed (UTC), on any branch; None if there is none."""
-    at = table.spark.sql(
-        f"SELECT max(committed_at) AS at FROM {table.full_name}.snapshots WHERE summary['{OFFSETS_KEY}'] IS NOT NULL"
-    ).collect()[0].at
-    if at is None:
-        return None
-    return at.replace(tzinfo=dt.timezone.utc) if at.tzinfo is None else at

@@ -39,12 +39,18 @@ def dead_letter_identifier(identifier: str) -> str:
 
 
 def commit_dead_letters(
-    spark: SparkSession, identifier: str, topic: str, bad: DataFrame, next_offsets: dict[int, int], run_id: str
+    spark: SparkSession,
+    identifier: str,
+    topic: str,
+    bad: DataFrame,
+    next_offsets: dict[int, int],
+    run_id: str,
+    run_timeout_s: float,
 ) -> int:
     """Append the batch's bad records not yet in the DLQ table; returns the snapshot id published."""
     dlq = IcebergTable(spark, dead_letter_identifier(identifier))
     dlq.ensure(DLQ_STRUCT, (), 128, Checkpoint(topic).to_summary())
-    drop_stale_branches(dlq)
+    drop_stale_branches(dlq, run_timeout_s)
     state = committed_state(dlq, topic)
     fresh = bad
     for partition, mark in state.offsets.items():
@@ -57,5 +63,7 @@ def commit_dead_letters(
     )
     marks = {p: max(o, state.offsets.get(p, 0)) for p, o in next_offsets.items()}
     checkpoint = Checkpoint(topic, marks, run_id)
-    snapshot_id, _ = commit_on_branch(dlq, state.snapshot_id, checkpoint, lambda branch: branch.append(rows))
+    snapshot_id, _ = commit_on_branch(
+        dlq, state.snapshot_id, checkpoint, lambda branch: branch.append(rows), run_timeout_s
+    )
     return snapshot_id

@@ -29,6 +29,11 @@ class DataLossError(IcefloeError):
     transient: retrying finds the same gap until the user decides (`onDataLoss: warn`) or restores the records."""
 
 
+class CheckpointLost(IcefloeError):
+    """A table holds data but no checkpoint can be found in main's history (a snapshot between main's head and the
+    last checkpoint was expired): where to resume is unknown, so nothing is read rather than re-read or skipped."""
+
+
 class CommitConflict(IcefloeError):
     """Another writer changed the table while this batch was being written; the batch was not committed."""
 

@@ -59,9 +59,13 @@ class IcebergTable:
         first_summary: Mapping[str, str],
     ) -> bool:
         """Create the table (and its database) on first use, with a first, empty snapshot whose summary carries
-        `first_summary`; True if it was created now."""
+        `first_summary`; True if it was created now. A table created by a run that died before that first snapshot
+        gets it now."""
         self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.`{self.database}`")
         if self.exists():
+            if self.main_snapshot_id() is None:
+                append_with_properties(self.spark.createDataFrame([], self.spark.table(self.full_name).schema),
+                                       self.full_name, first_summary)  # fmt: skip
             return False
         jvm_type = self.spark._jvm.org.apache.spark.sql.types.DataType.fromJson(struct.json())
         properties = DEFAULT_PROPERTIES | {"write.target-file-size-bytes": str(target_file_size_mb * 1024 * 1024)}
@@ -84,8 +88,28 @@ class IcebergTable:
         return changes
 
     def main_snapshot_id(self) -> int | None:
-        rows = self.spark.sql(f"SELECT snapshot_id FROM {self.full_name}.refs WHERE name = 'main'").collect()
+        return self.ref_snapshot_id("main")
+
+    def ref_snapshot_id(self, ref: str) -> int | None:
+        """The snapshot a branch or tag points at; None if there is no such ref."""
+        rows = self.spark.sql(f"SELECT snapshot_id FROM {self.full_name}.refs WHERE name = '{ref}'").collect()
         return rows[0].snapshot_id if rows else None
+
+    def lineage(self, ref: str, base_snapshot_id: int) -> list[int] | None:
+        """The snapshots from `ref`'s head down to `base_snapshot_id` (both included), or None when `ref` is gone
+        or does not descend from that base."""
+        snapshot = self.ref_snapshot_id(ref)
+        parents = {
+            row.snapshot_id: row.parent_id
+            for row in self.spark.sql(f"SELECT snapshot_id, parent_id FROM {self.full_name}.snapshots").collect()
+        }
+        chain = []
+        while snapshot is not None:
+            chain.append(snapshot)
+            if snapshot == base_snapshot_id:
+                return chain
+            snapshot = parents.get(snapshot)
+        return None
 
     def snapshot_summary(self, snapshot_id: int) -> dict[str, str]:
         rows = self.spark.sql(

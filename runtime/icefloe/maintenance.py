@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from .catalog import CATALOG
-from .commit_state import newest_checkpoint_time
+from .commit_state import committed_state
 from .iceberg_table import IcebergTable
 from .spec import TableSpec, duration_seconds
 
@@ -92,9 +92,10 @@ def maintain(table: IcebergTable, spec: TableSpec) -> MaintenanceResult:
     spark.sql(f"CALL {CATALOG}.system.rewrite_manifests(table => '{table.identifier}')").collect()
     result.steps += ["compaction", "manifests"]
 
-    # Expire old snapshots, but never the newest one carrying offsets: it is where the next run resumes.
+    # Expire old snapshots, but never the one carrying the offsets the next run resumes from (the one main's history
+    # leads to, not the newest on any branch: an abandoned run's branch may hold a newer one).
     keep_from = now - dt.timedelta(seconds=duration_seconds(settings.snapshot_retention))
-    offsets_at = newest_checkpoint_time(table)
+    offsets_at = committed_state(table, spec.topic).checkpoint_committed_at
     if offsets_at is not None:
         keep_from = min(keep_from, offsets_at)
     snapshots_before = spark.sql(f"SELECT count(*) AS n FROM {name}.snapshots").collect()[0].n

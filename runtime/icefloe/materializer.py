@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Callable
@@ -24,7 +23,7 @@ from pyspark.sql.types import StructType
 
 from . import progress
 from .batch_columns import ERROR_CLASS, ERROR_MESSAGE
-from .commit import Branch, commit_on_branch, drop_stale_branches
+from .commit import Branch, commit_on_branch, drop_stale_branches, new_run_id
 from .commit_state import Checkpoint, CommittedState, committed_state, lost_as_json
 from .dead_letter import commit_dead_letters
 from .decoding import decoder_spec
@@ -117,7 +116,7 @@ class CommitOutcome:
 
 def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpec) -> BatchResult:
     started = time.monotonic()
-    run_id = uuid.uuid4().hex[:16]
+    run_id = new_run_id()
     identifier = config.identifier(table)
     cluster = config.cluster(table.source_cluster)
     kafka_conf = client_config(cluster)
@@ -134,7 +133,7 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
         log.info("%s: created table", identifier)
     for change in iceberg.evolve(struct):
         log.info("%s: schema evolved: %s", identifier, change)
-    drop_stale_branches(iceberg)
+    drop_stale_branches(iceberg, table.run_timeout_seconds)
     state = committed_state(iceberg, table.topic)
     planned = plan_ranges(
         kafka_conf, table.topic, state.offsets, table.starting_offsets, table.max_records_per_run,
@@ -201,7 +200,9 @@ def _commit(
         if applied.batch.next_offsets == state.offsets:  # fail mode, a bad record first in every partition read
             return CommitOutcome(None, 0, applied)
         checkpoint = replace(checkpoint, offsets=applied.batch.next_offsets)
-        snapshot_id, rows = commit_on_branch(iceberg, state.snapshot_id, checkpoint, partial(write, applied.good))
+        snapshot_id, rows = commit_on_branch(
+            iceberg, state.snapshot_id, checkpoint, partial(write, applied.good), table.run_timeout_seconds
+        )
         return CommitOutcome(snapshot_id, rows, applied)
     except IcefloeError:
         raise
@@ -250,7 +251,7 @@ def _apply_error_mode(
             good = good.where((F.col("kafka_partition") != partition) | (F.col("kafka_offset") < offset))
         return ErrorModeOutcome(good, batch, 0, error)
     if table.errors == "dlq":
-        commit_dead_letters(spark, identifier, table.topic, bad, batch.next_offsets, run_id)
+        commit_dead_letters(spark, identifier, table.topic, bad, batch.next_offsets, run_id, table.run_timeout_seconds)
     return ErrorModeOutcome(good, batch, failed, None)
 
 

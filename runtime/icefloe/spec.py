@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from .batch_columns import KAFKA_COLUMNS
@@ -222,15 +222,18 @@ class TableSpec(Model):
     retention: str | None = None
     max_records_per_run: int | None = Field(default=None, ge=1)
     max_record_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
+    # The longest a batch may take: an older run does not publish, so other runs may drop its branch.
+    run_timeout: str = "12h"
     enabled: bool = True
     maintenance: MaintenanceSpec = MaintenanceSpec()
     alarms: AlarmSpec = AlarmSpec()
 
-    @field_validator("refresh")
+    @field_validator("refresh", "run_timeout")
     @classmethod
-    def _refresh(cls, value: str) -> str:
-        if duration_seconds(value) < 1:
-            raise ValueError("refresh must be at least 1s")
+    def _at_least(cls, value: str, info: ValidationInfo) -> str:
+        name, least = {"refresh": ("refresh", "1s"), "run_timeout": ("runTimeout", "1m")}[info.field_name]
+        if duration_seconds(value) < duration_seconds(least):
+            raise ValueError(f"{name} must be at least {least}")
         return value
 
     @field_validator("retention")
@@ -291,6 +294,10 @@ class TableSpec(Model):
     @property
     def refresh_seconds(self) -> float:
         return duration_seconds(self.refresh)
+
+    @property
+    def run_timeout_seconds(self) -> float:
+        return duration_seconds(self.run_timeout)
 
     @property
     def lag_alarm_seconds(self) -> float:

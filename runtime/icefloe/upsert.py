@@ -1,9 +1,12 @@
 """Upsert mode: the newest record per key wins, a tombstone deletes its key's row.
 
-The batch is reduced to one change per key (highest offset; within one partition offsets are Kafka's order) and
-merged with `MERGE INTO` on the run's branch (merge-on-read: position deletes, cheap to write, folded away by
+The batch is reduced to one change per key and merged with `MERGE INTO` on the run's branch (merge-on-read: position deletes, cheap to write, folded away by
 compaction). The commit protocol then puts the offsets on the same branch (an empty append carrying them), so the
 fast-forward publishes the merge and the offsets together.
+
+Which change of a key is the newest: Kafka orders records only within a partition, and a key's records may span
+partitions (`key:` value fields, or partitions added to the topic). So the record timestamp decides, then the
+partition, then the offset (within one partition offsets are Kafka's order).
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ def merge_batch(frame: DataFrame, branch: Branch, struct: T.StructType, key_colu
     """Merge one batch into the run's branch; returns the number of changes applied (upserts + deletes)."""
     spark = branch.spark
     columns = [f.name for f in struct.fields]
-    newest_first = Window.partitionBy(*key_columns).orderBy(F.col("kafka_partition").desc(), F.col("kafka_offset").desc())
+    newest_first = Window.partitionBy(*key_columns).orderBy(
+        F.col("kafka_timestamp").desc(), F.col("kafka_partition").desc(), F.col("kafka_offset").desc()
+    )
     changes = (
         frame.withColumn("icefloe_rank", F.row_number().over(newest_first))
         .where("icefloe_rank = 1")
@@ -38,6 +43,7 @@ def merge_batch(frame: DataFrame, branch: Branch, struct: T.StructType, key_colu
         f"WHEN MATCHED THEN UPDATE SET {updates} "
         f"WHEN NOT MATCHED AND NOT s.{TOMBSTONE} THEN INSERT ({names}) VALUES ({values})"
     )
+    branch.wrote()
     applied = changes.count()
     spark.catalog.dropTempView(view)
     return applied

@@ -1,0 +1,102 @@
+"""The checkpoint stays findable: expiry keeps the snapshot main's history resumes from, and a broken history stops
+the table instead of re-reading from the start or skipping to the end."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from icefloe.catalog import CATALOG
+from icefloe.commit import branch_name, new_run_id
+from icefloe.commit_state import Checkpoint, append_with_checkpoint
+from icefloe.errors import CheckpointLost
+from icefloe.iceberg_table import IcebergTable
+from icefloe.maintenance import maintain
+from icefloe.materializer import materialize_once
+from support import by_position, produce, read_pyiceberg
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+SCHEMA = {"fields": [{"name": "n", "type": "long"}]}
+
+
+def records(start: int, count: int) -> list[dict]:
+    return [{"value": json.dumps({"n": i}).encode(), "partition": i % 2} for i in range(start, start + count)]
+
+
+def a_maintenance_commit(table: IcebergTable) -> None:
+    """A commit without offsets on main, as compaction makes."""
+    table.spark.sql(
+        f"CALL {CATALOG}.system.rewrite_data_files(table => '{table.identifier}', options => map('rewrite-all', 'true'))"
+    ).collect()
+
+
+def test_expiry_keeps_mains_checkpoint_though_an_abandoned_branch_holds_a_newer_one(spark, broker, state_dir, topic, make_config):
+    broker.create_topic(topic, 2)
+    produce(broker.bootstrap_servers, topic, records(0, 10))
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "maintenance": {
+        "enabled": False, "snapshotRetention": "1s", "minSnapshotsToKeep": 1}})  # fmt: skip
+    table_spec = config.tables[0]
+    first = materialize_once(spark, config, table_spec)
+    table = IcebergTable(spark, first.identifier)
+    time.sleep(1.5)
+    # A run that wrote its branch (with a newer checkpoint) and died before publishing; its branch is still young.
+    abandoned = branch_name(new_run_id())
+    spark.sql(f"ALTER TABLE {table.full_name} CREATE BRANCH `{abandoned}`")
+    empty = spark.createDataFrame([], spark.table(table.full_name).schema)
+    append_with_checkpoint(empty, f"{table.full_name}.branch_{abandoned}", Checkpoint(topic, {0: 99, 1: 99}, abandoned))
+    a_maintenance_commit(table)
+    time.sleep(1.5)
+
+    maintain(table, table_spec)
+
+    produce(broker.bootstrap_servers, topic, records(10, 4))
+    after = materialize_once(spark, config, table_spec)
+    assert after.rows_written == 4, "the next run resumes from main's checkpoint"
+    assert sorted(by_position(read_pyiceberg(state_dir, table.identifier))) == sorted(
+        (i % 2, i // 2) for i in range(14)
+    )
+
+
+def test_an_expired_snapshot_between_head_and_checkpoint_stops_the_table(spark, broker, state_dir, topic, make_config):
+    broker.create_topic(topic, 2)
+    produce(broker.bootstrap_servers, topic, records(0, 10))
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA})
+    table_spec = config.tables[0]
+    first = materialize_once(spark, config, table_spec)
+    table = IcebergTable(spark, first.identifier)
+    a_maintenance_commit(table)
+    # Expire the checkpoint's snapshot (what Athena's VACUUM or a Glue optimizer may do): main's head is kept.
+    spark.sql(
+        f"CALL {CATALOG}.system.expire_snapshots(table => '{table.identifier}', snapshot_ids => array({first.snapshot_id}))"
+    ).collect()
+    produce(broker.bootstrap_servers, topic, records(10, 4))
+
+    with pytest.raises(CheckpointLost, match=f"table {table.identifier}: snapshot {first.snapshot_id} .*expired"):
+        materialize_once(spark, config, table_spec)
+    assert sorted(by_position(read_pyiceberg(state_dir, table.identifier))) == sorted((i % 2, i // 2) for i in range(10))
+
+
+def test_a_table_whose_first_commit_failed_recovers(spark, broker, state_dir, topic, make_config, monkeypatch):
+    broker.create_topic(topic, 2)
+    produce(broker.bootstrap_servers, topic, records(0, 6))
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA})
+    table_spec = config.tables[0]
+
+    class Crash(Exception):
+        pass
+
+    def crash(*args, **kwargs):
+        raise Crash()  # the run dies after CREATE TABLE, before the table's first snapshot
+
+    monkeypatch.setattr("icefloe.iceberg_table.append_with_properties", crash)
+    with pytest.raises(Crash):
+        materialize_once(spark, config, table_spec)
+    monkeypatch.undo()
+    table = IcebergTable(spark, config.identifier(table_spec))
+    assert table.exists() and table.main_snapshot_id() is None
+
+    result = materialize_once(spark, config, table_spec)
+    assert result.rows_written == 6
+    assert len(by_position(read_pyiceberg(state_dir, table.identifier))) == 6

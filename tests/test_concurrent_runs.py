@@ -1,0 +1,110 @@
+"""Two runs of one table overlapping (as on AWS, where no lock serializes them): every record lands exactly once.
+
+A rival run is started, and runs to its commit, at a forced point inside the first run's write: before the first
+run writes its branch, or after it wrote it and before it publishes. The rival reads less than the first run (a
+smaller `maxRecordsPerRun`), so a first run that published anyway would show as duplicates (append) or as offsets
+covering rows its merge never put in main (upsert).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zlib
+
+import pytest
+
+from icefloe import commit as commit_module
+from icefloe.commit import BRANCH_PREFIX, branch_name, drop_stale_branches, new_run_id
+from icefloe.commit_state import committed_state
+from icefloe.errors import CommitConflict
+from icefloe.iceberg_table import IcebergTable
+from icefloe.materializer import materialize_once
+from support import by_position, produce, read_pyiceberg
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+SCHEMA = {"fields": [{"name": "account", "type": "string"}, {"name": "n", "type": "long"}]}
+
+
+def records(start: int, count: int, tombstones: bool = False) -> list[dict]:
+    """Changes to 15 accounts (some tombstones); a key always goes to the same partition, like Kafka's."""
+    out = []
+    for n in range(start, start + count):
+        key = f"acct-{n % 15}"
+        value = None if tombstones and n % 7 == 6 else json.dumps({"account": key, "n": n}).encode()
+        out.append({"key": key.encode(), "value": value, "partition": zlib.crc32(key.encode()) % 2})
+    return out
+
+
+def last_per_key(sent: list[dict]) -> dict[bytes, int]:
+    state: dict[bytes, int | None] = {}
+    for record in sent:
+        state[record["key"]] = None if record["value"] is None else json.loads(record["value"])["n"]
+    return {k: v for k, v in state.items() if v is not None}
+
+
+@pytest.mark.parametrize("mode", ["append", "upsert"])
+@pytest.mark.parametrize("rival_at", ["before-write", "after-write"])
+def test_overlapping_runs_never_lose_or_duplicate(spark, broker, state_dir, topic, make_config, monkeypatch, mode, rival_at):
+    broker.create_topic(topic, 2)
+    sent = records(0, 60, tombstones=mode == "upsert")
+    positions = produce(broker.bootstrap_servers, topic, sent)
+    spec = {"topic": topic, "format": "json", "schema": SCHEMA, "mode": mode}
+    config = make_config(spec)
+    rival_config = make_config({**spec, "maxRecordsPerRun": 20})  # the rival reads less than the first run
+    table_spec, rival_spec = config.tables[0], rival_config.tables[0]
+    identifier = config.identifier(table_spec)
+    original = commit_module.commit_on_branch
+    rival_offsets = []
+    rival_started = []
+
+    def run_rival(branch) -> None:
+        rival_started.append(True)
+        rival = materialize_once(spark, rival_config, rival_spec)
+        assert rival.status == "committed"
+        rival_offsets.append(rival.offsets)
+        assert branch.name in branch.table.branches(BRANCH_PREFIX), "the rival dropped a live run's branch"
+
+    def first_run_commit(table, base, checkpoint, write, *args):
+        if table.identifier != identifier or rival_started:  # the rival's own commit, and any later one
+            return original(table, base, checkpoint, write, *args)
+
+        def write_with_rival(branch):
+            if rival_at == "before-write":
+                run_rival(branch)
+            written = write(branch)
+            if rival_at == "after-write":
+                run_rival(branch)
+            return written
+
+        return original(table, base, checkpoint, write_with_rival, *args)
+
+    monkeypatch.setattr("icefloe.materializer.commit_on_branch", first_run_commit)
+    with pytest.raises(CommitConflict):
+        materialize_once(spark, config, table_spec)
+    iceberg = IcebergTable(spark, identifier)
+    assert committed_state(iceberg, topic).offsets == rival_offsets[0], "main holds the rival's commit, untouched"
+    assert iceberg.branches(BRANCH_PREFIX) == []
+
+    for _ in range(5):  # later runs take the rest
+        if materialize_once(spark, config, table_spec).status == "up-to-date":
+            break
+    rows = read_pyiceberg(state_dir, identifier)
+    if mode == "append":
+        assert sorted(by_position(rows)) == sorted(positions), "every (partition, offset) exactly once"
+    else:
+        assert {row["kafka_key"]: row["n"] for row in rows} == last_per_key(sent)
+        assert len({row["kafka_key"] for row in rows}) == len(rows)
+
+
+def test_only_branches_older_than_the_run_timeout_are_dropped(spark, broker, state_dir, topic, make_config):
+    broker.create_topic(topic, 2)
+    produce(broker.bootstrap_servers, topic, records(0, 3))
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "runTimeout": "1h"})
+    result = materialize_once(spark, config, config.tables[0])
+    table = IcebergTable(spark, result.identifier)
+    live, dead = branch_name(new_run_id(time.time() - 3000)), branch_name(new_run_id(time.time() - 4000))
+    for name in (live, dead, "icefloe_run_from_an_older_icefloe"):
+        spark.sql(f"ALTER TABLE {table.full_name} CREATE BRANCH `{name}`")
+    drop_stale_branches(table, config.tables[0].run_timeout_seconds)
+    assert sorted(table.branches(BRANCH_PREFIX)) == sorted([live, "icefloe_run_from_an_older_icefloe"])
