@@ -1,6 +1,6 @@
 """Throughput benchmark: how close icefloe gets to its source limit (Kafka consume) and sink limit (Parquet write).
 
-Produces N Avro records of about 200 bytes to the embedded Tansu broker, then measures in one run:
+Produces N Avro records of about 200 bytes to the local Apache Kafka broker, then measures in one run:
   (a) consume-only with confluent-kafka, one Python consumer: the source limit;
   (b) icefloe end to end (plan, read, decode, convert, Spark write to Iceberg, commit), Spark start excluded;
   (c) pyarrow writing the same decoded rows to zstd Parquet: the sink limit.
@@ -25,8 +25,9 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from icefloe.conversion import BatchBuilder, ValueConverter
 from icefloe.decoding import build_decoder, decoder_spec
 from icefloe_dev import stock_trades
-from icefloe_dev.broker import TansuBroker
-from icefloe_dev.dev_registry import DevSchemaRegistry
+from icefloe_dev.kafka_broker import KafkaBroker
+from icefloe_dev.processes import start_together
+from icefloe_dev.schema_registry import SchemaRegistry
 from icefloe_dev.producer import produce_avro
 from icefloe.runner import run_table
 from icefloe.schema_mapping import avro_value_fields, batch_struct, table_struct
@@ -86,7 +87,9 @@ def main() -> None:
     cores = os.cpu_count() or 1
     work = Path(tempfile.mkdtemp(prefix="icefloe-bench-"))
     try:
-        with TansuBroker(work / "broker") as broker, DevSchemaRegistry() as registry:
+        broker, registry = KafkaBroker(work / "kafka"), SchemaRegistry(work / "registry")
+        start_together(broker, registry)
+        try:
             broker.create_topic(TOPIC, args.partitions)
             started = time.monotonic()
             produce_avro(broker.bootstrap_servers, registry.url, TOPIC, SCHEMA, records(args.records),
@@ -133,6 +136,9 @@ def main() -> None:
             started = time.monotonic()
             pq.write_table(arrow_table, work / "sink.parquet", compression="zstd")
             sink = figure("(c) pyarrow Parquet write, zstd (sink limit)", arrow_table.num_rows, size, time.monotonic() - started, cores)
+        finally:
+            registry.stop()
+            broker.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
