@@ -21,7 +21,9 @@ from pathlib import Path
 from pyspark.sql import functions as F
 
 from icefloe.commit import commit_on_branch
-from icefloe.iceberg_table import OFFSETS_PROPERTY, RUN_PROPERTY, TOPIC_PROPERTY, IcebergTable
+from icefloe.commit import new_run_id
+from icefloe.commit_state import Checkpoint
+from icefloe.iceberg_table import IcebergTable
 from icefloe_dev.readers import duckdb_connect, pyiceberg_catalog
 from icefloe.maintenance import maintain
 from icefloe.schema_mapping import METADATA_FIELDS, table_struct
@@ -57,15 +59,15 @@ def rows(spark, first: int, count: int, seed: int, tombstone_every: int = 0):
 def create(spark, identifier: str) -> IcebergTable:
     table = IcebergTable(spark, identifier)
     spark.sql(f"DROP TABLE IF EXISTS {table.full_name} PURGE")
-    table.ensure(STRUCT, (), 128, "bench")
+    table.ensure(STRUCT, (), 128, Checkpoint("bench").to_summary())
     return table
 
 
 def upsert(spark, table: IcebergTable, changes, batch: int) -> float:
-    properties = {OFFSETS_PROPERTY: json.dumps({"0": batch}), TOPIC_PROPERTY: "bench", RUN_PROPERTY: f"bench{batch}"}
+    checkpoint = Checkpoint("bench", {0: batch}, new_run_id())
     started = time.monotonic()
-    commit_on_branch(table, table.main_snapshot_id(), f"bench{batch}",
-                     lambda target: merge_batch(spark, changes, target, STRUCT, ["kafka_key"], properties))  # fmt: skip
+    commit_on_branch(table, table.main_snapshot_id(), checkpoint,
+                     lambda branch: merge_batch(changes, branch, STRUCT, ["kafka_key"]))  # fmt: skip
     return time.monotonic() - started
 
 
