@@ -36,14 +36,19 @@ def start_continuous(config_path: Path, state_dir: Path, log: Path | None = None
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
 
 
-def test_continuous_rows_visible_within_interval_and_sigterm_restart_is_exactly_once(broker, spark, state_dir, topic, tmp_path):
-    broker.create_topic(topic, 2)
-    path = tmp_path / "Pulumi.cont.yaml"
+def continuous_stack(path: Path, bootstrap: str, topic: str) -> Path:
+    """A stack file with one continuous JSON table on a 2 s refresh, maintenance off."""
     path.write_text(yaml.safe_dump({"config": {
-        "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers}],
+        "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": bootstrap}],
         "icefloe:tables": [{"sourceCluster": "local", "topic": topic, "format": "json", "schema": SCHEMA,
                             "refresh": "2s", "continuous": True, "maintenance": {"enabled": False}}],
     }}))  # fmt: skip
+    return path
+
+
+def test_continuous_rows_visible_within_interval_and_sigterm_restart_is_exactly_once(broker, spark, state_dir, topic, tmp_path):
+    broker.create_topic(topic, 2)
+    path = continuous_stack(tmp_path / "Pulumi.cont.yaml", broker.bootstrap_servers, topic)
     identifier = f"local.{topic}"
     produced = 0
     for round_ in range(2):
@@ -130,12 +135,7 @@ def test_continuous_mode_rides_out_a_broker_outage(spark, state_dir, topic, tmp_
     broker = KafkaBroker(tmp_path / "own-broker").start()  # its own broker: the shared one must stay up
     try:
         broker.create_topic(topic, 2)
-        path = tmp_path / "Pulumi.outage.yaml"
-        path.write_text(yaml.safe_dump({"config": {
-            "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers}],
-            "icefloe:tables": [{"sourceCluster": "local", "topic": topic, "format": "json", "schema": SCHEMA,
-                                "refresh": "2s", "continuous": True, "maintenance": {"enabled": False}}],
-        }}))  # fmt: skip
+        path = continuous_stack(tmp_path / "Pulumi.outage.yaml", broker.bootstrap_servers, topic)
         identifier = f"local.{topic}"
 
         def wait_for_rows(count: int, within: float) -> None:
