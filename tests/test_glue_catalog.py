@@ -46,7 +46,7 @@ def test_the_emr_job_parameters_carry_no_endpoints():
     from icefloe_infra.jobs import spark_submit_parameters
 
     emr = EmrSpec(python="/usr/bin/python3.11")  # an image with its own 3.11: no imageUri needed here
-    parameters = spark_submit_parameters("s3://b/w", "s3://b/bundle.tar.gz", emr)
+    parameters = spark_submit_parameters("s3://b/w", "s3://b/bundle.tar.gz", ["s3://b/jars/spark-avro.jar"], emr)
     assert f"--conf {PREFIX}.type=glue" in parameters
     assert "endpoint" not in parameters and "path-style" not in parameters and "client.region" not in parameters
 
