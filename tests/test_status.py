@@ -170,7 +170,7 @@ def test_status_reads_a_glue_table_without_spark(broker, moto_aws, topic, tmp_pa
     broker.create_topic(topic, 1)
     produce(broker.bootstrap_servers, topic, records(0, 8, 0, age_s=60))
     writer = moto_aws.pyiceberg_catalog(warehouse=warehouse)
-    writer.create_namespace("local")
+    writer.create_namespace_if_not_exists("local")  # the moto server is shared by the session
     rows = pa.table({"n": pa.array(range(5), pa.int64())})
     table = writer.create_table(f"local.{topic}", schema=rows.schema)
     table.append(rows, snapshot_properties=Checkpoint(topic, {0: 5}, run_id="r1").to_summary())
