@@ -1,179 +1,450 @@
-"""Throughput benchmark: how close icefloe gets to its source limit (Kafka consume) and sink limit (Parquet write).
+"""Throughput benchmark: icefloe end to end against its source and sink limits, for two record shapes, in one run.
 
-Produces N Avro records of about 200 bytes to the local Apache Kafka broker, then measures in one run:
-  (a) consume-only with confluent-kafka, one Python consumer: the source limit;
-  (b) icefloe end to end (plan, read, decode, convert, Spark write to Iceberg, commit), Spark start excluded;
-  (c) pyarrow writing the same decoded rows to zstd Parquet: the sink limit.
-Results go to bench/results/throughput.json and .md. Run: `.venv/bin/python bench/throughput.py [--records N]`.
+For each shape (`trades`: ~200 B flat records; `orders`: ~1 KB with nested records, arrays and maps), N Avro records
+(Confluent framing, Apicurio registry) go to a local Apache Kafka broker (4 partitions), then, in one warm
+SparkSession (`local[*]`), interleaved R times so load from other users hits every stage alike:
+  spark-source  Spark's Kafka source counting the planned ranges, with the options icefloe reads with
+  icefloe       `run_table` into a fresh Iceberg table: plan, read, decode, write, commit (Spark start excluded)
+  sink          Spark appending the same rows, already decoded and cached, to a fresh Iceberg table
+and once: python-source, one confluent-kafka consumer in this process (`fetch.queue.backoff.ms=5`).
+Medians over the R rounds are reported. MiB = key + value bytes; per core = MiB/s / the machine's cores. CPU
+columns give the CPU seconds the Spark JVM (with its Python workers) and the broker used: MiB per Spark CPU-second
+is a rate that load from other processes barely moves. Then a batch of --memory-records `trades` records runs
+through icefloe with the JVM's heap peaks reset first: peak heap and peak RSS of the JVM (driver and executor are one
+JVM in local mode) and of this Python driver.
+Results: bench/results/throughput.{json,md}. Run: `.venv/bin/python bench/throughput.py [--records N]`.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import io
 import json
 import os
 import platform
+import random
 import shutil
+import statistics
+import struct
 import tempfile
+import threading
 import time
+import uuid
+from decimal import Decimal
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+import fastavro
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-from icefloe.conversion import BatchBuilder, ValueConverter
-from icefloe.decoding import build_decoder, decoder_spec
+from icefloe.iceberg_table import DEFAULT_PROPERTIES
+from icefloe.jvm_source import read_ranges
+from icefloe.kafka_source import OffsetRange, client_config, log_bounds
+from icefloe.runner import run_table
+from icefloe.session import spark_session
+from icefloe.spec import parse_config
 from icefloe_dev import stock_trades
 from icefloe_dev.kafka_broker import KafkaBroker
 from icefloe_dev.processes import start_together
 from icefloe_dev.schema_registry import SchemaRegistry
-from icefloe_dev.producer import produce_avro
-from icefloe.runner import run_table
-from icefloe.schema_mapping import avro_value_fields, batch_struct, table_struct
-from icefloe.session import spark_session
-from icefloe.spec import parse_config
 
 RESULTS = Path(__file__).parent / "results"
-TOPIC = "bench_trades"
-# Stock trades plus a memo, so a record is ~200 bytes on the wire like a typical business event.
-SCHEMA = json.dumps(
-    {**json.loads(stock_trades.SCHEMA), "fields": [*json.loads(stock_trades.SCHEMA)["fields"], {"name": "memo", "type": "string"}]}
-)
+PARTITIONS = 4
+TRADES = {**json.loads(stock_trades.SCHEMA)}
+TRADES["fields"] = [*TRADES["fields"], {"name": "memo", "type": "string"}]
+ORDERS = {
+    "type": "record", "name": "Order", "namespace": "bench",
+    "fields": [
+        {"name": "order_id", "type": {"type": "string", "logicalType": "uuid"}},
+        {"name": "created_at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID", "SHIPPED", "CANCELLED"]}},
+        {"name": "customer", "type": {"type": "record", "name": "Customer", "fields": [
+            {"name": "id", "type": "long"}, {"name": "name", "type": "string"}, {"name": "email", "type": "string"},
+            {"name": "address", "type": {"type": "record", "name": "Address", "fields": [
+                {"name": "street", "type": "string"}, {"name": "city", "type": "string"},
+                {"name": "zip", "type": "string"}, {"name": "country", "type": "string"}]}}]}},
+        {"name": "items", "type": {"type": "array", "items": {"type": "record", "name": "Item", "fields": [
+            {"name": "sku", "type": "string"}, {"name": "title", "type": "string"}, {"name": "quantity", "type": "int"},
+            {"name": "unit_price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}},
+            {"name": "tags", "type": {"type": "array", "items": "string"}}]}}},
+        {"name": "attributes", "type": {"type": "map", "values": "string"}},
+        {"name": "note", "type": ["null", "string"], "default": None},
+        {"name": "total", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+    ],
+}  # fmt: skip
+WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
 
 
-def records(count: int):
+def trades(count: int, seed: int = 7):
     memo = "settlement T+2; venue XNAS; algo VWAP; desk equities-emea; " * 4
-    for key, value in stock_trades.trades(count):
-        yield key, {**value, "memo": memo[: 150 + value["quantity"] % 20]}
+    for key, value in stock_trades.trades(count, seed=seed):
+        yield key.encode(), {**value, "memo": memo[: 150 + value["quantity"] % 20]}
 
 
-def consume_all(bootstrap: str, partitions: int) -> tuple[int, int, list]:
-    """Every record, raw: the most a single Python consumer can pull from this broker."""
+def orders(count: int, seed: int = 11):
+    rng = random.Random(seed)
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    for index in range(count):
+        items = [
+            {"sku": f"SKU-{rng.randint(0, 99999):05d}", "title": " ".join(rng.choices(WORDS, k=4)),
+             "quantity": rng.randint(1, 9), "unit_price": Decimal(rng.randint(100, 99999)).scaleb(-2),
+             "tags": rng.choices(WORDS, k=3)}
+            for _ in range(rng.randint(4, 8))
+        ]  # fmt: skip
+        customer = rng.randint(1, 50_000)
+        yield f"customer-{customer}".encode(), {
+            "order_id": str(uuid.UUID(int=rng.getrandbits(128))),
+            "created_at": start + dt.timedelta(milliseconds=index * 37),
+            "status": rng.choice(["NEW", "PAID", "SHIPPED", "CANCELLED"]),
+            "customer": {"id": customer, "name": f"Customer {customer}", "email": f"c{customer}@example.com",
+                         "address": {"street": f"{rng.randint(1, 999)} {rng.choice(WORDS).title()} Street",
+                                     "city": rng.choice(WORDS).title(), "zip": f"{rng.randint(10000, 99999)}",
+                                     "country": rng.choice(["DE", "FR", "NL", "US", "GB"])}},
+            "items": items,
+            "attributes": {f"attr_{rng.choice(WORDS)}": " ".join(rng.choices(WORDS, k=3)) for _ in range(rng.randint(3, 7))},
+            "note": None if rng.random() < 0.5 else " ".join(rng.choices(WORDS, k=12)),
+            "total": sum((i["unit_price"] * i["quantity"] for i in items), Decimal("0.00")),
+        }  # fmt: skip
+
+
+SHAPES = {"trades": (TRADES, trades), "orders": (ORDERS, orders)}
+
+
+def produce(bootstrap: str, registry_url: str, topic: str, schema: dict, records) -> tuple[int, int]:
+    """Serialize with fastavro (Confluent framing, the id registered under the topic's subject); (records, bytes)."""
+    schema_id = SchemaRegistryClient({"url": registry_url}).register_schema(f"{topic}-value", Schema(json.dumps(schema), "AVRO"))
+    parsed, header = fastavro.parse_schema(schema), b"\x00" + struct.pack(">I", schema_id)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10_000,
+                         "compression.type": "lz4", "enable.idempotence": True,
+                         "queue.buffering.max.messages": 500_000})  # fmt: skip
+    count = size = 0
+    for key, value in records:
+        buffer = io.BytesIO()
+        buffer.write(header)
+        fastavro.schemaless_writer(buffer, parsed, value)
+        payload = buffer.getvalue()
+        while True:
+            try:
+                producer.produce(topic, key=key, value=payload)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+        count, size = count + 1, size + len(key) + len(payload)
+    assert producer.flush(120) == 0
+    return count, size
+
+
+def consume_all(bootstrap: str, topic: str) -> tuple[int, int]:
+    """Every record, raw, with one tuned Python consumer (the most this process pulls)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench", "enable.partition.eof": True,
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})  # fmt: skip
-    consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(partitions)])
-    done, count, size, payloads = set(), 0, 0, []
-    while len(done) < partitions:
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                         "fetch.queue.backoff.ms": 5})  # fmt: skip
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    done, count, size = set(), 0, 0
+    while len(done) < PARTITIONS:
         for msg in consumer.consume(10_000, timeout=1.0):
             if msg.error():
                 if msg.error().code() == KafkaError._PARTITION_EOF:
                     done.add(msg.partition())
                 continue
-            value = msg.value()
             count += 1
-            size += len(value) + len(msg.key() or b"")
-            payloads.append(value)
+            size += len(msg.value()) + len(msg.key() or b"")
     consumer.close()
-    return count, size, payloads
+    return count, size
 
 
-def figure(name: str, count: int, size: int, seconds: float, cores: int) -> dict:
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            tree.setdefault(parent, []).append(int(entry.name))
+    return tree
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process and its live descendants."""
+    tree, total, todo = _children(), 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+        todo.extend(tree.get(current, []))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def status_kib(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+class Stage:
+    """Times one stage: wall seconds, CPU seconds of the Spark JVM tree and of the broker, machine load."""
+
+    def __init__(self, spark_pid: int, broker_pid: int):
+        self.pids = {"spark": spark_pid, "broker": broker_pid}
+
+    def run(self, action) -> dict:
+        cpu = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        own = time.process_time()
+        started = time.monotonic()
+        result = action()
+        seconds = time.monotonic() - started
+        used = {f"{name}_cpu_s": round(cpu_seconds(pid) - cpu[name], 2) for name, pid in self.pids.items()}
+        return {"seconds": seconds, "this_process_cpu_s": round(time.process_time() - own, 2), **used,
+                "load_1m": round(os.getloadavg()[0], 1), "result": result}  # fmt: skip
+
+
+def summarize(name: str, runs: list[dict], size: int, cores: int) -> dict:
+    seconds = statistics.median(r["seconds"] for r in runs)
+    spark_cpu = statistics.median(r["spark_cpu_s"] for r in runs)
     return {
         "stage": name,
-        "records": count,
-        "seconds": round(seconds, 3),
-        "records_per_s": round(count / seconds),
+        "runs": len(runs),
+        "seconds_median": round(seconds, 2),
+        "seconds_all": [round(r["seconds"], 2) for r in runs],
         "mib_per_s": round(size / seconds / 2**20, 2),
-        "records_per_s_per_core": round(count / seconds / cores),
+        "mib_per_s_per_core": round(size / seconds / 2**20 / cores, 2),
+        "spark_cpu_s": spark_cpu,
+        "mib_per_spark_cpu_s": round(size / 2**20 / spark_cpu, 2) if spark_cpu else None,
+        "broker_cpu_s": statistics.median(r["broker_cpu_s"] for r in runs),
+        "load_1m": [r["load_1m"] for r in runs],
+    }
+
+
+def table_config(bootstrap: str, registry_url: str, topic: str, table: str, max_records: int):
+    return parse_config({
+        "sourceClusters": [{"name": "bench", "bootstrapServers": bootstrap, "schemaRegistry": {"url": registry_url}}],
+        "tables": [{"sourceCluster": "bench", "topic": topic, "table": table, "maxRecordsPerRun": max_records}],
+    })  # fmt: skip
+
+
+def sink_write(spark, source_identifier: str, target: str):
+    """Append the rows of an icefloe table, decoded and cached beforehand, to a fresh table with the same settings."""
+    from pyspark import StorageLevel
+
+    rows = spark.table(f"icefloe.{source_identifier}").persist(StorageLevel.MEMORY_AND_DISK)
+    rows.count()
+    props = ", ".join(f"'{k}'='{v}'" for k, v in DEFAULT_PROPERTIES.items())
+    spark.sql(f"CREATE TABLE icefloe.{target} USING iceberg TBLPROPERTIES ({props}) AS SELECT * FROM icefloe.{source_identifier} LIMIT 0")
+    return rows
+
+
+class HeapPeaks:
+    """The JVM's heap pool peaks (reset at start) and its peak RSS (VmHWM, reset through clear_refs)."""
+
+    def __init__(self, spark, pid: int):
+        self.pools = [p for p in spark._jvm.java.lang.management.ManagementFactory.getMemoryPoolMXBeans()
+                      if p.getType().toString() == "HEAP"]  # fmt: skip
+        self.pid = pid
+
+    def reset(self) -> None:
+        for pool in self.pools:
+            pool.resetPeakUsage()
+        Path(f"/proc/{self.pid}/clear_refs").write_text("5")
+
+    def read(self) -> dict:
+        peaks = {p.getName(): p.getPeakUsage().getUsed() / 2**20 for p in self.pools}
+        old = next((v for k, v in peaks.items() if "Old" in k or "Tenured" in k), None)
+        return {
+            "jvm_heap_old_gen_peak_mib": round(old, 1) if old is not None else None,
+            "jvm_heap_pools_peak_sum_mib": round(sum(peaks.values()), 1),
+            "jvm_rss_peak_mib": round(status_kib(self.pid, "VmHWM") / 1024, 1),
+            "jvm_heap_max_mib": round(self.pools[0].getUsage().getMax() / 2**20) if self.pools else None,
+        }
+
+
+class RssSampler(threading.Thread):
+    """Peak RSS of Spark's Python workers (children of the JVM) while a stage runs."""
+
+    def __init__(self, jvm_pid: int):
+        super().__init__(daemon=True)
+        self.jvm_pid, self.peak_kib, self.stop = jvm_pid, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.25):
+            tree, total, todo = _children(), 0, list(_children().get(self.jvm_pid, []))
+            while todo:
+                current = todo.pop()
+                try:
+                    total += status_kib(current, "VmRSS")
+                except OSError:
+                    pass
+                todo.extend(tree.get(current, []))
+            self.peak_kib = max(self.peak_kib, total)
+
+
+def bench_shape(spark, state: Path, shape: str, records: int, rounds: int, broker, registry, stage: Stage, cores: int,
+                peaks) -> dict:  # fmt: skip
+    schema, generate = SHAPES[shape]
+    topic = f"bench_{shape}"
+    broker.create_topic(topic, PARTITIONS)
+    started = time.monotonic()
+    count, size = produce(broker.bootstrap_servers, registry.url, topic, schema, generate(records))
+    produce_s = time.monotonic() - started
+    print(f"{shape}: produced {count:,} records, {size / count:.0f} B each, in {produce_s:.0f} s", flush=True)
+
+    python_source = stage.run(lambda: consume_all(broker.bootstrap_servers, topic))
+    assert python_source["result"] == (count, size), python_source["result"]
+    config = table_config(broker.bootstrap_servers, registry.url, topic, "x", records)
+    conf = client_config(config.cluster("bench"))
+    ranges = [OffsetRange(topic, p, low, end) for p, (low, end) in log_bounds(conf, topic, list(range(PARTITIONS))).items()]
+
+    runs: dict[str, list[dict]] = {"spark-source": [], "icefloe": [], "sink": []}
+    icefloe_memory, read_paths = [], set()
+    for round_ in range(rounds):
+        runs["spark-source"].append(stage.run(lambda: read_ranges(spark, conf, ranges).count()))
+        assert runs["spark-source"][-1]["result"] == count
+        config = table_config(broker.bootstrap_servers, registry.url, topic, f"{shape}_{round_}", records)
+        peaks.reset()
+        runs["icefloe"].append(stage.run(lambda: run_table(spark, config, config.tables[0], state)))
+        result = runs["icefloe"][-1]["result"]
+        assert result.rows_written == count, result.describe()
+        read_paths.add(result.read_path)
+        icefloe_memory.append(peaks.read())
+        cached = sink_write(spark, result.identifier, f"{result.identifier}_sink")
+        runs["sink"].append(stage.run(lambda: cached.writeTo(f"icefloe.{result.identifier}_sink").append()))
+        cached.unpersist()
+        print(f"{shape} round {round_ + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]['seconds']:.1f} s" for k, v in runs.items()), flush=True)
+
+    stages = [summarize("python-source: confluent-kafka, 1 consumer", [python_source], size, cores)]
+    stages += [summarize(name, items, size, cores) for name, items in runs.items()]
+    by_name = {s["stage"].split(":")[0]: s for s in stages}
+    return {
+        "shape": shape,
+        "records": count,
+        "avg_record_bytes": round(size / count, 1),
+        "mib": round(size / 2**20, 1),
+        "produce_s": round(produce_s, 1),
+        "read_path": sorted(read_paths),
+        "stages": stages,
+        "ratios": {
+            "icefloe_vs_spark_source": round(by_name["icefloe"]["mib_per_s"] / by_name["spark-source"]["mib_per_s"], 3),
+            "icefloe_vs_python_source": round(by_name["icefloe"]["mib_per_s"] / by_name["python-source"]["mib_per_s"], 3),
+            "icefloe_vs_sink": round(by_name["icefloe"]["mib_per_s"] / by_name["sink"]["mib_per_s"], 3),
+        },
+        "icefloe_memory_per_round": icefloe_memory,
+    }
+
+
+def bench_memory(spark, state: Path, records: int, broker, registry, stage: Stage, peaks, jvm_pid: int) -> dict:
+    topic = "bench_memory"
+    broker.create_topic(topic, PARTITIONS)
+    count, size = produce(broker.bootstrap_servers, registry.url, topic, TRADES, trades(records, seed=3))
+    config = table_config(broker.bootstrap_servers, registry.url, topic, "memory", records)
+    sampler = RssSampler(jvm_pid)
+    sampler.start()
+    peaks.reset()
+    run = stage.run(lambda: run_table(spark, config, config.tables[0], state))
+    sampler.stop.set()
+    assert run["result"].rows_written == count, run["result"].describe()
+    return {
+        "records": count,
+        "mib": round(size / 2**20, 1),
+        "seconds": round(run["seconds"], 1),
+        "read_path": run["result"].read_path,
+        **peaks.read(),
+        "python_workers_rss_peak_mib": round(sampler.peak_kib / 1024, 1),
+        "python_driver_rss_peak_mib": round(status_kib(os.getpid(), "VmHWM") / 1024, 1),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--records", type=int, default=1_000_000, help="records of the ~200 B shape")
+    parser.add_argument("--orders", type=int, default=300_000, help="records of the ~1 KB shape")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--memory-records", type=int, default=5_000_000)
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     work = Path(tempfile.mkdtemp(prefix="icefloe-bench-"))
+    load_before = os.getloadavg()
     try:
-        broker, registry = KafkaBroker(work / "kafka"), SchemaRegistry(work / "registry")
+        broker, registry = KafkaBroker(work / "kafka", heap="1g"), SchemaRegistry(work / "registry")
         start_together(broker, registry)
         try:
-            broker.create_topic(TOPIC, args.partitions)
-            started = time.monotonic()
-            produce_avro(broker.bootstrap_servers, registry.url, TOPIC, SCHEMA, records(args.records),
-                         total=args.records, progress=True)  # fmt: skip
-            produce_s = time.monotonic() - started
-
-            started = time.monotonic()
-            count, size, payloads = consume_all(broker.bootstrap_servers, args.partitions)
-            source = figure("(a) consume only (confluent-kafka, 1 consumer)", count, size, time.monotonic() - started, cores)
-            assert count == args.records, f"consumed {count} of {args.records}"
-
-            config = parse_config({
-                "sourceClusters": [{"name": "bench", "bootstrapServers": broker.bootstrap_servers,
-                                    "schemaRegistry": {"url": registry.url}}],
-                "tables": [{"sourceCluster": "bench", "topic": TOPIC}],
-            })  # fmt: skip
-            table = config.tables[0]
+            config = table_config(broker.bootstrap_servers, registry.url, "none", "none", 1)
             started = time.monotonic()
             spark = spark_session(config.catalog, work / "state")
             spark_start_s = time.monotonic() - started
-            started = time.monotonic()
-            result = run_table(spark, config, table, work / "state")
-            icefloe = figure("(b) icefloe end to end (Spark start excluded)", result.rows_written, size, time.monotonic() - started, cores)
-            assert result.rows_written == args.records
+            jvm_pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())
+            stage, peaks = Stage(jvm_pid, broker.pid), HeapPeaks(spark, jvm_pid)
+            shapes = [bench_shape(spark, work / "state", "trades", args.records, args.rounds, broker, registry, stage, cores, peaks)]
+            if args.orders:
+                shapes.append(bench_shape(spark, work / "state", "orders", args.orders, args.rounds, broker, registry, stage, cores, peaks))
+            memory = bench_memory(spark, work / "state", args.memory_records, broker, registry, stage, peaks, jvm_pid) if args.memory_records else None
             spark.stop()
-
-            # (c) decode once (untimed), then time only the Parquet write of the same rows.
-            spec = decoder_spec(table, config.cluster(table.source_cluster))
-            fields = avro_value_fields(spec.schema_str, TOPIC)
-            decode, struct = build_decoder(spec), table_struct(fields)
-            convert = ValueConverter(type(struct)(fields), strict=False)
-            builder = BatchBuilder(batch_struct(struct), [f.name for f in fields])
-            batches = []
-            started = time.monotonic()
-            for offset, payload in enumerate(payloads):
-                builder.add(convert(decode(payload)), TOPIC, 0, offset, 0, "CreateTime", None, None)
-                if len(builder) == 50_000:
-                    batches.append(builder.build())
-            if len(builder):
-                batches.append(builder.build())
-            decode_only = figure("(d) decode + convert + Arrow, one Python process (per-core ceiling)", len(payloads), size,
-                                 time.monotonic() - started, 1)  # fmt: skip
-            arrow_table = pa.Table.from_batches(batches).select(struct.fieldNames())  # the table's columns
-            started = time.monotonic()
-            pq.write_table(arrow_table, work / "sink.parquet", compression="zstd")
-            sink = figure("(c) pyarrow Parquet write, zstd (sink limit)", arrow_table.num_rows, size, time.monotonic() - started, cores)
         finally:
             registry.stop()
             broker.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
     report = {
-        "records": args.records,
-        "partitions": args.partitions,
-        "avg_record_bytes": round(size / count, 1),
+        "machine": f"{platform.machine()} {platform.system()}, {cores} cores, shared: broker, registry, producer, "
+                   "Spark and other users' processes run on them",
         "cores": cores,
-        "machine": f"{platform.machine()} {platform.system()}, {cores} cores; broker, producer and reader share them",
-        "produce_s": round(produce_s, 2),
-        "spark_start_s": round(spark_start_s, 2),
-        "stages": [source, icefloe, sink, decode_only],
-        "ratios": {
-            "icefloe_vs_source": round(icefloe["records_per_s"] / source["records_per_s"], 3),
-            "icefloe_vs_sink": round(icefloe["records_per_s"] / sink["records_per_s"], 3),
-        },
+        "load_avg_at_start": [round(x, 1) for x in load_before],
+        "load_avg_at_end": [round(x, 1) for x in os.getloadavg()],
+        "spark_start_s": round(spark_start_s, 1),
+        "partitions": PARTITIONS,
+        "shapes": shapes,
+        "memory": memory,
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "throughput.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / "throughput.md").write_text(markdown(report))
+    print(markdown(report))
+
+
+def markdown(report: dict) -> str:
     lines = [
         "# Throughput benchmark",
         "",
-        f"{args.records:,} Avro records, ~{report['avg_record_bytes']} B each, {args.partitions} partitions, "
-        f"{report['machine']}. Spark session start {report['spark_start_s']} s (excluded).",
+        f"{report['machine']}. Load average (1, 5, 15 min) at start {report['load_avg_at_start']}, at end "
+        f"{report['load_avg_at_end']}. Spark session start {report['spark_start_s']} s (excluded). "
+        f"{report['partitions']} partitions, Avro in Confluent framing, lz4-compressed batches. MiB = key + value "
+        "bytes. Per core = MiB/s / cores. Spark CPU = CPU seconds of Spark's JVM and its Python workers during the "
+        "stage; MiB per Spark CPU-second is the rate per fully used core, which other users' load barely moves.",
         "",
-        "| stage | records/s | MiB/s | records/s per core | seconds |",
-        "|---|---:|---:|---:|---:|",
-        *[f"| {s['stage']} | {s['records_per_s']:,} | {s['mib_per_s']} | {s['records_per_s_per_core']:,} | {s['seconds']} |"
-          for s in report["stages"]],
-        "",
-        f"icefloe / source limit: {report['ratios']['icefloe_vs_source']}; icefloe / sink limit: "
-        f"{report['ratios']['icefloe_vs_sink']}. Stage (d) runs on one core, so its per-core figure is its rate.",
-    ]  # fmt: skip
-    (RESULTS / "throughput.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    ]
+    for shape in report["shapes"]:
+        lines += [
+            f"## {shape['shape']}: {shape['records']:,} records, ~{shape['avg_record_bytes']:.0f} B, {shape['mib']} MiB "
+            f"(read path: {', '.join(shape['read_path'])})",
+            "",
+            "| stage | runs | seconds (median) | MiB/s | MiB/s per core | Spark CPU s | MiB per Spark CPU-s | broker CPU s | load (1 min) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+            *[f"| {s['stage']} | {s['runs']} | {s['seconds_median']} | {s['mib_per_s']} | {s['mib_per_s_per_core']} | "
+              f"{s['spark_cpu_s']} | {s['mib_per_spark_cpu_s']} | {s['broker_cpu_s']} | {s['load_1m']} |" for s in shape["stages"]],
+            "",
+            "Ratios (MiB/s): " + ", ".join(f"{k} {v}" for k, v in shape["ratios"].items()) + ".",
+            "",
+        ]  # fmt: skip
+    memory = report["memory"]
+    if memory:
+        lines += [
+            f"## Memory: one batch of {memory['records']:,} records ({memory['mib']} MiB), {memory['seconds']} s, "
+            f"read path {memory['read_path']}",
+            "",
+            "| JVM heap max | JVM old gen peak | JVM heap pools peak (sum) | JVM RSS peak | Python workers RSS peak | Python driver RSS peak |",
+            "|---:|---:|---:|---:|---:|---:|",
+            f"| {memory['jvm_heap_max_mib']} MiB | {memory['jvm_heap_old_gen_peak_mib']} MiB | "
+            f"{memory['jvm_heap_pools_peak_sum_mib']} MiB | {memory['jvm_rss_peak_mib']} MiB | "
+            f"{memory['python_workers_rss_peak_mib']} MiB | {memory['python_driver_rss_peak_mib']} MiB |",
+            "",
+            "Local mode: the driver and the executor are one JVM.",
+        ]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

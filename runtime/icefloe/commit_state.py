@@ -146,9 +146,10 @@ def append_with_checkpoint(frame: DataFrame, target: str, checkpoint: Checkpoint
 
 
 def rows_added_by_run(table: IcebergTable, run_id: str) -> int:
-    """Rows added by the snapshot that carries `run_id`'s checkpoint (0 if it added none or does not exist)."""
+    """Rows added by the snapshot that carries `run_id`'s checkpoint (0 if it added none or does not exist); the
+    newest one if an attempt of the run was discarded before (its snapshot stays until snapshots expire)."""
     added = table.spark.sql(
         f"SELECT summary['added-records'] AS added FROM {table.full_name}.snapshots "
-        f"WHERE summary['{RUN_ID_KEY}'] = '{run_id}'"
+        f"WHERE summary['{RUN_ID_KEY}'] = '{run_id}' ORDER BY committed_at DESC LIMIT 1"
     ).collect()
     return int(added[0].added or 0) if added else 0

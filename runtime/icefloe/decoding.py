@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import io
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .errors import ConfigError, SourceError
 from .credential_lookup import resolve_credentials
@@ -67,20 +68,44 @@ def decoder_spec(table: TableSpec, cluster: SourceCluster) -> DecoderSpec:
 
 
 def _latest_schema(conf: dict[str, str], subject: str) -> str:
+    with _registry_errors(conf, subject):
+        registered = _registry_client(conf).get_latest_version(subject)
+    if registered.schema.schema_type not in (None, "AVRO"):
+        raise ConfigError(f"subject {subject!r} holds a {registered.schema.schema_type} schema, not Avro")
+    return registered.schema.schema_str
+
+
+def subject_schemas(conf: dict[str, str], subject: str, newest: int) -> dict[int, tuple[str, list]]:
+    """Schema id -> (Avro schema, its references) for the subject's `newest` versions (driver side)."""
+    client = _registry_client(conf)
+    found = {}
+    with _registry_errors(conf, subject):
+        for version in sorted(client.get_versions(subject))[-newest:]:
+            registered = client.get_version(subject, version)
+            if registered.schema.schema_type in (None, "AVRO"):
+                found[registered.schema_id] = (registered.schema.schema_str, list(registered.schema.references or []))
+    return found
+
+
+def _registry_client(conf: dict[str, str]):
     from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    return SchemaRegistryClient(conf)
+
+
+@contextmanager
+def _registry_errors(conf: dict[str, str], subject: str) -> Iterator[None]:
+    """Registry failures as icefloe errors: a missing subject is a config error, anything else the environment's."""
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
     try:
-        registered = SchemaRegistryClient(conf).get_latest_version(subject)
+        yield
     except SchemaRegistryError as error:
         if error.http_status_code == 404:
             raise ConfigError(f"no schema registered under subject {subject!r} at {conf['url']}") from None
         raise SourceError(f"schema registry {conf['url']}: {error}") from None
     except Exception as error:  # connection failures surface as the HTTP library's own types
         raise SourceError(f"schema registry {conf['url']} unreachable: {error}") from None
-    if registered.schema.schema_type not in (None, "AVRO"):
-        raise ConfigError(f"subject {subject!r} holds a {registered.schema.schema_type} schema, not Avro")
-    return registered.schema.schema_str
 
 
 def build_decoder(spec: DecoderSpec) -> Decoder:

@@ -54,37 +54,74 @@ def read_batches(plan: ReadPlan, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa
         raise RuntimeError(f"{_MARKER}{json.dumps(str(error))}{_MARKER}") from None
 
 
+def redecode_rows(plan: ReadPlan, rows: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """`mapInArrow` function of the JVM read path: the records the JVM could not decode exactly, given as Kafka
+    columns (`kafka_timestamp_ms` for the timestamp) and `value`, decoded here for their value or exact error."""
+    try:
+        yield from _redecode(plan, rows)
+    except SourceError as error:
+        raise RuntimeError(f"{_MARKER}{json.dumps(str(error))}{_MARKER}") from None
+
+
 def _read(plan: ReadPlan, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    from pyspark.sql import types as T
-
-    from .conversion import BatchBuilder, ValueConverter
-
-    batch = T.StructType.fromJson(json.loads(plan.batch_schema_json))
-    values = T.StructType([batch[name] for name in plan.value_fields])
-    convert = ValueConverter(values, strict=plan.strict, required=plan.required)
-    decode = build_decoder(plan.decoder)
-    decode_key = build_key_decoder(plan.decoder) if plan.decoder.key_fields else None
-    builder = BatchBuilder(batch, list(plan.value_fields))
+    records = _Records(plan)
     for task_batch in tasks:
         for task in task_batch.to_pylist():
             offset_range = OffsetRange(task["topic"], task["partition"], task["start"], task["end"])
             for msg in read_range(plan.kafka_conf, offset_range):
-                payload, key = msg.value(), msg.key()
-                value, failure = None, None
-                try:
-                    value = _value(plan, decode, decode_key, convert, payload, key)
-                except _Bad as bad:
-                    failure = (bad.kind, bad.message, payload, schema_id(payload))
                 kind, ts = msg.timestamp()
-                builder.add(
-                    value, msg.topic(), msg.partition(), msg.offset(), ts if kind else None,
-                    _TIMESTAMP_TYPES.get(kind), key, msg.headers(),
-                    tombstone=payload is None and failure is None, error=failure, payload=payload,
+                yield from records.add(
+                    msg.value(), msg.key(), msg.topic(), msg.partition(), msg.offset(), ts if kind else None,
+                    _TIMESTAMP_TYPES.get(kind), msg.headers(),
                 )  # fmt: skip
-                if len(builder) >= plan.batch_rows:
-                    yield _build(builder)
-    if len(builder):
-        yield _build(builder)
+    yield from records.flush()
+
+
+def _redecode(plan: ReadPlan, rows: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    records = _Records(plan)
+    for batch in rows:
+        for row in batch.to_pylist():
+            headers = [(h["key"], h["value"]) for h in row["kafka_headers"]] if row["kafka_headers"] else None
+            yield from records.add(
+                row["value"], row["kafka_key"], row["kafka_topic"], row["kafka_partition"], row["kafka_offset"],
+                row["kafka_timestamp_ms"], row["kafka_timestamp_type"], headers,
+            )  # fmt: skip
+    yield from records.flush()
+
+
+class _Records:
+    """Decodes and converts records one by one into Arrow batches of the batch schema (failed rows included)."""
+
+    def __init__(self, plan: ReadPlan):
+        from pyspark.sql import types as T
+
+        from .conversion import BatchBuilder, ValueConverter
+
+        batch = T.StructType.fromJson(json.loads(plan.batch_schema_json))
+        values = T.StructType([batch[name] for name in plan.value_fields])
+        self.plan = plan
+        self.convert = ValueConverter(values, strict=plan.strict, required=plan.required)
+        self.decode = build_decoder(plan.decoder)
+        self.decode_key = build_key_decoder(plan.decoder) if plan.decoder.key_fields else None
+        self.builder = BatchBuilder(batch, list(plan.value_fields))
+
+    def add(self, payload: bytes | None, key: bytes | None, topic: str, partition: int, offset: int,
+            timestamp_ms: int | None, timestamp_type: str | None, headers) -> Iterator[pa.RecordBatch]:  # fmt: skip
+        value, failure = None, None
+        try:
+            value = _value(self.plan, self.decode, self.decode_key, self.convert, payload, key)
+        except _Bad as bad:
+            failure = (bad.kind, bad.message, payload, schema_id(payload))
+        self.builder.add(
+            value, topic, partition, offset, timestamp_ms, timestamp_type, key, headers,
+            tombstone=payload is None and failure is None, error=failure, payload=payload,
+        )  # fmt: skip
+        if len(self.builder) >= self.plan.batch_rows:
+            yield _build(self.builder)
+
+    def flush(self) -> Iterator[pa.RecordBatch]:
+        if len(self.builder):
+            yield _build(self.builder)
 
 
 class _Bad(Exception):

@@ -1,6 +1,9 @@
 """One batch for one table: plan offsets, read and convert in executors, write, commit data and offsets together.
 
-Executors read every record once into a cached frame, bad records included as failed rows; then the error mode:
+How a table's records are read and decoded is its read path (data_plane: the JVM's Kafka source and `from_avro`,
+or Python per record). An append batch on the JVM path is streamed from Kafka to the table when every record
+decodes exactly in the JVM (the common case); otherwise, and on the Python path, executors read every record once
+into a kept frame, bad records included as failed rows; then the error mode:
   fail  each partition is cut just before its first bad record, what comes before is committed, and the error of the
         earliest bad record is raised: the table holds everything before it and a fixed rerun resumes at it.
   skip  bad records are counted and logged (partition, offset, error; never the payload); the rest is committed.
@@ -25,12 +28,14 @@ from . import progress
 from .batch_columns import ERROR_CLASS, ERROR_MESSAGE
 from .commit import Branch, commit_on_branch, drop_stale_branches, new_run_id
 from .commit_state import Checkpoint, CommittedState, committed_state, lost_as_json
+from .data_plane import JVM, JvmBatch, ReadPath, choose_read_path
 from .dead_letter import commit_dead_letters
 from .decoding import decoder_spec
 from .errors import IcefloeError, RecordError
 from .iceberg_table import IcebergTable
 from .kafka_source import OffsetRange, client_config, plan_ranges
 from .executor_tasks import ReadPlan, read_batches, unmark
+from .jvm_source import source_failure
 from .schema_mapping import avro_value_fields, batch_struct, inline_value_fields, required_paths, table_struct
 from .spec import IcefloeConfig, TableSpec
 from .upsert import merge_batch
@@ -54,6 +59,7 @@ class BatchResult:
     seconds: float = 0.0
     run_id: str = ""
     data_lost: list[dict] = field(default_factory=list)  # ranges deleted before they were read (onDataLoss: warn)
+    read_path: str = ""  # jvm | python (data_plane): how the batch was read and decoded
 
     def as_dict(self) -> dict:
         data = asdict(self)
@@ -146,7 +152,9 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
             identifier, table.topic, "up-to-date", snapshot_id=state.snapshot_id, offsets=state.offsets,
             metadata_location=iceberg.metadata_location(), run_id=run_id, seconds=time.monotonic() - started,
         )  # fmt: skip
-    log.info("%s: reading %d records from %d partitions", identifier, sum(r.count for r in ranges), len(ranges))
+    path = choose_read_path(spark, decoder)
+    log.info("%s: reading %d records from %d partitions, read path %s: %s", identifier, sum(r.count for r in ranges),
+             len(ranges), path.name, path.reason)  # fmt: skip
     progress.reading(spark, identifier, sum(r.count for r in ranges))
 
     plan = ReadPlan(
@@ -162,7 +170,7 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     write = _upsert_writer(table, struct) if table.mode == "upsert" else _append_writer(struct)
 
     checkpoint = Checkpoint(table.topic, next_offsets, run_id, planned.topic_id, tuple(planned.lost))
-    outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write)
+    outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, path)
     result = BatchResult(
         identifier=identifier,
         topic=table.topic,
@@ -175,6 +183,7 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
         seconds=time.monotonic() - started,
         run_id=run_id,
         data_lost=lost_as_json(checkpoint.lost),
+        read_path=path.name,
     )
     if outcome.error_mode.error is not None:
         log.error("%s: committed up to the bad record: %s", identifier, result.describe())
@@ -191,41 +200,75 @@ def _commit(
     state: CommittedState,
     checkpoint: Checkpoint,
     write: Writer,
+    path: ReadPath,
 ) -> CommitOutcome:
-    """Read the batch in executors, apply the error mode, commit what it leaves on the run's branch with
-    `checkpoint` (its offsets are the batch's as the error mode leaves it)."""
-    frame = _read(spark, plan, batch)
+    """Read the batch, apply the error mode, commit what it leaves on the run's branch with `checkpoint` (its
+    offsets are the batch's as the error mode leaves it). On the JVM path an append batch is first committed as the
+    JVM decodes it, streamed; only if some record needs Python is it read again with status columns."""
+    jvm = JvmBatch(spark, plan, path.avro, batch.ranges, len(batch.tasks())) if path.name == JVM else None
     try:
-        applied = _apply_error_mode(spark, iceberg.identifier, table, frame, batch, checkpoint.run_id)
-        if applied.batch.next_offsets == state.offsets:  # fail mode, a bad record first in every partition read
-            return CommitOutcome(None, 0, applied)
-        checkpoint = replace(checkpoint, offsets=applied.batch.next_offsets)
-        snapshot_id, rows = commit_on_branch(
-            iceberg, state.snapshot_id, checkpoint, partial(write, applied.good), table.run_timeout_seconds
-        )
-        return CommitOutcome(snapshot_id, rows, applied)
+        if jvm is not None and table.mode == "append":
+            committed = _commit_exact(iceberg, jvm, batch, state, checkpoint, table.run_timeout_seconds)
+            if committed is not None:
+                return committed
+        frame, release = jvm.rows_with_status() if jvm is not None else _read(spark, plan, batch)
+        try:
+            applied = _apply_error_mode(spark, iceberg.identifier, table, frame, batch, checkpoint.run_id)
+            if applied.batch.next_offsets == state.offsets:  # fail mode, a bad record first in every partition read
+                return CommitOutcome(None, 0, applied)
+            checkpoint = replace(checkpoint, offsets=applied.batch.next_offsets)
+            snapshot_id, rows = commit_on_branch(
+                iceberg, state.snapshot_id, checkpoint, partial(write, applied.good), table.run_timeout_seconds
+            )
+            return CommitOutcome(snapshot_id, rows, applied)
+        finally:
+            release()
     except IcefloeError:
         raise
-    except Exception as failure:
-        carried = unmark(str(failure))
-        if carried is not None:
-            raise carried from None
-        raise
-    finally:
-        frame.unpersist()
+    except Exception as failure:  # a source failure carried by a Python task's or the Kafka client's error
+        raise (unmark(str(failure)) or source_failure(failure, table.topic) or failure) from None
 
 
-def _read(spark: SparkSession, plan: ReadPlan, batch: Batch) -> DataFrame:
-    """The batch as executors read it, bad records included as failed rows; cached, so Kafka is read once: the
-    error accounting, the dead letters and the write all use this frame (the caller unpersists it)."""
+class _NeedsPython(Exception):
+    """Some records of the batch need the Python decoder: what the streamed attempt wrote is discarded."""
+
+
+def _commit_exact(
+    iceberg: IcebergTable, jvm: JvmBatch, batch: Batch, state: CommittedState, checkpoint: Checkpoint, run_timeout_s: float
+) -> CommitOutcome | None:
+    """Commit every record as the JVM decodes it, streamed from Kafka to the table (nothing held); None when some
+    record's row is not exact: that attempt's branch is dropped unpublished (its files are orphans for maintenance)."""
+    rows, observation = jvm.exact_rows(checkpoint.run_id)  # the table's columns
+
+    def write_all(branch: Branch) -> int:
+        branch.append(rows)
+        counts = observation.get
+        if counts["for_python"]:
+            raise _NeedsPython(counts["for_python"])
+        return counts["rows"]
+
+    try:
+        snapshot_id, written = commit_on_branch(iceberg, state.snapshot_id, checkpoint, write_all, run_timeout_s)
+    except _NeedsPython as needed:
+        log.info("%s: %s records need the Python decoder: reading the batch again with them", iceberg.identifier,
+                 needed.args[0])  # fmt: skip
+        return None
+    return CommitOutcome(snapshot_id, written, ErrorModeOutcome(rows, batch, 0, None))
+
+
+def _read(spark: SparkSession, plan: ReadPlan, batch: Batch) -> tuple[DataFrame, Callable[[], object]]:
+    """The batch as executors read it on the Python path, bad records included as failed rows; cached, so Kafka is
+    read once: the error accounting, the dead letters and the write all use this frame. Returns the frame and the
+    function that releases it."""
     rows = [(t.topic, t.partition, t.start, t.end) for t in batch.tasks()]
     task_rdd = spark.sparkContext.parallelize(rows, max(1, len(rows)))
     batch_schema = StructType.fromJson(json.loads(plan.batch_schema_json))
-    return (
+    frame = (
         spark.createDataFrame(task_rdd, "topic string, partition int, start long, end long")
         .mapInArrow(partial(read_batches, plan), batch_schema)
         .persist()
     )
+    return frame, frame.unpersist
 
 
 def _apply_error_mode(

@@ -1,0 +1,309 @@
+"""Avro values decoded in the JVM: Confluent framing split with Spark expressions, then `from_avro` per writer schema.
+
+For every schema id registered under the table's subject (the driver asks the registry once per batch), the
+record's body is decoded with that id's writer schema and the table's reader schema (`avroSchema`), so older
+records resolve to the evolved table schema as they do in Python. The reader schema carries one extra field,
+`__icefloe_decoded` (boolean, default true): Spark's PERMISSIVE mode turns a record it cannot decode into a struct
+of nulls, and only this field tells it from a record whose fields are all null.
+
+The Python decoder stays the reference. A record is *exact* when the JVM's result is what Python would produce;
+anything else goes to Python, which gives its value or its exact error. Not exact:
+  - a payload that is not framed, or framed with an id the JVM has no writer schema for (another subject, schema
+    references, a schema Avro Java refuses or cannot resolve against the reader, logical types that differ between
+    writer and reader: Python and Java resolve those differently);
+  - a body `from_avro` cannot decode (truncated, overflowing a timestamp, a decimal beyond its precision);
+  - values Avro Java accepts but Python refuses or rewrites: strings (map keys included) that are not UTF-8,
+    uuids not in canonical lowercase form, timestamps and dates outside years 1..9999, times outside one day;
+  - with an inline schema (no registry), a body longer than its re-encoding: trailing bytes.
+Types then match the table (schema_mapping), except time-millis (an int), which becomes microseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Any
+
+from pyspark.sql import Column, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.avro.functions import from_avro, to_avro
+
+from .decoding import DecoderSpec, subject_for, subject_schemas
+
+log = logging.getLogger(__name__)
+MARKER = "__icefloe_decoded"
+MAX_WRITER_VERSIONS = 100  # the subject's newest versions the JVM decodes; older ids go to Python
+_FROM_AVRO = {"mode": "PERMISSIVE", "datetimeRebaseMode": "CORRECTED"}
+_TS_MICROS = (-62135596800000000, 253402300799999999)  # 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59.999999Z
+_RANGES = {
+    "timestamp-millis": f"timestamp_micros({_TS_MICROS[0]}) AND timestamp_micros({_TS_MICROS[1]})",
+    "timestamp-micros": f"timestamp_micros({_TS_MICROS[0]}) AND timestamp_micros({_TS_MICROS[1]})",
+    "local-timestamp-millis": "TIMESTAMP_NTZ'0001-01-01 00:00:00' AND TIMESTAMP_NTZ'9999-12-31 23:59:59.999999'",
+    "local-timestamp-micros": "TIMESTAMP_NTZ'0001-01-01 00:00:00' AND TIMESTAMP_NTZ'9999-12-31 23:59:59.999999'",
+    "date": "DATE'0001-01-01' AND DATE'9999-12-31'",
+    "time-millis": "0 AND 86399999",
+    "time-micros": "0 AND 86399999999",
+}
+_UUID = "'^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'"
+_PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
+
+
+@dataclass(frozen=True)
+class AvroJvmPlan:
+    """How one batch's values are decoded in the JVM (built on the driver)."""
+
+    reader: dict  # the table's Avro schema (the subject's latest, or the inline one)
+    writers: dict[int, str]  # schema id -> writer schema, for the ids the JVM decodes
+    inline: bool = False  # no registry: every framed record is decoded with `reader`, its id ignored
+    routed: dict[int, str] = field(default_factory=dict)  # ids left to Python, and why
+
+    @property
+    def reader_with_marker(self) -> str:
+        marked = {**self.reader, "fields": [*self.reader["fields"], {"name": MARKER, "type": "boolean", "default": True}]}
+        return json.dumps(marked)
+
+
+def plan_avro(spark: SparkSession, decoder: DecoderSpec) -> AvroJvmPlan | None:
+    """The JVM decoding of `decoder`'s values, or None when the JVM cannot read this table (logged)."""
+    reader = json.loads(decoder.schema_str)
+    jvm = spark._jvm.org.apache.avro
+    try:
+        reader_schema = jvm.Schema.Parser().parse(AvroJvmPlan(reader, {}).reader_with_marker)
+    except Exception as error:  # Avro Java is stricter than fastavro (names, defaults)
+        log.warning("%s: Avro Java refuses the table's schema, values are decoded in Python: %s", decoder.topic,
+                    _first_line(error))  # fmt: skip
+        return None
+    if decoder.format == "avro-inline":
+        return AvroJvmPlan(reader, {}, inline=True)
+    writers, routed = {}, {}
+    for schema_id, (text, references) in subject_schemas(
+        decoder.registry_conf, subject_for(decoder.topic), MAX_WRITER_VERSIONS
+    ).items():
+        reason = "it has schema references" if references else _unusable(jvm, reader_schema, text, reader)
+        if reason:
+            routed[schema_id] = reason
+        else:
+            writers[schema_id] = text
+    for schema_id, reason in routed.items():
+        log.info("%s: records with schema id %d are decoded in Python: %s", decoder.topic, schema_id, reason)
+    return AvroJvmPlan(reader, writers, routed=routed)
+
+
+def _unusable(jvm, reader_schema, text: str, reader: dict) -> str | None:
+    """Why the JVM must not decode records written with `text`, or None."""
+    try:
+        writer_schema = jvm.Schema.Parser().parse(text)
+    except Exception as error:
+        return f"Avro Java refuses the schema: {_first_line(error)}"
+    result = jvm.SchemaCompatibility.checkReaderWriterCompatibility(reader_schema, writer_schema)
+    if result.getType().toString() != "COMPATIBLE":
+        return "it does not resolve to the table's schema"
+    differs = _logical_difference(json.loads(text), reader)
+    return f"logical type of {differs} differs from the table's schema" if differs else None
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[-1][:200]
+
+
+def decoded(value: Column, plan: AvroJvmPlan) -> Column:
+    """The value decoded to the reader's struct plus the marker field; null for a null value, an unframed value or
+    an id without writer schema; a struct of nulls (marker included) where `from_avro` fails."""
+    options = {**_FROM_AVRO, "avroSchema": plan.reader_with_marker}
+    body = value.substr(6, 2**31 - 1)
+    framed = F.length(value) > 5
+    if plan.inline:
+        writer = json.dumps(plan.reader)
+        return F.when(framed & (value.substr(1, 1) == F.lit(bytearray(b"\x00"))), from_avro(body, writer, options))
+    result = None
+    for schema_id, writer in sorted(plan.writers.items()):
+        prefix = F.lit(bytearray(b"\x00" + schema_id.to_bytes(4, "big")))
+        match = framed & (value.substr(1, 5) == prefix)
+        result = F.when(match, from_avro(body, writer, options)) if result is None else result.when(match, from_avro(body, writer, options))
+    return result if result is not None else F.lit(None)
+
+
+def exact(value: Column, struct: str, plan: AvroJvmPlan) -> Column:
+    """True where the JVM's decoding of a non-null `value` (column `struct`, from `decoded`) is the Python one."""
+    checks = _checks(plan.reader, struct, _Names(), count())
+    strings = _strings(plan.reader, struct, _Names(), count())
+    condition = F.col(f"{struct}.{MARKER}").isNotNull()
+    for check in [checks, _utf8(strings) if strings else None]:
+        if check:
+            condition = condition & F.expr(check)
+    if plan.inline:  # Python refuses trailing bytes after the record; Avro's encoding of a value is canonical
+        plain = F.struct(*[F.col(f"{struct}.`{f['name']}`") for f in plan.reader["fields"]])
+        condition = condition & (F.length(to_avro(plain, json.dumps(plan.reader))) == F.length(value) - 5)
+    return condition
+
+
+def value_columns(struct: str, plan: AvroJvmPlan) -> dict[str, Column]:
+    """The table's value columns by name, from the decoded struct (time-millis widened to microseconds)."""
+    names = _Names()
+    columns = {}
+    for item in plan.reader["fields"]:
+        source = f"{struct}.`{item['name']}`"
+        converted = _conform(item["type"], source, names, count(), plan.reader.get("namespace", ""))
+        columns[item["name"]] = F.expr(converted) if converted else F.col(source)
+    return columns
+
+
+class _Names:
+    """Avro named types seen so far (records, enums, fixed), so references by name resolve."""
+
+    def __init__(self) -> None:
+        self.known: dict[str, dict] = {}
+
+    def resolve(self, schema: Any, namespace: str) -> tuple[Any, str]:
+        if isinstance(schema, str) and schema not in _PRIMITIVES:
+            full = schema if "." in schema or not namespace else f"{namespace}.{schema}"
+            found = self.known.get(full) or self.known.get(schema)
+            if found is None:
+                raise ValueError(f"unknown Avro type {schema!r}")
+            return found, full.rpartition(".")[0]
+        if isinstance(schema, dict) and schema.get("type") in ("record", "enum", "fixed"):
+            name = schema["name"]
+            ns = schema.get("namespace", namespace)
+            full = name if "." in name or not ns else f"{ns}.{name}"
+            self.known.setdefault(full, schema)
+            return schema, full.rpartition(".")[0]
+        return schema, namespace
+
+
+def _nonnull(schema: Any) -> Any:
+    if isinstance(schema, list):
+        branches = [b for b in schema if b != "null"]
+        return branches[0] if len(branches) == 1 else schema
+    return schema
+
+
+def _kind(schema: Any) -> tuple[str, str | None]:
+    if isinstance(schema, str):
+        return schema, None
+    if isinstance(schema, list):
+        return "union", None
+    kind = schema.get("type")
+    if isinstance(kind, (dict, list)):
+        return _kind(kind)
+    return kind, schema.get("logicalType")
+
+
+def _checks(schema: Any, expr: str, names: _Names, ids: count, namespace: str = "") -> str | None:
+    """A SQL condition that is true where the value at `expr` has no value Python refuses or rewrites, strings
+    apart (see `_strings`); None where there is nothing to check."""
+    schema, namespace = names.resolve(_nonnull(schema), namespace)
+    kind, logical = _kind(schema)
+    if kind == "record":
+        parts = [_checks(f["type"], f"{expr}.`{f['name']}`", names, ids, namespace) for f in schema["fields"]]
+        parts = [p for p in parts if p]
+        return f"({expr} IS NULL OR ({' AND '.join(parts)}))" if parts else None
+    if kind in ("array", "map"):
+        var = f"x{next(ids)}"
+        inner = _checks(schema["items" if kind == "array" else "values"], var, names, ids, namespace)
+        items = expr if kind == "array" else f"map_values({expr})"
+        return f"({expr} IS NULL OR forall({items}, {var} -> {inner}))" if inner else None
+    if logical == "uuid" and kind == "string":  # (RLIKE decodes the bytes: bad UTF-8 does not match either)
+        return f"({expr} IS NULL OR {expr} RLIKE {_UUID})"
+    if logical in _RANGES and kind in ("int", "long"):
+        return f"({expr} IS NULL OR {expr} BETWEEN {_RANGES[logical]})"
+    return None  # boolean, numbers, bytes, fixed, enum, decimal: Avro Java's result is Python's; strings apart
+
+
+def _strings(schema: Any, expr: str, names: _Names, ids: count, namespace: str = "") -> list[str]:
+    """SQL expressions (string or array<string>) giving every string at `expr`, map keys included (not uuids, which
+    `_checks` matches, nor enums, whose symbols come from the schema)."""
+    schema, namespace = names.resolve(_nonnull(schema), namespace)
+    kind, logical = _kind(schema)
+    if kind == "string":
+        return [] if logical == "uuid" else [expr]
+    if kind == "record":
+        return [p for f in schema["fields"] for p in _strings(f["type"], f"{expr}.`{f['name']}`", names, ids, namespace)]
+    if kind in ("array", "map"):
+        items = expr if kind == "array" else f"map_values({expr})"
+        var = f"x{next(ids)}"
+        inner = _strings(schema["items" if kind == "array" else "values"], var, names, ids, namespace)
+        if inner == [var]:
+            found = [items]
+        elif inner:
+            found = [f"transform({items}, {var} -> {_joined(inner)})"]
+        else:
+            found = []
+        return [f"map_keys({expr})", *found] if kind == "map" else found
+    return []
+
+
+def _joined(parts: list[str]) -> str:
+    # An ASCII separator: a UTF-8 sequence cut at the end of one string cannot be completed by the next one.
+    return f"concat_ws('\\n', {', '.join(parts)})"
+
+
+def _utf8(parts: list[str]) -> str:
+    """True where all the strings are valid UTF-8, checked once per record over their concatenation: Spark keeps
+    Avro's string bytes as they are; `encode` goes through a Java String, which replaces bad UTF-8."""
+    # (a one-element array binds the concatenation to a variable: it is built once, not once per use)
+    return f"forall(array({_joined(parts)}), s -> encode(s, 'UTF-8') = CAST(s AS BINARY))"
+
+
+def _conform(schema: Any, expr: str, names: _Names, ids: count, namespace: str) -> str | None:
+    """A SQL expression giving the table's type for the value at `expr`, or None where it already has it."""
+    schema, namespace = names.resolve(_nonnull(schema), namespace)
+    kind, logical = _kind(schema)
+    if kind == "int" and logical == "time-millis":
+        return f"(CAST({expr} AS BIGINT) * 1000)"
+    if kind == "record":
+        parts = [(f["name"], _conform(f["type"], f"{expr}.`{f['name']}`", names, ids, namespace)) for f in schema["fields"]]
+        if not any(converted for _, converted in parts):
+            return None
+        fields = ", ".join(f"'{name}', {converted or f'{expr}.`{name}`'}" for name, converted in parts)
+        return f"IF({expr} IS NULL, NULL, named_struct({fields}))"
+    if kind == "array":
+        var = f"x{next(ids)}"
+        inner = _conform(schema["items"], var, names, ids, namespace)
+        return f"transform({expr}, {var} -> {inner})" if inner else None
+    if kind == "map":
+        key, var = f"k{next(ids)}", f"v{next(ids)}"
+        inner = _conform(schema["values"], var, names, ids, namespace)
+        return f"transform_values({expr}, ({key}, {var}) -> {inner})" if inner else None
+    return None
+
+
+def _logical_difference(writer: Any, reader: Any) -> str | None:
+    """The first field path whose logical type (or decimal precision/scale) differs between writer and reader."""
+    return _compare(writer, reader, _Names(), _Names(), "", "", "value", set())
+
+
+def _annotation(schema: Any) -> tuple:
+    if not isinstance(schema, dict) or "logicalType" not in schema:
+        return ()
+    return schema["logicalType"], schema.get("precision"), schema.get("scale", 0 if "precision" in schema else None)
+
+
+def _compare(writer, reader, wnames: _Names, rnames: _Names, wns: str, rns: str, path: str, seen: set) -> str | None:
+    if isinstance(writer, list) and len([b for b in writer if b != "null"]) > 1:
+        return path  # a union of several types: Python and Java may pick branches differently
+    writer, wns = wnames.resolve(_nonnull(writer), wns)
+    reader, rns = rnames.resolve(_nonnull(reader), rns)
+    if _annotation(writer) != _annotation(reader):
+        return path
+    wkind, rkind = _kind(writer)[0], _kind(reader)[0]
+    if wkind != rkind:
+        return None  # a promotion (int -> long, ...) or a mismatch the compatibility check reports
+    if wkind == "record":
+        key = (id(writer), id(reader))
+        if key in seen:
+            return None
+        seen.add(key)
+        by_name = {f["name"]: f for f in writer["fields"]}
+        for item in reader["fields"]:
+            found = next((by_name[n] for n in [item["name"], *item.get("aliases", [])] if n in by_name), None)
+            if found is not None:
+                differs = _compare(found["type"], item["type"], wnames, rnames, wns, rns, f"{path}.{item['name']}", seen)
+                if differs:
+                    return differs
+    elif wkind == "array":
+        return _compare(writer["items"], reader["items"], wnames, rnames, wns, rns, f"{path}[]", seen)
+    elif wkind == "map":
+        return _compare(writer["values"], reader["values"], wnames, rnames, wns, rns, f"{path}{{}}", seen)
+    return None
