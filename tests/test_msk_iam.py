@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import json
 import pickle
+import string
 import time
 from pathlib import Path
 from urllib.parse import parse_qsl, quote, urlsplit
@@ -24,6 +25,7 @@ from icefloe.errors import ConfigError, SourceError
 from icefloe.jvm_source import kafka_options
 from icefloe.kafka_source import client_config
 from icefloe.spec import parse_config
+from test_infra import policy_of
 
 ROOT = Path(__file__).resolve().parents[1]
 AWS_NATIVE = ROOT / "examples" / "Pulumi.aws-native.yaml"
@@ -31,7 +33,8 @@ CLUSTER_ARN = "arn:aws:kafka:eu-west-1:123456789012:cluster/orders/0f3c1d2e-aaaa
 MSK = {"name": "orders", "bootstrapServers": "b-1.orders.kafka.eu-west-1.amazonaws.com:9098",
        "securityProtocol": "SASL_SSL", "saslMechanism": "AWS_MSK_IAM", "clusterArn": CLUSTER_ARN}  # fmt: skip
 # AWS's documentation example credentials: fixed, so the signature can be recomputed here.
-ACCESS_KEY, SECRET_KEY, SESSION_TOKEN = "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "FQoGZXIvYXdzEXAMPLE"
+ACCESS_KEY, SECRET_KEY = "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+SESSION_TOKEN = "FQoGZXIvYXdzEXAMPLE"
 
 
 def msk_cluster(**changes):
@@ -70,7 +73,8 @@ def expected_signature(url: str) -> str:
     params = dict(query)
     day, region, service, _ = params["X-Amz-Credential"].split("/", 1)[1].split("/")
     scope = f"{day}/{region}/{service}/aws4_request"
-    to_sign = "\n".join(["AWS4-HMAC-SHA256", params["X-Amz-Date"], scope, hashlib.sha256(canonical.encode()).hexdigest()])
+    digest = hashlib.sha256(canonical.encode()).hexdigest()
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", params["X-Amz-Date"], scope, digest])
     return hmac.new(signing_key(SECRET_KEY, day, region, service), to_sign.encode(), hashlib.sha256).hexdigest()
 
 
@@ -90,10 +94,11 @@ def test_msk_iam_names_the_cluster_and_derives_its_region_and_topic_arns():
 
 @pytest.mark.parametrize(("changes", "message"), [
     ({"securityProtocol": "SASL_PLAINTEXT"}, "AWS_MSK_IAM needs securityProtocol SASL_SSL"),
-    ({"credentialsSecret": {"env": "KAFKA"}}, "AWS_MSK_IAM signs in with the job's AWS credentials: remove credentialsSecret"),
+    ({"credentialsSecret": {"env": "KAFKA"}}, "signs in with the job's AWS credentials: remove credentialsSecret"),
     ({"clusterArn": None}, "AWS_MSK_IAM needs clusterArn"),
-    ({"clusterArn": "arn:aws:kafka:eu-west-1:123456789012:topic/orders/x/t"}, "clusterArn: String should match pattern"),
-    ({"saslMechanism": "SCRAM-SHA-512", "credentialsSecret": {"env": "KAFKA"}}, "clusterArn is only used with saslMechanism AWS_MSK_IAM"),
+    ({"clusterArn": "arn:aws:kafka:eu-west-1:123456789012:topic/o/x/t"}, "clusterArn: String should match pattern"),
+    ({"saslMechanism": "SCRAM-SHA-512", "credentialsSecret": {"env": "KAFKA"}},
+     "clusterArn is only used with saslMechanism AWS_MSK_IAM"),
     ({"saslMechanism": "AWS_MSK_IAM_TYPO"}, "saslMechanism: Input should be"),
 ])  # fmt: skip
 def test_msk_iam_misconfigurations_fail_naming_the_key(changes, message):
@@ -112,7 +117,7 @@ def test_the_token_is_a_presigned_kafka_cluster_connect_signed_with_the_jobs_cre
     before = time.time()
     token, expiry = conf["oauth_cb"]("")
     url, params = decoded(token)
-    assert "=" not in token[-1:] and set(token) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+    assert set(token) <= set(string.ascii_letters + string.digits + "-_")  # base64url, padding stripped
     assert url.startswith("https://kafka.eu-west-1.amazonaws.com/?")
     assert params["Action"] == "kafka-cluster:Connect"
     signed_at = dt.datetime.strptime(params["X-Amz-Date"], "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.timezone.utc)
@@ -177,7 +182,8 @@ def test_local_sessions_load_the_msk_jar_only_for_msk_iam_and_last(monkeypatch, 
 
     spark = tmp_path / "spark"
     spark.mkdir()
-    for name in ("aws-msk-iam-auth-2.3.9-all.jar", "iceberg-aws-bundle-1.10.1.jar", "iceberg-spark-runtime-3.5_2.12-1.10.1.jar"):
+    jars = ("aws-msk-iam-auth-2.3.9-all.jar", "iceberg-aws-bundle-1.10.1.jar", "iceberg-spark-runtime-3.5_2.12-1.10.1.jar")
+    for name in jars:
         (spark / name).write_bytes(b"")
     monkeypatch.setenv("ICEFLOE_JVM_LIB", str(tmp_path))
     monkeypatch.setattr(session, "SQLITE_JDBC_JAR", str(spark / "iceberg-aws-bundle-1.10.1.jar"))  # any existing file
@@ -200,20 +206,16 @@ def aws_native():
     return run_program(AWS_NATIVE)
 
 
-def job_statements(run) -> dict[str, dict]:
-    role = run.named("icefloe-job-role")
-    (attached,) = [p for p in run.of_type("aws:iam/rolePolicy:RolePolicy") if p.inputs["role"] == role.id]
-    policy = attached.inputs["policy"]
-    return {s["Sid"]: s for s in (json.loads(policy) if isinstance(policy, str) else policy)["Statement"]}
 
 
 def test_the_job_role_may_read_exactly_the_declared_topics_of_the_cluster(aws_native):
-    statements = job_statements(aws_native)
+    statements = policy_of(aws_native, "icefloe-job-role")
     topic = "arn:aws:kafka:eu-west-1:123456789012:topic/orders/0f3c1d2e-aaaa-bbbb-cccc-1234567890ab-2/"
     assert statements["KafkaConnect"] == {"Sid": "KafkaConnect", "Effect": "Allow",
                                           "Action": ["kafka-cluster:Connect"], "Resource": [CLUSTER_ARN]}
     assert statements["KafkaReadTopics"] == {
-        "Sid": "KafkaReadTopics", "Effect": "Allow", "Action": ["kafka-cluster:DescribeTopic", "kafka-cluster:ReadData"],
+        "Sid": "KafkaReadTopics", "Effect": "Allow",
+        "Action": ["kafka-cluster:DescribeTopic", "kafka-cluster:ReadData"],
         "Resource": [topic + "order_status", topic + "orders"]}  # fmt: skip
     assert statements["KafkaConsumerGroup"]["Action"] == ["kafka-cluster:DescribeGroup"]
     assert statements["KafkaConsumerGroup"]["Resource"] == [topic.replace(":topic/", ":group/") + "icefloe"]
@@ -227,7 +229,8 @@ def test_stacks_without_msk_iam_grant_no_kafka_actions_and_ship_no_msk_jar():
     from pulumi_mocks import run_program
 
     run = run_program(ROOT / "examples" / "Pulumi.example.yaml")
-    assert not [s for s in job_statements(run).values() if any(a.startswith("kafka") for a in s["Action"])]
+    statements = policy_of(run, "icefloe-job-role").values()
+    assert not [s for s in statements if any(a.startswith("kafka") for a in s["Action"])]
     assert not [o for o in run.of_type("aws:s3/bucketObjectv2:BucketObjectv2") if "msk" in o.name]
 
 

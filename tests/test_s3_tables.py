@@ -3,7 +3,7 @@ S3 Tables Iceberg REST endpoint, the table bucket, namespaces and job permission
 inputs replayed against moto's s3tables (what it serves, and what it does not).
 
 No local end-to-end: no Iceberg REST catalog that speaks for S3 Tables runs here (moto serves the s3tables control
-plane API but not its `/iceberg` REST endpoint), so the runtime's writes through the endpoint ran only on AWS, if at all.
+plane API but not its `/iceberg` REST endpoint): the runtime's writes through the endpoint run only on AWS.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import yaml
 from icefloe.catalog import CATALOG, pyiceberg_s3_tables_properties, spark_catalog_conf
 from icefloe.errors import ConfigError
 from icefloe.spec import CatalogSpec, parse_config
+from test_infra import policy_of
 
 ROOT = Path(__file__).resolve().parents[1]
 AWS_NATIVE = ROOT / "examples" / "Pulumi.aws-native.yaml"
@@ -64,7 +65,7 @@ def test_pyiceberg_settings_are_the_ones_aws_documents():
 @pytest.mark.parametrize(("catalog", "message"), [
     ({"type": "s3tables", "warehouse": "s3://bucket/warehouse"}, "warehouse is its table bucket's ARN"),
     ({"type": "s3tables"}, "warehouse is its table bucket's ARN"),
-    ({"type": "s3tables", "warehouse": "arn:aws:s3tables:eu-west-1:123456789012:bucket/Bad_Name"}, "table bucket's ARN"),
+    ({"type": "s3tables", "warehouse": BUCKET_ARN.replace("icefloe-tables-eu", "Bad_Name")}, "table bucket's ARN"),
     ({"type": "s3tables", "warehouse": BUCKET_ARN, "endpoints": {"glue": "http://h:1", "s3": "http://h:1"}},
      "endpoints apply to a glue catalog only"),
 ])  # fmt: skip
@@ -82,10 +83,6 @@ def program():
     return run_program(AWS_NATIVE)
 
 
-def job_statements(run) -> dict[str, dict]:
-    role = run.named("icefloe-job-role")
-    (attached,) = [p for p in run.of_type("aws:iam/rolePolicy:RolePolicy") if p.inputs["role"] == role.id]
-    return {s["Sid"]: s for s in json.loads(attached.inputs["policy"])["Statement"]}
 
 
 def test_the_stack_creates_the_table_bucket_and_a_namespace_per_database_instead_of_glue(program):
@@ -102,7 +99,7 @@ def test_the_stack_creates_the_table_bucket_and_a_namespace_per_database_instead
 
 
 def test_the_job_writes_through_the_table_bucket_and_nowhere_else(program):
-    statements = job_statements(program)
+    statements = policy_of(program, "icefloe-job-role")
     assert statements["TableBucket"]["Resource"] == [BUCKET_ARN]
     assert statements["TableBucket"]["Action"] == ["s3tables:GetTableBucket", "s3tables:ListNamespaces",
                                                    "s3tables:GetNamespace", "s3tables:ListTables", "s3tables:CreateTable"]
