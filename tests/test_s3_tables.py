@@ -62,6 +62,84 @@ def test_pyiceberg_settings_are_the_ones_aws_documents():
     }  # fmt: skip
 
 
+class FakeEndpoint:
+    """A local stand-in for the S3 Tables Iceberg REST endpoint that records each request and refuses it (403), so
+    the client's request line and SigV4 signature can be read; it implements no catalog."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        requests = self.requests = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (the stdlib's name)
+                requests.append((self.path, dict(self.headers)))
+                body = json.dumps({"error": {"message": "refused by the test endpoint", "type": "ForbiddenException",
+                                             "code": 403}}).encode()  # fmt: skip
+                self.send_response(403)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/iceberg"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def endpoint(monkeypatch):
+    for key, value in {"AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE", "AWS_SECRET_ACCESS_KEY": "testing-secret",
+                       "AWS_EC2_METADATA_DISABLED": "true"}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    fake = FakeEndpoint()
+    yield fake
+    fake.close()
+
+
+def assert_signed_config_request(requests) -> None:
+    """The catalog's first request: GET <endpoint>/v1/config?warehouse=<bucket ARN>, SigV4-signed for s3tables."""
+    path, headers = requests[0]
+    assert path == "/iceberg/v1/config?warehouse=" + BUCKET_ARN.replace(":", "%3A").replace("/", "%2F")
+    authorization = {k.lower(): v for k, v in headers.items()}["authorization"]
+    assert authorization.startswith("AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/")
+    assert "/eu-west-1/s3tables/aws4_request" in authorization.split(",")[0]
+    assert "testing-secret" not in json.dumps(headers)
+
+
+def test_pyiceberg_signs_its_catalog_requests_for_s3_tables(endpoint, monkeypatch):
+    import icefloe.catalog
+
+    monkeypatch.setattr(icefloe.catalog, "s3_tables_endpoint", lambda region: endpoint.url)
+    with pytest.raises(Exception, match="refused by the test endpoint"):
+        icefloe.catalog.pyiceberg_catalog(s3_tables())
+    assert_signed_config_request(endpoint.requests)
+
+
+@pytest.mark.spark
+def test_sparks_iceberg_signs_its_catalog_requests_for_s3_tables(spark, endpoint):
+    """The runtime's Spark settings on the local session's jars (Iceberg 1.10.1 and its AWS bundle): the REST catalog
+    initializes with SigV4 for s3tables in the bucket's region, the endpoint being the only change."""
+    prefix = f"spark.sql.catalog.{CATALOG}"
+    probe = "s3tables_probe"
+    for key, value in spark_catalog_conf(s3_tables()).items():
+        if key.startswith(prefix):
+            spark.conf.set(key.replace(prefix, f"spark.sql.catalog.{probe}", 1), value)
+    spark.conf.set(f"spark.sql.catalog.{probe}.uri", endpoint.url)
+    with pytest.raises(Exception, match="refused by the test endpoint|Forbidden"):
+        spark.sql(f"SHOW NAMESPACES IN {probe}").collect()
+    assert_signed_config_request(endpoint.requests)
+
+
 @pytest.mark.parametrize(("catalog", "message"), [
     ({"type": "s3tables", "warehouse": "s3://bucket/warehouse"}, "warehouse is its table bucket's ARN"),
     ({"type": "s3tables"}, "warehouse is its table bucket's ARN"),
