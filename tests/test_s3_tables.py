@@ -135,8 +135,16 @@ def test_sparks_iceberg_signs_its_catalog_requests_for_s3_tables(spark, endpoint
         if key.startswith(prefix):
             spark.conf.set(key.replace(prefix, f"spark.sql.catalog.{probe}", 1), value)
     spark.conf.set(f"spark.sql.catalog.{probe}.uri", endpoint.url)
-    with pytest.raises(Exception, match="refused by the test endpoint|Forbidden"):
-        spark.sql(f"SHOW NAMESPACES IN {probe}").collect()
+    # The JVM started before this test's environment: its AWS SDK takes the credentials as system properties.
+    system = spark._jvm.java.lang.System
+    system.setProperty("aws.accessKeyId", "AKIAIOSFODNN7EXAMPLE")
+    system.setProperty("aws.secretAccessKey", "testing-secret")
+    try:
+        with pytest.raises(Exception, match="refused by the test endpoint|Forbidden|403"):
+            spark.sql(f"SHOW NAMESPACES IN {probe}").collect()
+    finally:
+        system.clearProperty("aws.accessKeyId")
+        system.clearProperty("aws.secretAccessKey")
     assert_signed_config_request(endpoint.requests)
 
 

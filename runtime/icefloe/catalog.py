@@ -77,7 +77,8 @@ def s3_tables_conf(prefix: str, catalog: CatalogSpec) -> dict[str, str]:
     """An S3 table bucket through its Iceberg REST endpoint, as AWS documents it for Spark ("Accessing tables using
     the Amazon S3 Tables Iceberg REST endpoint"): requests signed with SigV4 for `s3tables`, the bucket's ARN as
     the warehouse, data read and written with S3FileIO (iceberg-aws-bundle), metrics reporting off (the endpoint
-    does not take Iceberg's metrics reports)."""
+    does not take Iceberg's metrics reports). Iceberg 1.10 reads `rest.sigv4-enabled` still, with a deprecation
+    warning for `rest.auth.type=sigv4`: the documented key is kept."""
     region = catalog.region
     return {
         f"{prefix}.type": "rest",
