@@ -200,6 +200,23 @@ def test_the_job_writes_through_the_table_bucket_and_nowhere_else(program):
     assert not [a for a in actions if a.endswith("*")]
 
 
+def test_external_access_reads_the_table_bucket_only(tmp_path):
+    from pulumi_mocks import run_program
+
+    document = yaml.safe_load(AWS_NATIVE.read_text())
+    document["config"]["icefloe:externalAccess"] = [
+        {"name": "athena", "principalArn": "arn:aws:iam::111122223333:role/analytics", "externalId": "ext-1234"}]
+    stack = tmp_path / "Pulumi.aws-native.yaml"
+    stack.write_text(yaml.safe_dump(document))
+    statements = policy_of(run_program(stack), "icefloe-athena-role")
+    assert statements == {
+        "ReadTableBucket": {"Sid": "ReadTableBucket", "Effect": "Allow", "Resource": [BUCKET_ARN], "Action": [
+            "s3tables:GetTableBucket", "s3tables:ListNamespaces", "s3tables:GetNamespace", "s3tables:ListTables"]},
+        "ReadTables": {"Sid": "ReadTables", "Effect": "Allow", "Resource": [BUCKET_ARN + "/table/*"], "Action": [
+            "s3tables:GetTable", "s3tables:GetTableMetadataLocation", "s3tables:GetTableData"]},
+    }  # fmt: skip
+
+
 def test_the_job_runs_with_the_s3_tables_catalog(program, tmp_path):
     from icefloe.spec import load_config
 

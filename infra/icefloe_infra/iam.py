@@ -148,7 +148,16 @@ def kafka_statements(clusters: list[KafkaAccess]) -> list[dict]:
 
 
 def read_only_policy(scope: Scope) -> str:
-    """Read the tables: warehouse objects (any version), the key that decrypts them, the catalog entries."""
+    """Read the tables: warehouse objects (any version), the key that decrypts them, the catalog entries; or, in a
+    table bucket, its namespaces, tables, metadata and data (the REST endpoint's read operations)."""
+    if scope.table_bucket_arn:
+        return policy(
+            {"Sid": "ReadTableBucket", "Effect": "Allow", "Resource": [scope.table_bucket_arn],
+             "Action": ["s3tables:GetTableBucket", "s3tables:ListNamespaces", "s3tables:GetNamespace",
+                        "s3tables:ListTables"]},
+            {"Sid": "ReadTables", "Effect": "Allow", "Resource": [f"{scope.table_bucket_arn}/table/*"],
+             "Action": ["s3tables:GetTable", "s3tables:GetTableMetadataLocation", "s3tables:GetTableData"]},
+        )  # fmt: skip
     return policy(
         {"Sid": "ReadWarehouse", "Effect": "Allow", "Action": ["s3:GetObject", "s3:GetObjectVersion"],
          "Resource": [f"{scope.bucket_arn}/{scope.warehouse_prefix}/*"]},
