@@ -13,11 +13,14 @@ import datetime as dt
 import hashlib
 import hmac
 import json
+import os
 import pickle
+import shutil
 import string
+import subprocess
 import time
 from pathlib import Path
-from urllib.parse import parse_qsl, quote, urlsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 import pytest
 
@@ -175,6 +178,37 @@ def test_spark_options_are_exactly_what_aws_msk_iam_auth_documents(credentials):
     assert all(isinstance(value, str) for value in options.values())  # nothing of the Python callback leaks in
     with pytest.raises(ConfigError, match="OAUTHBEARER token callback other than MSK IAM"):
         kafka_options({"bootstrap.servers": "b", "sasl.mechanism": "OAUTHBEARER", "oauth_cb": lambda _: ("t", 0)})
+
+
+@pytest.mark.skipif(shutil.which("java") is None, reason="needs a JDK")
+def test_the_java_login_module_signs_with_the_jobs_credentials_on_the_jobs_classpath(credentials):
+    """aws-msk-iam-auth's SASL client (tests/jvm/MskIamProbe.java) on the local session's classpath, in its order:
+    Iceberg's AWS bundle (AWS SDK 2.33) before the shaded MSK jar (its own unrelocated SDK 2.51)."""
+    from icefloe.session import jvm_lib, local_jars
+
+    if not list((jvm_lib() / "spark").glob("aws-msk-iam-auth-*.jar")):
+        pytest.skip("jvm/lib/spark has no aws-msk-iam-auth jar yet: run scripts/setup.sh")
+    import pyspark
+
+    slf4j = sorted((Path(pyspark.__file__).parent / "jars").glob("slf4j-api-*.jar"))
+    classpath = os.pathsep.join([*local_jars(msk_iam=True), *map(str, slf4j)])
+    broker = "b-1.orders.a1b2c3.c2.kafka.eu-west-1.amazonaws.com"
+    result = subprocess.run(["java", "-cp", classpath, str(ROOT / "tests" / "jvm" / "MskIamProbe.java"), broker],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    payload = json.loads(result.stdout.strip().splitlines()[-1])
+    assert payload["version"] == "2020_10_22" and payload["host"] == broker
+    assert payload["action"] == "kafka-cluster:Connect"
+    assert payload["x-amz-credential"].startswith(ACCESS_KEY + "/") and payload["x-amz-credential"].endswith(
+        "/eu-west-1/kafka-cluster/aws4_request")
+    assert payload["x-amz-security-token"] == SESSION_TOKEN
+    assert "aws-sdk-java/2.33.0" in payload["user-agent"]  # Iceberg's SDK served it: first on the classpath
+    query = {"Action": payload["action"], "X-Amz-Algorithm": payload["x-amz-algorithm"],
+             "X-Amz-Credential": payload["x-amz-credential"], "X-Amz-Date": payload["x-amz-date"],
+             "X-Amz-Expires": payload["x-amz-expires"], "X-Amz-Security-Token": payload["x-amz-security-token"],
+             "X-Amz-SignedHeaders": payload["x-amz-signedheaders"]}  # fmt: skip
+    assert payload["x-amz-signature"] == expected_signature(f"https://{broker}/?{urlencode(query)}")
+    assert SECRET_KEY not in result.stdout + result.stderr
 
 
 def test_local_sessions_load_the_msk_jar_only_for_msk_iam_and_last(monkeypatch, tmp_path):
