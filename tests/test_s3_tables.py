@@ -125,6 +125,20 @@ def test_pyiceberg_signs_its_catalog_requests_for_s3_tables(endpoint, monkeypatc
     assert_signed_config_request(endpoint.requests)
 
 
+def test_status_names_a_catalog_it_cannot_open_per_table(endpoint, monkeypatch, tmp_path):
+    """pyiceberg's REST catalog asks the endpoint for its config when opened (Glue's does not): a refusal there is
+    the table's `catalog:` error in `icefloe status`, not a crash of the command."""
+    import icefloe.catalog
+    from icefloe.status import open_catalog, read_table_facts
+
+    monkeypatch.setattr(icefloe.catalog, "s3_tables_endpoint", lambda region: endpoint.url)
+    config = parse_config({"sourceClusters": [{"name": "orders", "bootstrapServers": "b:9092"}],
+                           "catalog": {"type": "s3tables", "warehouse": BUCKET_ARN}})  # fmt: skip
+    catalog = open_catalog(config, tmp_path)
+    with pytest.raises(Exception, match="refused by the test endpoint"):
+        read_table_facts(catalog, "orders.orders", "orders")
+
+
 @pytest.mark.spark
 def test_sparks_iceberg_signs_its_catalog_requests_for_s3_tables(spark, endpoint):
     """The runtime's Spark settings on the local session's jars (Iceberg 1.10.1 and its AWS bundle): the REST catalog
