@@ -157,7 +157,7 @@ def test_real_bundle_is_manylinux_cp311_x86_64_and_self_contained(tmp_path):
 
     workdir = extract(bundle, tmp_path / "job")
     script = ("import os, sys; sys.path.insert(0, './deps')\n"
-              "import confluent_kafka, pyarrow, pydantic, yaml, boto3, fastavro\n"
+              "import confluent_kafka, pyarrow, pydantic, yaml, boto3, fastavro, aws_msk_iam_sasl_signer\n"
               "from confluent_kafka.schema_registry.avro import AvroDeserializer\n"
               "from icefloe.spec import load_config\n"
               "deps = os.path.abspath('deps') + os.sep\n"
