@@ -237,7 +237,8 @@ def validator_for_bundle(bundle: dict, schema_id: int | None = None):
         cls.check_schema(main)
     except jsonschema.SchemaError as error:
         raise ValueError(f"schema id {schema_id} is not a valid JSON Schema: {error.message[:200]}") from None
-    return cls(main, registry=Registry().with_resources(resources), format_checker=cls.FORMAT_CHECKER)
+    # Every format jsonschema knows, whatever the draft: draft 7's own checker does not know `uuid`.
+    return cls(main, registry=Registry().with_resources(resources), format_checker=jsonschema.FormatChecker())
 
 
 def _reject_constant(name: str) -> Any:
