@@ -103,19 +103,19 @@ def message_class(pool, full_name: str):
     return GetMessageClass(pool.FindMessageTypeByName(full_name))
 
 
-def protobuf_serializer(registry_url: str, topic: str, message_type, **conf):
-    """confluent-kafka's own ProtobufSerializer for the topic's value subject (imports registered as references)."""
+def protobuf_serializer(registry_url: str, topic: str, message_type, key: bool = False, **conf):
+    """confluent-kafka's own ProtobufSerializer for the topic's value (or key) subject (imports as references)."""
     from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 
     serializer = ProtobufSerializer(message_type, SchemaRegistryClient({"url": registry_url}), conf)
-    context = SerializationContext(topic, MessageField.VALUE)
+    context = SerializationContext(topic, MessageField.KEY if key else MessageField.VALUE)
     return lambda value: serializer(value, context)
 
 
-def json_schema_serializer(registry_url: str, topic: str, schema, **conf):
-    """confluent-kafka's own JSONSerializer for the topic's value subject (`schema`: text or a `Schema` with references)."""
+def json_schema_serializer(registry_url: str, topic: str, schema, key: bool = False, **conf):
+    """confluent-kafka's own JSONSerializer for the topic's value (or key) subject (`schema`: text or a `Schema`)."""
     from confluent_kafka.schema_registry.json_schema import JSONSerializer
 
     serializer = JSONSerializer(schema, SchemaRegistryClient({"url": registry_url}), conf=conf)
-    context = SerializationContext(topic, MessageField.VALUE)
+    context = SerializationContext(topic, MessageField.KEY if key else MessageField.VALUE)
     return lambda value: serializer(value, context)

@@ -128,3 +128,23 @@ def test_new_property_adds_a_column_incompatible_change_is_refused(spark, broker
         registry.set_compatibility("BACKWARD")
     with pytest.raises(ConfigError, match="column count changed from bigint to string: not a safe evolution"):
         materialize_once(spark, config, config.tables[0])
+
+
+def test_upsert_keyed_by_a_field_with_json_schema_keys(spark, broker, registry, state_dir, topic, make_config):
+    """`key: [account]`, keyFormat json-schema (the default for a JSON Schema table): a tombstone's key deletes its row."""
+    draft = "http://json-schema.org/draft-07/schema#"
+    key_schema = {"$schema": draft, "type": "object", "properties": {"account": {"type": "string"}}, "required": ["account"]}
+    value_schema = {"$schema": draft, "type": "object",
+                    "properties": {"account": {"type": "string"}, "balance": {"type": "integer"}}}  # fmt: skip
+    key = json_schema_serializer(registry.url, topic, json.dumps(key_schema), key=True)
+    value = json_schema_serializer(registry.url, topic, json.dumps(value_schema))
+
+    def upsert(account, balance):
+        return {"key": key({"account": account}), "value": value({"account": account, "balance": balance})}
+
+    broker.create_topic(topic, 1)
+    produce(broker.bootstrap_servers, topic, [upsert("a", 1), upsert("b", 2), upsert("a", 3),
+                                              {"key": key({"account": "b"}), "value": None}])  # fmt: skip
+    config = make_config({"topic": topic, "format": "json-schema", "mode": "upsert", "key": ["account"]})
+    result = materialize_once(spark, config, config.tables[0])
+    assert [(r["account"], r["balance"]) for r in read_pyiceberg(state_dir, result.identifier)] == [("a", 3)]

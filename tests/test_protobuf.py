@@ -207,3 +207,29 @@ def test_text_evolution_and_incompatible_change(spark, broker, registry, state_d
         registry.set_compatibility("BACKWARD")
     with pytest.raises(ConfigError, match="column i64 changed from bigint to string: not a safe evolution"):
         materialize_once(spark, config, config.tables[0])
+
+
+KEYED = """syntax = "proto3";
+package {ns};
+message AccountKey {{ string account = 1; }}
+message Account {{ string account = 1; int64 balance = 2; }}
+"""
+
+
+def test_upsert_keyed_by_a_field_with_protobuf_keys(spark, broker, registry, state_dir, topic, make_config, tmp_path):
+    """`key: [account]`, keyFormat protobuf (the default for a Protobuf table): a tombstone's key deletes its row."""
+    ns = _ns(topic)
+    pool = compile_protos({f"{ns}/keyed.proto": KEYED.format(ns=ns)}, tmp_path)
+    Key, Account = message_class(pool, f"{ns}.AccountKey"), message_class(pool, f"{ns}.Account")
+    key = protobuf_serializer(registry.url, topic, Key, key=True)
+    value = protobuf_serializer(registry.url, topic, Account)
+
+    def upsert(account, balance):
+        return {"key": key(Key(account=account)), "value": value(Account(account=account, balance=balance))}
+
+    broker.create_topic(topic, 1)
+    produce(broker.bootstrap_servers, topic, [upsert("a", 1), upsert("b", 2), upsert("a", 3),
+                                              {"key": key(Key(account="b")), "value": None}])  # fmt: skip
+    config = make_config({"topic": topic, "format": "protobuf", "messageType": "Account", "mode": "upsert", "key": ["account"]})
+    result = materialize_once(spark, config, config.tables[0])
+    assert [(r["account"], r["balance"]) for r in read_duckdb(result.metadata_location)] == [("a", 3)]

@@ -171,10 +171,18 @@ def build_key_decoder(spec: DecoderSpec) -> Callable[[bytes], dict]:
                 raise ValueError("key is not valid UTF-8") from None
 
         return from_string
+    if spec.key_format in ("avro", "protobuf", "json-schema") and not spec.registry_conf:
+        raise ConfigError(f"{spec.topic}: keyFormat {spec.key_format} needs a schema registry")
     if spec.key_format == "avro":
-        if not spec.registry_conf:
-            raise ConfigError(f"{spec.topic}: keyFormat avro needs a schema registry")
         decode = _registry_avro_decoder(spec, None, key=True)
+    elif spec.key_format == "protobuf":  # the key's own message type, from its writer schema
+        from .protobuf_format import ProtobufDecoder
+
+        decode = _registry_checked(spec, ProtobufDecoder(_registry_client(spec.registry_conf), None))
+    elif spec.key_format == "json-schema":
+        from .json_schema_format import JsonSchemaDecoder
+
+        decode = _registry_checked(spec, JsonSchemaDecoder(_registry_client(spec.registry_conf), None))
     else:
         decode = _decode_json
 

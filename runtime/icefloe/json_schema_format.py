@@ -190,13 +190,13 @@ def failed_rule(error) -> str:
 
 
 class JsonSchemaDecoder:
-    """Decodes framed JSON values: validated against the writer's schema (by id), shaped for the table.
+    """Decodes framed JSON values: validated against the writer's schema (by id), shaped for the table (values).
 
     Registry errors are the client's own (the caller classifies them); a bad record raises ValueError."""
 
-    def __init__(self, client, table_bundle: str):
+    def __init__(self, client, table_bundle: str | None):
         self.client = client
-        self.shape = _table_shape(table_bundle, "value")
+        self.shape = _table_shape(table_bundle, "value") if table_bundle else None  # None: keys, kept as they are
         self._validators: dict[int, Any] = {}
 
     def __call__(self, data: bytes) -> dict[str, Any]:
@@ -215,7 +215,7 @@ class JsonSchemaDecoder:
             raise ValueError(f"JSON Schema (schema id {schema_id}) {failed_rule(error)}")
         if not isinstance(value, dict):
             raise ValueError(f"JSON value must be an object, got {type(value).__name__}")
-        return shaped(self.shape, value)
+        return shaped(self.shape, value) if self.shape else value
 
     def _validator(self, schema_id: int):
         if schema_id not in self._validators:

@@ -203,7 +203,7 @@ class ProtobufDecoder:
 
     Registry errors are the client's own (the caller classifies them); a bad record raises ValueError."""
 
-    def __init__(self, client, message_type: str):
+    def __init__(self, client, message_type: str | None):  # None: any type (keys)
         self.schemas = ProtobufSchemas(client)
         self.message_type = message_type
         self._classes: dict[tuple[int, tuple[int, ...]], type[Message]] = {}
@@ -225,7 +225,7 @@ class ProtobufDecoder:
                 descriptor = message_at(self.schemas.file(schema_id), indexes)
             except ValueError as error:
                 raise ValueError(f"schema id {schema_id}: {error}") from None
-            if descriptor.full_name != self.message_type:
+            if self.message_type is not None and descriptor.full_name != self.message_type:
                 raise ValueError(
                     f"record is a {descriptor.full_name} (schema id {schema_id}, message indexes {indexes}), "
                     f"the table reads {self.message_type}"
