@@ -11,6 +11,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from icefloe_dev.protos import compile_protos, message_class  # noqa: F401 (re-exported for tests)
 from icefloe_dev.readers import duckdb_connect, pyiceberg_catalog
 
 
@@ -70,37 +71,6 @@ def as_utc(value: Any) -> Any:
     if isinstance(value, dt.datetime) and value.tzinfo is not None:
         return value.astimezone(dt.timezone.utc)
     return value
-
-
-def compile_protos(files: dict[str, str], workdir: Path):
-    """Compile `.proto` sources (import name -> text) with grpc_tools.protoc into a fresh descriptor pool, so tests
-    can hold several versions of one message side by side (nothing generated is written outside `workdir`)."""
-    import subprocess
-    import sys
-
-    from google.protobuf import descriptor_pb2
-    from google.protobuf.descriptor_pool import DescriptorPool
-
-    source = workdir / "proto"
-    for name, text in files.items():
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        (source / name).write_text(text)
-    out = workdir / "descriptors.pb"
-    command = [sys.executable, "-m", "grpc_tools.protoc", f"--proto_path={source}", "--include_imports",
-               f"--descriptor_set_out={out}", *files]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True, text=True)
-    compiled = descriptor_pb2.FileDescriptorSet()
-    compiled.ParseFromString(out.read_bytes())
-    pool = DescriptorPool()
-    for proto in compiled.file:  # protoc lists dependencies first
-        pool.Add(proto)
-    return pool
-
-
-def message_class(pool, full_name: str):
-    from google.protobuf.message_factory import GetMessageClass
-
-    return GetMessageClass(pool.FindMessageTypeByName(full_name))
 
 
 def protobuf_serializer(registry_url: str, topic: str, message_type, key: bool = False, **conf):
