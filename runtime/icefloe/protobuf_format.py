@@ -19,6 +19,7 @@ Wire format: magic byte 0, 4-byte schema id, the message-index path (zigzag vari
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 from decimal import Decimal
 from typing import Any
@@ -63,14 +64,15 @@ def _is_repeated(field: FieldDescriptor) -> bool:
     return field.label == _F.LABEL_REPEATED
 
 
-def real_oneofs(descriptor: Descriptor) -> list[str]:
+@functools.lru_cache(maxsize=1024)  # per record otherwise: it copies the descriptor
+def real_oneofs(descriptor: Descriptor) -> tuple[str, ...]:
     """The message's oneof names, without the synthetic ones protoc makes for proto3 `optional` fields."""
     from google.protobuf import descriptor_pb2
 
     proto = descriptor_pb2.DescriptorProto()
     descriptor.CopyToProto(proto)
     synthetic = {proto.oneof_decl[f.oneof_index].name for f in proto.field if f.proto3_optional}
-    return [o.name for o in descriptor.oneofs if o.name not in synthetic]
+    return tuple(o.name for o in descriptor.oneofs if o.name not in synthetic)
 
 
 # --- message types to table types ---------------------------------------------------------------------------------

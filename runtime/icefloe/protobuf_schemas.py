@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import subprocess
 import sys
 import tempfile
@@ -86,7 +87,9 @@ def compile_text(name: str, text: str, deps: list[descriptor_pb2.FileDescriptorP
         deps_file.write_bytes(descriptor_pb2.FileDescriptorSet(file=deps).SerializeToString())
         command = [sys.executable, "-m", "grpc_tools.protoc", f"--proto_path={root / 'src'}",
                    f"--descriptor_set_in={deps_file}", f"--descriptor_set_out={out_file}", name]  # fmt: skip
-        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        # The child sees this process's imports (on EMR the bundle's deps are put on sys.path, not in site-packages).
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
         if result.returncode != 0:
             detail = result.stderr.strip().replace(str(root / "src") + "/", "")
             raise ValueError(f"Protobuf schema text does not compile: {detail[:500]}")
@@ -101,15 +104,21 @@ class ProtobufSchemas:
     def __init__(self, client):
         self.client = client
         self.builtins = _builtin_files()
-        self._files: dict[int, FileDescriptor] = {}
+        self._files: dict[int, FileDescriptor | ValueError] = {}
         self._references: dict[tuple[str, int], descriptor_pb2.FileDescriptorProto] = {}
 
     def file(self, schema_id: int) -> FileDescriptor:
         """The file of schema `schema_id`, in a pool with everything it imports."""
         if schema_id not in self._files:
             schema = self.client.get_schema(schema_id, fmt="serialized")
-            self._files[schema_id] = self.resolve(schema, MAIN_FILE.format(schema_id))
-        return self._files[schema_id]
+            try:
+                self._files[schema_id] = self.resolve(schema, MAIN_FILE.format(schema_id))
+            except ValueError as error:  # kept: every record of this id fails alike, without running protoc again
+                self._files[schema_id] = error
+        found = self._files[schema_id]
+        if isinstance(found, ValueError):
+            raise ValueError(str(found))
+        return found
 
     def resolve(self, schema, name: str) -> FileDescriptor:
         """A registered schema (`Schema` with references) as a file in its own pool."""
