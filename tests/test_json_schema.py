@@ -69,7 +69,7 @@ FULL = {
 }  # fmt: skip
 
 
-def test_every_mapped_type_from_confluents_serializer(spark, broker, registry, state_dir, topic, make_config):
+def test_every_json_schema_type_from_confluents_serializer(spark, broker, registry, state_dir, topic, make_config):
     serialize = json_schema_serializer(registry.url, topic, order_schema(registry.url, topic))
     broker.create_topic(topic, 1)
     produce(broker.bootstrap_servers, topic, [

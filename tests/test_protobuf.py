@@ -88,7 +88,7 @@ def full_trade(Trade, ns_pool) -> object:
     return trade
 
 
-def test_every_mapped_type_from_confluents_serializer(spark, broker, registry, state_dir, topic, make_config, tmp_path):
+def test_every_protobuf_type_from_confluents_serializer(spark, broker, registry, state_dir, topic, make_config, tmp_path):
     ns, pool = trade_pool(tmp_path, topic)
     Trade = message_class(pool, f"{ns}.Trade")
     serialize = protobuf_serializer(registry.url, topic, Trade)

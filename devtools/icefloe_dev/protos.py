@@ -15,6 +15,8 @@ def compile_protos(files: dict[str, str], workdir: Path | None = None):
     from google.protobuf import descriptor_pb2
     from google.protobuf.descriptor_pool import DescriptorPool
 
+    if workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="icefloe-protos-", dir=workdir) as tmp:
         source = Path(tmp) / "proto"
         for name, text in files.items():
