@@ -77,3 +77,12 @@ def test_json_schema_nullable_forms_and_fallbacks():
     }, "$defs": {"d": {"type": "string", "format": "date"}}}  # fmt: skip
     fields = {f.name: f.dataType for f in value_fields(json.dumps({"schema": schema, "references": {}}), "s")}
     assert fields == {"a": T.LongType(), "b": T.DateType(), "c": T.StringType(), "m": T.MapType(T.StringType(), T.DoubleType())}
+
+
+@pytest.mark.parametrize(("format", "why"), [("protobuf", "no spark-protobuf for Spark 3.5"), ("json-schema", "validated")])
+def test_registry_formats_take_the_python_path_and_say_why(format, why):
+    from icefloe.data_plane import PYTHON, choose_read_path
+    from icefloe.decoding import DecoderSpec
+
+    path = choose_read_path(None, DecoderSpec(format, "t"))  # no JVM needed to decide
+    assert path.name == PYTHON and why in path.reason
