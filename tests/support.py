@@ -11,6 +11,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from icefloe_dev.protos import compile_protos, message_class  # noqa: F401 (re-exported for tests)
 from icefloe_dev.readers import duckdb_connect, pyiceberg_catalog
 
 
@@ -70,3 +71,21 @@ def as_utc(value: Any) -> Any:
     if isinstance(value, dt.datetime) and value.tzinfo is not None:
         return value.astimezone(dt.timezone.utc)
     return value
+
+
+def protobuf_serializer(registry_url: str, topic: str, message_type, key: bool = False, **conf):
+    """confluent-kafka's own ProtobufSerializer for the topic's value (or key) subject (imports as references)."""
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+
+    serializer = ProtobufSerializer(message_type, SchemaRegistryClient({"url": registry_url}), conf)
+    context = SerializationContext(topic, MessageField.KEY if key else MessageField.VALUE)
+    return lambda value: serializer(value, context)
+
+
+def json_schema_serializer(registry_url: str, topic: str, schema, key: bool = False, **conf):
+    """confluent-kafka's own JSONSerializer for the topic's value (or key) subject (`schema`: text or a `Schema`)."""
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+
+    serializer = JSONSerializer(schema, SchemaRegistryClient({"url": registry_url}), conf=conf)
+    context = SerializationContext(topic, MessageField.KEY if key else MessageField.VALUE)
+    return lambda value: serializer(value, context)

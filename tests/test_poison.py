@@ -199,3 +199,73 @@ def test_unreachable_registry_is_not_a_bad_record(spark, broker, registry, state
         runner.run_table(spark, config, config.tables[0], state_dir)
     assert not IcebergTable(spark, config.identifier(config.tables[0]) + "_dlq").exists()
     assert read_pyiceberg(state_dir, config.identifier(config.tables[0])) == []
+
+
+PROTO = """syntax = "proto3";
+package {ns};
+message Payment {{ int64 id = 1; string payer = 2; message Note {{ string text = 1; }} Note note = 3; }}
+"""
+
+
+@pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
+def test_protobuf_poison_catalogue(spark, broker, registry, state_dir, topic, make_config, mode, tmp_path):
+    from support import compile_protos, message_class, protobuf_serializer
+
+    ns = topic[-40:].strip("_")
+    Payment = message_class(compile_protos({f"{ns}/payment.proto": PROTO.format(ns=ns)}, tmp_path), f"{ns}.Payment")
+    serialize = protobuf_serializer(registry.url, topic, Payment)
+    good = serialize(Payment(id=1, payer="a-long-payer-name"))
+    header = good[:5]
+    json_id = SchemaRegistryClient({"url": registry.url}).register_schema(f"{topic}-other", Schema(json.dumps({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object"}), "JSON"))
+    poisons = [
+        ("message index out of range", "DecodeError", None, header + b"\x02\x0a" + good[6:]),  # [5]
+        ("a nested message, not the table's", "DecodeError", None, header + b"\x04\x00\x00" + good[6:]),  # [0, 0]
+        ("unknown schema id", "DecodeError", None, b"\x00" + struct.pack(">I", 987654) + good[5:]),
+        ("a JSON schema's id", "DecodeError", None, b"\x00" + struct.pack(">I", json_id) + good[5:]),
+        ("truncated message", "DecodeError", None, good[:-4]),
+        ("not framed", "DecodeError", None, b"\x01" + good[1:]),
+    ]
+    goods, bads = lay_out(broker, topic, poisons, lambda i: serialize(Payment(id=i, payer=f"p{i}")))
+    config = make_config({"topic": topic, "format": "protobuf", "errors": mode})
+    check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
+
+
+JSON_SCHEMA_DOC = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "type": "object",
+    "properties": {"id": {"type": "integer"}, "ref": {"type": "string", "format": "uuid"},
+                   "at": {"type": "string", "format": "date-time"}, "secret": {"type": "string", "maxLength": 8}},
+    "required": ["id"],
+    "additionalProperties": False,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
+def test_json_schema_poison_catalogue(spark, broker, registry, state_dir, topic, make_config, mode):
+    from support import json_schema_serializer
+
+    serialize = json_schema_serializer(registry.url, topic, json.dumps(JSON_SCHEMA_DOC))
+    header = serialize({"id": 0})[:5]
+
+    def raw(value) -> bytes:  # bytes the serializer would refuse to write, as a buggy producer sends them
+        return header + json.dumps(value).encode()
+
+    poisons = [
+        ("wrong type", "DecodeError", None, raw({"id": "PERSONAL-DATA"})),
+        ("missing required property", "DecodeError", None, raw({"ref": None})),
+        ("property not allowed", "DecodeError", None, raw({"id": 1, "PERSONAL-DATA": 1})),
+        ("rule on the value", "DecodeError", None, raw({"id": 1, "secret": "PERSONAL-DATA"})),
+        ("bad uuid", "DecodeError", None, raw({"id": 1, "ref": "PERSONAL-DATA"})),
+        ("bad date-time", "DecodeError|ConversionError", None, raw({"id": 1, "at": "PERSONAL-DATA"})),
+        ("not JSON", "DecodeError", None, header + b"{PERSONAL-DATA"),
+        ("unknown schema id", "DecodeError", None, b"\x00" + struct.pack(">I", 987654) + b'{"id": 1}'),
+        ("not framed", "DecodeError", None, b'{"id": 1}'),
+    ]
+    goods, bads = lay_out(broker, topic, poisons, lambda i: serialize({"id": i}))
+    config = make_config({"topic": topic, "format": "json-schema", "errors": mode})
+    check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
+    if mode == "dlq":  # the error names the rule that failed, never the value
+        messages = [r["error_message"] for r in read_pyiceberg(state_dir, config.identifier(config.tables[0]) + "_dlq")]
+        assert not [m for m in messages if "PERSONAL-DATA" in m], messages
+        assert any("value.id: fails type \"integer\"" in m for m in messages), messages
+        assert any("required property 'id' is missing" in m for m in messages), messages

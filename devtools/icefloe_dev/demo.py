@@ -1,7 +1,8 @@
 """`icefloe demo`: the whole path on one machine, the way a newcomer first sees icefloe work.
 
-Apache Kafka broker + Apicurio Registry (started side by side) -> 100k Avro stock trades -> Spark -> Iceberg
-table -> read back through DuckDB. The broker and the registry are stopped when the demo ends; the table stays in
+Apache Kafka broker + Apicurio Registry (started side by side) -> 100k stock trades (Avro, or with `--format`
+Protobuf or JSON Schema, each through confluent-kafka's own serializer) -> Spark -> Iceberg table -> read back
+through DuckDB. The broker and the registry are stopped when the demo ends; the table stays in
 the state directory and can be queried again afterwards.
 """
 
@@ -27,7 +28,10 @@ from .readers import duckdb_connect
 TOPIC = "stock_trades"
 
 
-def write_local_config(path: Path, bootstrap: str, registry_url: str) -> Path:
+FORMATS = {"avro": "Avro", "protobuf": "Protobuf", "json-schema": "JSON Schema"}
+
+
+def write_local_config(path: Path, bootstrap: str, registry_url: str, format: str = "avro") -> Path:
     """A stack config in the exact shape a user writes (`Pulumi.<stack>.yaml`)."""
     document = {
         "config": {
@@ -38,7 +42,7 @@ def write_local_config(path: Path, bootstrap: str, registry_url: str) -> Path:
                 {
                     "sourceCluster": "local",
                     "topic": TOPIC,
-                    "format": "avro",
+                    "format": format,
                     "mode": "append",
                     "partitionBy": ["day(event_time)"],
                     "errors": "fail",
@@ -55,7 +59,19 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def run_demo(records: int, partitions: int, state_dir: Path) -> int:
+def _trades(format: str, records: int, work: Path):
+    """(schema for the serializer, (key, value) pairs) of the demo trades in a format."""
+    if format == "protobuf":
+        from .protos import compile_protos, message_class
+
+        trade = message_class(compile_protos({stock_trades.PROTO_FILE: stock_trades.PROTO}, work), "io.icefloe.demo.StockTrade")
+        return trade, ((k, stock_trades.as_protobuf(trade, v)) for k, v in stock_trades.trades(records))
+    if format == "json-schema":
+        return stock_trades.JSON_SCHEMA, ((k, stock_trades.as_json(v)) for k, v in stock_trades.trades(records))
+    return stock_trades.SCHEMA, stock_trades.trades(records)
+
+
+def run_demo(records: int, partitions: int, state_dir: Path, format: str = "avro") -> int:
     # The demo broker and registry start empty each time, so each demo starts with an empty table too.
     state_dir = (state_dir / "demo").resolve()
     shutil.rmtree(state_dir, ignore_errors=True)
@@ -68,14 +84,14 @@ def run_demo(records: int, partitions: int, state_dir: Path) -> int:
         _say(f"      broker (Apache Kafka, KRaft) at {broker.bootstrap_servers}, log {broker.log_path}")
         _say(f"      schema registry (Apicurio, Confluent API) at {registry.url}, log {registry.log_path}")
         broker.create_topic(TOPIC, partitions)
-        _say(f"[2/4] producing {records:,} Avro stock trades to '{TOPIC}' ({partitions} partitions)")
+        _say(f"[2/4] producing {records:,} {FORMATS[format]} stock trades to '{TOPIC}' ({partitions} partitions)")
         started = time.monotonic()
+        schema, trades = _trades(format, records, state_dir)
         produce_avro(
-            broker.bootstrap_servers, registry.url, TOPIC, stock_trades.SCHEMA,
-            stock_trades.trades(records), total=records, progress=True,
+            broker.bootstrap_servers, registry.url, TOPIC, schema, trades, total=records, progress=True, format=format,
         )  # fmt: skip
         _say(f"      done in {time.monotonic() - started:.1f}s")
-        config_path = write_local_config(state_dir / "Pulumi.local.yaml", broker.bootstrap_servers, registry.url)
+        config_path = write_local_config(state_dir / "Pulumi.local.yaml", broker.bootstrap_servers, registry.url, format)
         config = load_config(str(config_path))
         _say("[3/4] materializing with Spark into Iceberg (Spark start takes a few seconds)")
         spark = spark_session(config.catalog, state_dir)

@@ -1,4 +1,5 @@
-"""Producing Avro records in Confluent wire format (demo, tests, benchmarks), with optional progress."""
+"""Producing records in Confluent wire format (demo, tests, benchmarks): Avro, Protobuf or JSON Schema, with
+confluent-kafka's own serializers, with optional progress."""
 
 from __future__ import annotations
 
@@ -27,7 +28,22 @@ class SchemaRefused(IcefloeError):
         )
 
 
-def avro_producer(bootstrap: str, registry_url: str, schema_str: str):
+def value_serializer(registry_url: str, format: str, schema):
+    """confluent-kafka's serializer for a format: `schema` is Avro or JSON Schema text, or a Protobuf message class.
+    It registers the schema under the topic's value subject on first use."""
+    client = SchemaRegistryClient({"url": registry_url})
+    if format == "protobuf":
+        from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+
+        return ProtobufSerializer(schema, client, {})
+    if format == "json-schema":
+        from confluent_kafka.schema_registry.json_schema import JSONSerializer
+
+        return JSONSerializer(schema, client)
+    return AvroSerializer(client, schema)
+
+
+def avro_producer(bootstrap: str, registry_url: str, schema_str: str, format: str = "avro"):
     """(producer, value serializer) for one schema, registered under the topic's value subject on first use."""
     producer = Producer(
         {
@@ -39,8 +55,7 @@ def avro_producer(bootstrap: str, registry_url: str, schema_str: str):
             "queue.buffering.max.messages": 500_000,
         }
     )
-    serializer = AvroSerializer(SchemaRegistryClient({"url": registry_url}), schema_str)
-    return producer, serializer
+    return producer, value_serializer(registry_url, format, schema_str)
 
 
 def produce_avro(
@@ -51,9 +66,11 @@ def produce_avro(
     records: Iterable[tuple[str | None, dict | None]],
     total: int | None = None,
     progress: bool = False,
+    format: str = "avro",
 ) -> int:
-    """Produce (key, value) pairs; a None value is a tombstone. Returns the number of records acknowledged."""
-    producer, serializer = avro_producer(bootstrap, registry_url, schema_str)
+    """Produce (key, value) pairs; a None value is a tombstone. Returns the number of records acknowledged.
+    For `format` protobuf, `schema_str` is the message class and values are messages."""
+    producer, serializer = avro_producer(bootstrap, registry_url, schema_str, format)
     keys = StringSerializer()
     value_ctx = SerializationContext(topic, MessageField.VALUE)
     key_ctx = SerializationContext(topic, MessageField.KEY)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import random
 import time
 from typing import Iterator
@@ -41,3 +43,45 @@ def trades(count: int, seed: int = 7, start_ms: int | None = None) -> Iterator[t
             "userid": userid,
             "event_time": now_ms + index,
         }
+
+
+# The same trades as Protobuf and as JSON Schema (`icefloe demo --format protobuf|json-schema`).
+PROTO_FILE = "io/icefloe/demo/stock_trade.proto"
+PROTO = """syntax = "proto3";
+package io.icefloe.demo;
+import "google/protobuf/timestamp.proto";
+
+enum Side { SIDE_UNSPECIFIED = 0; BUY = 1; SELL = 2; }
+message StockTrade {
+  Side side = 1;
+  int32 quantity = 2;
+  string symbol = 3;
+  int32 price = 4;
+  string account = 5;
+  string userid = 6;
+  google.protobuf.Timestamp event_time = 7;
+}
+"""
+JSON_SCHEMA = json.dumps({
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "title": "StockTrade",
+    "type": "object",
+    "properties": {
+        "side": {"enum": ["BUY", "SELL"]}, "quantity": {"type": "integer"}, "symbol": {"type": "string"},
+        "price": {"type": "integer"}, "account": {"type": "string"}, "userid": {"type": "string"},
+        "event_time": {"type": "string", "format": "date-time"},
+    },
+    "required": ["side", "quantity", "symbol", "price", "account", "userid", "event_time"],
+    "additionalProperties": False,
+})  # fmt: skip
+
+
+def as_protobuf(message_type, trade: dict):
+    message = message_type(**{k: v for k, v in trade.items() if k != "event_time"})
+    message.event_time.FromMilliseconds(trade["event_time"])
+    return message
+
+
+def as_json(trade: dict) -> dict:
+    moment = dt.datetime.fromtimestamp(trade["event_time"] / 1000, dt.timezone.utc)
+    return {**trade, "event_time": moment.isoformat(timespec="milliseconds")}

@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--records", type=int, default=100_000)
     demo.add_argument("--partitions", type=int, default=3)
     demo.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+    demo.add_argument("--format", choices=["avro", "protobuf", "json-schema"], default="avro",
+                      help="how the trades are serialized (through the registry)")
     return parser
 
 
@@ -81,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             return _plan(args)
         from icefloe_dev.demo import run_demo
 
-        return run_demo(records=args.records, partitions=args.partitions, state_dir=Path(args.state_dir))
+        return run_demo(records=args.records, partitions=args.partitions, state_dir=Path(args.state_dir),
+                        format=args.format)
     except IcefloeError as error:
         print(f"icefloe: error: {error}", file=sys.stderr)
         return 2

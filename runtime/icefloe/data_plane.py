@@ -54,6 +54,10 @@ def choose_read_path(spark: SparkSession, decoder: DecoderSpec) -> ReadPath:
     """The JVM path where the JVM has a decoder for the table's format, else Python."""
     if decoder.format == "json":
         return ReadPath(PYTHON, "JSON values are checked against the inline schema in Python")
+    if decoder.format == "protobuf":
+        return ReadPath(PYTHON, "Protobuf has no JVM decoder here (no spark-protobuf for Spark 3.5 on Maven Central)")
+    if decoder.format == "json-schema":
+        return ReadPath(PYTHON, "JSON Schema values are validated against their writer's schema in Python")
     avro = plan_avro(spark, decoder)
     if avro is None:
         return ReadPath(PYTHON, "Avro Java cannot use the table's schema")

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from .errors import ConfigError, SourceError
+from .errors import ConfigError, IcefloeError, SourceError
 from .credential_lookup import resolve_credentials
 from .spec import SchemaRegistrySpec, SourceCluster, TableSpec
 
@@ -25,12 +25,13 @@ Decoder = Callable[[bytes], Any]
 class DecoderSpec:
     """Everything an executor needs to decode one table's values (picklable, holds no secret in its repr)."""
 
-    format: str  # avro-registry | avro-inline | json
+    format: str  # avro-registry | avro-inline | json | protobuf | json-schema
     topic: str
     schema_str: str | None = None
     registry_conf: dict[str, str] | None = None
     key_fields: tuple[str, ...] = ()  # upsert keyed by value fields: a tombstone's key gives their values
     key_format: str | None = None
+    message_type: str | None = None  # protobuf: the full name of the message type the table reads
 
     def __repr__(self) -> str:
         return f"DecoderSpec(format={self.format!r}, topic={self.topic!r})"
@@ -57,6 +58,10 @@ def decoder_spec(table: TableSpec, cluster: SourceCluster) -> DecoderSpec:
     registry = registry_config(cluster.schema_registry, cluster.name) if cluster.schema_registry else None
     if table.format == "json":
         return DecoderSpec("json", table.topic, registry_conf=registry, **keys)
+    if table.format in ("protobuf", "json-schema"):
+        if registry is None:
+            raise ConfigError(f"table {table.table_name}: format {table.format} needs sourceCluster {cluster.name}.schemaRegistry")
+        return _registry_format_spec(table, registry, keys)
     if table.inline_schema is not None and registry is None:
         return DecoderSpec("avro-inline", table.topic, json.dumps(inline_to_avro(table.inline_schema)), **keys)
     if registry is None:
@@ -65,6 +70,30 @@ def decoder_spec(table: TableSpec, cluster: SourceCluster) -> DecoderSpec:
         )
     schema = _latest_schema(registry, subject_for(table.topic))
     return DecoderSpec("avro-registry", table.topic, schema, registry, **keys)
+
+
+def _registry_format_spec(table: TableSpec, registry: dict[str, str], keys: dict) -> DecoderSpec:
+    """Protobuf and JSON Schema: the subject's latest version, references resolved, fixes the table's columns."""
+    subject = subject_for(table.topic)
+    with _registry_errors(registry, subject):
+        client = _registry_client(registry)
+        latest = client.get_latest_version(subject, fmt="serialized")
+        kind = latest.schema.schema_type
+        expected = "PROTOBUF" if table.format == "protobuf" else "JSON"
+        if kind != expected:
+            raise ConfigError(f"subject {subject!r} holds a {kind or 'AVRO'} schema, not {expected} (format {table.format})")
+        if table.format == "protobuf":
+            from .protobuf_schemas import ProtobufSchemas, find_message, serialize_file
+
+            file = ProtobufSchemas(client).resolve(latest.schema, f"{subject}.proto")
+            try:
+                message = find_message(file, table.message_type).full_name
+            except ValueError as error:
+                raise ConfigError(f"table {table.table_name}: {error}") from None
+            return DecoderSpec("protobuf", table.topic, serialize_file(file), registry, message_type=message, **keys)
+        from .json_schema_format import resolve_schema
+
+        return DecoderSpec("json-schema", table.topic, resolve_schema(client, latest.schema), registry, **keys)
 
 
 def _latest_schema(conf: dict[str, str], subject: str) -> str:
@@ -100,6 +129,10 @@ def _registry_errors(conf: dict[str, str], subject: str) -> Iterator[None]:
 
     try:
         yield
+    except IcefloeError:
+        raise
+    except ValueError as error:  # a registered schema this runtime cannot parse
+        raise ConfigError(f"subject {subject!r} at {conf['url']}: {error}") from None
     except SchemaRegistryError as error:
         if error.http_status_code == 404:
             raise ConfigError(f"no schema registered under subject {subject!r} at {conf['url']}") from None
@@ -113,6 +146,14 @@ def build_decoder(spec: DecoderSpec) -> Decoder:
         return _decode_json
     if spec.format == "avro-inline":
         return _inline_avro_decoder(spec.schema_str)
+    if spec.format == "protobuf":
+        from .protobuf_format import ProtobufDecoder
+
+        return _registry_checked(spec, ProtobufDecoder(_registry_client(spec.registry_conf), spec.message_type))
+    if spec.format == "json-schema":
+        from .json_schema_format import JsonSchemaDecoder
+
+        return _registry_checked(spec, JsonSchemaDecoder(_registry_client(spec.registry_conf), spec.schema_str))
     return _registry_avro_decoder(spec, spec.schema_str, key=False)
 
 
@@ -130,10 +171,18 @@ def build_key_decoder(spec: DecoderSpec) -> Callable[[bytes], dict]:
                 raise ValueError("key is not valid UTF-8") from None
 
         return from_string
+    if spec.key_format in ("avro", "protobuf", "json-schema") and not spec.registry_conf:
+        raise ConfigError(f"{spec.topic}: keyFormat {spec.key_format} needs a schema registry")
     if spec.key_format == "avro":
-        if not spec.registry_conf:
-            raise ConfigError(f"{spec.topic}: keyFormat avro needs a schema registry")
         decode = _registry_avro_decoder(spec, None, key=True)
+    elif spec.key_format == "protobuf":  # the key's own message type, from its writer schema
+        from .protobuf_format import ProtobufDecoder
+
+        decode = _registry_checked(spec, ProtobufDecoder(_registry_client(spec.registry_conf), None))
+    elif spec.key_format == "json-schema":
+        from .json_schema_format import JsonSchemaDecoder
+
+        decode = _registry_checked(spec, JsonSchemaDecoder(_registry_client(spec.registry_conf), None))
     else:
         decode = _decode_json
 
@@ -188,16 +237,35 @@ def _inline_avro_decoder(schema_str: str) -> Decoder:
 def _registry_avro_decoder(spec: DecoderSpec, reader_schema: str | None, key: bool) -> Decoder:
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroDeserializer
-    from confluent_kafka.schema_registry.error import SchemaRegistryError
     from confluent_kafka.serialization import MessageField, SerializationContext, SerializationError
 
     client = SchemaRegistryClient(spec.registry_conf)
     deserializer = AvroDeserializer(client, schema_str=reader_schema)
     context = SerializationContext(spec.topic, MessageField.KEY if key else MessageField.VALUE)
 
-    def decode(data: bytes) -> Any:
+    def avro(data: bytes) -> Any:
         try:
             return deserializer(data, context)
+        except SerializationError as error:
+            raise ValueError(f"Avro: {error}") from None
+        except ValueError as error:  # fastavro's own, on corrupt input
+            raise ValueError(f"Avro payload cannot be decoded: ValueError: {error}") from None
+
+    return _registry_checked(spec, avro, "Avro")
+
+
+def _registry_checked(spec: DecoderSpec, decode: Decoder, what: str | None = None) -> Decoder:
+    """A registry-backed decoder whose failures are classified: an id the registry does not know, or a payload that
+    does not decode, is a bad record (ValueError); a registry that cannot be reached is the environment's."""
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    what = what or spec.format
+
+    def checked(data: bytes) -> Any:
+        try:
+            return decode(data)
+        except ValueError:
+            raise
         except SchemaRegistryError as error:
             if error.http_status_code in (404, 422):
                 schema_id = int.from_bytes(data[1:5], "big") if len(data) >= 5 else None
@@ -206,13 +274,11 @@ def _registry_avro_decoder(spec: DecoderSpec, reader_schema: str | None, key: bo
                     f"{error.error_message} (code {error.error_code})"
                 ) from None
             raise SourceError(f"schema registry {spec.registry_conf['url']}: {error}") from None
-        except SerializationError as error:
-            raise ValueError(f"Avro: {error}") from None
         except (OSError, ConnectionError) as error:
             raise SourceError(f"schema registry {spec.registry_conf['url']} unreachable: {error}") from None
         except Exception as error:
             if type(error).__module__.split(".")[0].rstrip("0123456789") in ("httpx", "httpcore", "requests", "urllib3"):
                 raise SourceError(f"schema registry {spec.registry_conf['url']} unreachable: {error}") from None
-            raise ValueError(f"Avro payload cannot be decoded: {type(error).__name__}: {error}") from None
+            raise ValueError(f"{what} payload cannot be decoded: {type(error).__name__}: {error}") from None
 
-    return decode
+    return checked

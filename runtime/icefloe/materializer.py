@@ -36,7 +36,9 @@ from .iceberg_table import IcebergTable
 from .kafka_source import OffsetRange, client_config, plan_ranges
 from .executor_tasks import ReadPlan, read_batches, unmark
 from .jvm_source import source_failure
-from .schema_mapping import avro_value_fields, batch_struct, inline_value_fields, required_paths, table_struct
+from .schema_mapping import (
+    avro_value_fields, batch_struct, inline_value_fields, registry_value_fields, required_paths, table_struct,
+)  # fmt: skip
 from .spec import IcefloeConfig, TableSpec
 from .upsert import merge_batch
 
@@ -129,6 +131,9 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     decoder = decoder_spec(table, cluster)
     if decoder.format == "avro-registry":
         value_fields = avro_value_fields(decoder.schema_str, f"{identifier} (subject {table.topic}-value)")
+    elif decoder.format in ("protobuf", "json-schema"):
+        subject = f"{identifier} (subject {table.topic}-value)"
+        value_fields = registry_value_fields(decoder.format, decoder.schema_str, decoder.message_type, subject)
     else:
         value_fields = inline_value_fields(table.inline_schema)
     struct = table_struct(value_fields)
@@ -162,7 +167,7 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
         decoder=decoder,
         batch_schema_json=batch_struct(struct).json(),
         value_fields=tuple(f.name for f in value_fields),
-        strict=decoder.format == "json",
+        strict=decoder.format in ("json", "json-schema"),
         required=required_paths(table.inline_schema) if decoder.format == "json" else frozenset(),
         needs_key=table.mode == "upsert" and not table.key,
         max_record_bytes=table.max_record_bytes,

@@ -126,6 +126,18 @@ def avro_value_fields(schema_str: str, subject: str) -> list[T.StructField]:
     return list(struct.fields)
 
 
+def registry_value_fields(format: str, schema_str: str, message_type: str | None, subject: str) -> list[T.StructField]:
+    """The table columns for a Protobuf message type or a JSON schema, as resolved by `decoding.decoder_spec`."""
+    if format == "protobuf":
+        from .protobuf_format import value_fields
+        from .protobuf_schemas import deserialize_file, find_message
+
+        return value_fields(find_message(deserialize_file(schema_str), message_type))
+    from . import json_schema_format
+
+    return json_schema_format.value_fields(schema_str, subject)
+
+
 def inline_type(spec: InlineType, path: str) -> T.DataType:
     kind = spec.type
     if kind in _INLINE_PRIMITIVES:

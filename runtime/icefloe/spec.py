@@ -246,7 +246,9 @@ class TableSpec(Model):
     schema_: InlineSchema | None = Field(default=None, alias="schema")
     mode: Literal["append", "upsert"] = "append"
     key: tuple[str, ...] | None = None
-    key_format: Literal["json", "avro", "string"] | None = None
+    key_format: Literal["json", "avro", "string", "protobuf", "json-schema"] | None = None
+    # protobuf: the message type the table reads (full or package-relative name); default the schema's first message
+    message_type: str | None = None
     partition_by: tuple[str, ...] = ()
     errors: Literal["fail", "skip", "dlq"] = "fail"
     starting_offsets: Literal["earliest", "latest"] = "earliest"
@@ -288,8 +290,12 @@ class TableSpec(Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> "TableSpec":
-        if self.format in ("json-schema", "protobuf", "raw"):
-            raise ValueError(f"format {self.format!r} is not supported yet; use avro or json")
+        if self.format == "raw":
+            raise ValueError(f"format {self.format!r} is not supported yet; use avro, json, json-schema or protobuf")
+        if self.message_type is not None and self.format != "protobuf":
+            raise ValueError("messageType only applies with format: protobuf")
+        if self.format in ("protobuf", "json-schema") and self.schema_ is not None:
+            raise ValueError(f"format {self.format} takes its schema from the registry; remove schema")
         if self.format == "json" and self.schema_ is None:
             raise ValueError("format json needs an inline schema (schema.fields)")
         if self.schema_ is not None:
@@ -317,7 +323,7 @@ class TableSpec(Model):
     @property
     def effective_key_format(self) -> str:
         """How a tombstone's Kafka key is decoded to find the key fields (defaults to the value format)."""
-        return self.key_format or ("avro" if self.format == "avro" else "json")
+        return self.key_format or (self.format if self.format in ("avro", "protobuf", "json-schema") else "json")
 
     @property
     def inline_schema(self) -> InlineSchema | None:

@@ -1,0 +1,88 @@
+"""Protobuf and JSON Schema pieces without a broker: the wire format, message lookup, mapping, rule messages."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pyspark.sql import types as T
+
+from icefloe.json_schema_format import value_fields, validator_for_bundle, failed_rule
+from icefloe.protobuf_format import parse_frame, value_fields as proto_fields
+from icefloe.protobuf_schemas import find_message, is_text, message_at
+from icefloe_dev.protos import compile_protos
+
+PROTO = """syntax = "proto3";
+package p;
+message A { message Inner { int32 x = 1; } Inner inner = 1; optional string o = 2; oneof pick { int64 n = 3; string s = 4; } }
+message B { A a = 1; }
+message Loop { Loop next = 1; }
+"""
+
+
+@pytest.fixture(scope="module")
+def file(tmp_path_factory):
+    return compile_protos({"p/a.proto": PROTO}, tmp_path_factory.mktemp("protos")).FindFileByName("p/a.proto")
+
+
+@pytest.mark.parametrize(("header", "indexes"), [(b"\x00", [0]), (b"\x02\x02", [1]), (b"\x04\x00\x00", [0, 0]), (b"\x02\x01", [-1])])
+def test_message_indexes_are_zigzag_varints(header, indexes):
+    assert parse_frame(b"\x00\x00\x00\x00\x07" + header + b"body") == (7, indexes, b"body")
+
+
+def test_frames_that_are_not_confluent_are_refused():
+    with pytest.raises(ValueError, match="not Confluent wire format"):
+        parse_frame(b"\x01\x00\x00\x00\x07\x00")
+    with pytest.raises(ValueError, match="message indexes are truncated"):
+        parse_frame(b"\x00\x00\x00\x00\x07\x04\x00")
+
+
+def test_message_lookup_by_index_and_by_name(file):
+    assert message_at(file, [1]).full_name == "p.B"
+    assert message_at(file, [0, 0]).full_name == "p.A.Inner"
+    with pytest.raises(ValueError, match=r"message index \[5\] does not exist: the schema's top level has 3"):
+        message_at(file, [5])
+    assert find_message(file, None).full_name == "p.A" and find_message(file, "B").full_name == "p.B"
+
+
+def test_oneof_gets_a_case_column_proto3_optional_does_not(file):
+    fields = {f.name: f.dataType for f in proto_fields(find_message(file, "A"))}
+    assert fields == {"inner": T.StructType([T.StructField("x", T.IntegerType())]), "o": T.StringType(),
+                      "n": T.LongType(), "s": T.StringType(), "pick": T.StringType()}  # fmt: skip
+
+
+def test_recursive_message_is_refused(file):
+    from icefloe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="recursive message type p.Loop"):
+        proto_fields(find_message(file, "Loop"))
+
+
+def test_text_and_serialized_schemas_are_told_apart():
+    assert is_text('syntax = "proto3"; message A { string a = 1; }')
+    assert not is_text("CgdhLnByb3RvEgFh")
+
+
+def test_json_schema_rule_messages_never_carry_the_value():
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}, "required": ["b"]}
+    validator = validator_for_bundle({"schema": schema, "references": {}})
+    errors = sorted(failed_rule(e) for e in validator.iter_errors({"a": "SECRET-VALUE"}))
+    assert errors == ["value.a: fails maxLength 3", "value: required property 'b' is missing"]
+
+
+def test_json_schema_nullable_forms_and_fallbacks():
+    schema = {"type": "object", "properties": {
+        "a": {"type": ["integer", "null"]}, "b": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/d"}]},
+        "c": {"type": ["integer", "string"]}, "m": {"type": "object", "additionalProperties": {"type": "number"}},
+    }, "$defs": {"d": {"type": "string", "format": "date"}}}  # fmt: skip
+    fields = {f.name: f.dataType for f in value_fields(json.dumps({"schema": schema, "references": {}}), "s")}
+    assert fields == {"a": T.LongType(), "b": T.DateType(), "c": T.StringType(), "m": T.MapType(T.StringType(), T.DoubleType())}
+
+
+@pytest.mark.parametrize(("format", "why"), [("protobuf", "no spark-protobuf for Spark 3.5"), ("json-schema", "validated")])
+def test_registry_formats_take_the_python_path_and_say_why(format, why):
+    from icefloe.data_plane import PYTHON, choose_read_path
+    from icefloe.decoding import DecoderSpec
+
+    path = choose_read_path(None, DecoderSpec(format, "t"))  # no JVM needed to decide
+    assert path.name == PYTHON and why in path.reason
