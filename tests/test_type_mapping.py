@@ -11,8 +11,6 @@ from decimal import Decimal
 
 import pytest
 
-from icefloe import materializer
-from icefloe.data_plane import JVM, PYTHON, JvmBatch, ReadPath
 from icefloe.errors import ConfigError
 from icefloe.materializer import materialize_once
 from icefloe.schema_mapping import avro_value_fields
@@ -62,17 +60,6 @@ CASES = [
          "price": Decimal("-9999999999.99"), "tip": None, "legs": []},
     ),
 ]  # fmt: skip
-
-
-@pytest.fixture(params=[JVM, PYTHON])
-def read_path(request, monkeypatch):
-    """Runs the test on both read paths: the Python path is forced by replacing the path choice; on the JVM path no
-    record may need Python (the batch would be read again with status columns)."""
-    if request.param == PYTHON:
-        monkeypatch.setattr(materializer, "choose_read_path", lambda spark, decoder: ReadPath(PYTHON, "forced by the test"))
-    else:
-        monkeypatch.setattr(JvmBatch, "rows_with_status", lambda self: pytest.fail("a record needed the Python decoder"))
-    return request.param
 
 
 def test_uuid_nanos_duration_and_named_decimals_land_field_by_field(spark, broker, registry, state_dir, topic, make_config, read_path):
