@@ -46,6 +46,7 @@ JSON_SCHEMA = {
     ]
 }
 MAX_BYTES = 4096
+NANOS_TIMESTAMP = 1_700_000_000_000_000_000  # a producer that set nanoseconds where Kafka wants milliseconds
 
 
 def payment(i: int, at: int = 1_700_000_000_000) -> dict:
@@ -79,6 +80,8 @@ def avro_poisons(registry_url: str, topic: str) -> list[tuple[str, str, bytes | 
          wide({"id": 2, "payer": "bob", "amount": Decimal("1234567890.12"), "at": 0})),
         # `at` is the last field and 0 encodes as one byte: replace it by a timestamp far past year 9999
         ("timestamp out of range", "DecodeError", b"k", sample[:-1] + _zigzag(2**62)),
+        ("kafka timestamp in nanoseconds", "InvalidTimestamp", b"k", sample, NANOS_TIMESTAMP),
+        ("kafka timestamp in microseconds", "InvalidTimestamp", b"k", sample, NANOS_TIMESTAMP // 1000),  # year 55,840
     ]  # fmt: skip
 
 
@@ -119,6 +122,7 @@ def json_poisons() -> list[tuple[str, str, bytes | None, bytes | None]]:
         ("null key in upsert", "InvalidKey", None, with_(id=99)),
         ("empty key in upsert", "InvalidKey", b"", with_(id=98)),
         ("oversized record", "RecordTooLarge", b"k20", with_(owner={"name": "x" * MAX_BYTES})),
+        ("kafka timestamp in nanoseconds", "InvalidTimestamp", b"k21", good_json(99), NANOS_TIMESTAMP),
     ]
 
 
@@ -128,13 +132,14 @@ def good_json(i: int) -> bytes:
 
 
 def lay_out(broker, topic: str, poisons, good) -> tuple[dict, dict]:
-    """Each poison in its own partition as good, POISON, good; returns (good positions, poison positions->spec)."""
-    broker.create_topic(topic, len(poisons))
+    """Each poison in its own partition as good, POISON, good; returns (good positions, poison positions->spec).
+    A poison may carry a fifth item: its Kafka timestamp (the topic accepts any)."""
+    broker.create_topic(topic, len(poisons), config={"message.timestamp.after.max.ms": str(2**63 - 1)})
     records, kinds = [], []
-    for partition, (name, kind, key, value) in enumerate(poisons):
+    for partition, (name, kind, key, value, *timestamp) in enumerate(poisons):
         records += [
             {"key": f"g{partition}a".encode(), "value": good(2 * partition), "partition": partition},
-            {"key": key, "value": value, "partition": partition},
+            {"key": key, "value": value, "partition": partition, "timestamp": (timestamp or [None])[0]},
             {"key": f"g{partition}b".encode(), "value": good(2 * partition + 1), "partition": partition},
         ]
         kinds += ["good", (name, kind), "good"]

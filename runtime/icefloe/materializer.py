@@ -28,14 +28,14 @@ from . import progress
 from .batch_columns import ERROR_CLASS, ERROR_MESSAGE, TOMBSTONE
 from .commit import Branch, commit_on_branch, drop_stale_branches, new_run_id
 from .commit_state import Checkpoint, CommittedState, committed_state, lost_as_json
-from .data_plane import JVM, JvmBatch, ReadPath, choose_read_path
+from .data_plane import JVM, PYTHON, JvmBatch, ReadPath, choose_read_path
 from .dead_letter import commit_dead_letters
 from .decoding import DecoderSpec, decoder_spec
 from .errors import IcefloeError, RecordError
 from .iceberg_table import IcebergTable, conformed
 from .kafka_source import OffsetRange, client_config, plan_ranges
 from .executor_tasks import ReadPlan, read_batches, unmark
-from .jvm_source import source_failure
+from .jvm_source import kafka_timestamp_overflow, source_failure
 from .schema_mapping import avro_value_fields, batch_struct, inline_value_fields, required_paths, table_struct
 from .spec import IcefloeConfig, TableSpec
 from .upsert import merge_batch
@@ -235,6 +235,11 @@ def _commit(
     except IcefloeError:
         raise
     except Exception as failure:  # a source failure carried by a Python task's or the Kafka client's error
+        if jvm is not None and kafka_timestamp_overflow(failure):  # nothing was committed: Python routes the record
+            log.warning("%s: a Kafka timestamp overflows Spark's Kafka source: the batch is read on the Python path",
+                        iceberg.identifier)  # fmt: skip
+            python = ReadPath(PYTHON, "a Kafka timestamp overflows Spark's Kafka source")
+            return _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, python)
         raise (unmark(str(failure)) or source_failure(failure, table.topic) or failure) from None
 
 
