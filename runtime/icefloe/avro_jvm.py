@@ -265,8 +265,10 @@ def _conform(schema: Any, expr: str, names: _Names, ids: count, namespace: str) 
         parts = ", ".join(f"substr({hexed}, {start}, {length})" for start, length in _UUID_GROUPS)
         return f"concat_ws('-', {parts})"
     if kind == "fixed" and logical == "duration":  # three unsigned little-endian 32-bit counts
-        counts = [f"CAST(conv(concat({', '.join(f'hex(substr({expr}, {first + i}, 1))' for i in (3, 2, 1, 0))}), 16, 10) AS BIGINT)"
-                  for first in (1, 5, 9)]  # fmt: skip
+        counts = []
+        for first in (1, 5, 9):  # each count's bytes, most significant first, as one hex number
+            hex_digits = ", ".join(f"hex(substr({expr}, {first + i}, 1))" for i in (3, 2, 1, 0))
+            counts.append(f"CAST(conv(concat({hex_digits}), 16, 10) AS BIGINT)")
         fields = ", ".join(f"'{name}', {count_}" for name, count_ in zip(("months", "days", "milliseconds"), counts))
         return f"IF({expr} IS NULL, NULL, named_struct({fields}))"
     if kind == "record":

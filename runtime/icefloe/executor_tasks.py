@@ -111,11 +111,12 @@ class _Records:
             timestamp_ms: int | None, timestamp_type: str | None, headers) -> Iterator[pa.RecordBatch]:  # fmt: skip
         value, failure = None, None
         try:
-            timestamp_ms = _checked_timestamp(timestamp_ms)
+            _check_timestamp(timestamp_ms)
             value = _value(self.plan, self.decode, self.decode_key, self.convert, payload, key)
         except _Bad as bad:
             failure = (bad.kind, bad.message, payload, schema_id(payload))
-            timestamp_ms = None if bad.kind == INVALID_TIMESTAMP else timestamp_ms
+            if bad.kind == INVALID_TIMESTAMP:  # the row's timestamp column cannot hold it
+                timestamp_ms = None
         self.builder.add(
             value, topic, partition, offset, timestamp_ms, timestamp_type, key, headers,
             tombstone=payload is None and failure is None, error=failure, payload=payload,
@@ -134,12 +135,11 @@ class _Bad(Exception):
         self.kind, self.message = kind, message
 
 
-def _checked_timestamp(timestamp_ms: int | None) -> int | None:
-    """The record's Kafka timestamp, or a bad record when the table's timestamp column cannot hold it (a producer
-    that set nanoseconds or microseconds where Kafka wants milliseconds)."""
+def _check_timestamp(timestamp_ms: int | None) -> None:
+    """A Kafka timestamp the table's timestamp column cannot hold makes a bad record (a producer that set
+    nanoseconds or microseconds where Kafka wants milliseconds)."""
     if timestamp_ms is not None and not KAFKA_TIMESTAMP_MS[0] <= timestamp_ms <= KAFKA_TIMESTAMP_MS[1]:
         raise _Bad(INVALID_TIMESTAMP, f"Kafka timestamp {timestamp_ms} ms is outside years 1 to 9999 (not milliseconds?)")
-    return timestamp_ms
 
 
 def _value(plan: ReadPlan, decode, decode_key, convert, payload: bytes | None, key: bytes | None) -> dict | None:
