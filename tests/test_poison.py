@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from icefloe import decoding, runner
+from icefloe.data_plane import PYTHON
 from icefloe.errors import RecordError, SourceError
 from icefloe.iceberg_table import IcebergTable
 from icefloe.materializer import materialize_once
@@ -171,6 +172,7 @@ def check_mode(spark, state_dir, config, table, mode, goods, bads):
         again = materialize_once(spark, config, table)
         assert again.status == "up-to-date"
         assert len(read_pyiceberg(state_dir, config.identifier(table) + "_dlq")) == len(bads)
+    return result
 
 
 @pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
@@ -188,7 +190,9 @@ def test_avro_poison_catalogue(spark, broker, registry, state_dir, topic, make_c
     serialize = avro_serializer(registry.url, topic, json.dumps(AVRO_SCHEMA))
     goods, bads = lay_out(broker, topic, poisons, lambda i: serialize(payment(i)))
     config = make_config({"topic": topic, "errors": mode, "maxRecordBytes": MAX_BYTES})
-    check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
+    result = check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
+    if result is not None:  # Spark's Kafka source overflows on the nanoseconds: the batch was read in Python
+        assert result.read_path == PYTHON
 
 
 def test_unreachable_registry_is_not_a_bad_record(spark, broker, registry, state_dir, topic, make_config, monkeypatch):

@@ -173,7 +173,12 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     write = _upsert_writer(table, iceberg.schema()) if table.mode == "upsert" else _append_writer(struct)
 
     checkpoint = Checkpoint(table.topic, next_offsets, run_id, planned.topic_id, tuple(planned.lost))
-    outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, path)
+    try:
+        outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, path)
+    except _TimestampOverflow:  # nothing was committed: the Python path routes the record per `errors`
+        path = ReadPath(PYTHON, "a Kafka timestamp overflows Spark's Kafka source")
+        log.warning("%s: %s: the batch is read on the Python path", identifier, path.reason)
+        outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, path)
     result = BatchResult(
         identifier=identifier,
         topic=table.topic,
@@ -235,12 +240,13 @@ def _commit(
     except IcefloeError:
         raise
     except Exception as failure:  # a source failure carried by a Python task's or the Kafka client's error
-        if jvm is not None and kafka_timestamp_overflow(failure):  # nothing was committed: Python routes the record
-            log.warning("%s: a Kafka timestamp overflows Spark's Kafka source: the batch is read on the Python path",
-                        iceberg.identifier)  # fmt: skip
-            python = ReadPath(PYTHON, "a Kafka timestamp overflows Spark's Kafka source")
-            return _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, python)
+        if jvm is not None and kafka_timestamp_overflow(failure):
+            raise _TimestampOverflow() from None
         raise (unmark(str(failure)) or source_failure(failure, table.topic) or failure) from None
+
+
+class _TimestampOverflow(Exception):
+    """Spark's Kafka source failed on a record's timestamp (nanoseconds?); nothing was committed."""
 
 
 class _NeedsPython(Exception):
