@@ -81,3 +81,23 @@ def moto_aws(state_dir):
 
     with MotoServer(state_dir / "moto") as server:
         yield server
+
+
+@pytest.fixture(params=["jvm", "python"])
+def read_path(request, monkeypatch) -> str:
+    """Runs a test on both read paths of an Avro table: the Python path is forced by replacing the path choice; on
+    the JVM path no record may need the Python decoder."""
+    from icefloe import materializer
+    from icefloe.data_plane import _EXACT, PYTHON, JvmBatch, ReadPath
+
+    if request.param == PYTHON:
+        monkeypatch.setattr(materializer, "choose_read_path", lambda spark, decoder: ReadPath(PYTHON, "forced by the test"))
+    else:
+        with_status = JvmBatch.rows_with_status
+
+        def all_exact(self):
+            assert self._decoded().where(f"NOT {_EXACT}").count() == 0, "a record needed the Python decoder"
+            return with_status(self)
+
+        monkeypatch.setattr(JvmBatch, "rows_with_status", all_exact)
+    return request.param

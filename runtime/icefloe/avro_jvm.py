@@ -15,7 +15,9 @@ anything else goes to Python, which gives its value or its exact error. Not exac
   - values Avro Java accepts but Python refuses or rewrites: strings (map keys included) that are not UTF-8,
     uuids not in canonical lowercase form, timestamps and dates outside years 1..9999, times outside one day;
   - with an inline schema (no registry), a body longer than its re-encoding: trailing bytes.
-Types then match the table (schema_mapping), except time-millis (an int), which becomes microseconds.
+Types then match the table (schema_mapping), except where Avro Java 1.11 (Spark's) reads a logical type as its
+base type: time-millis (an int) becomes microseconds, timestamp-nanos (a long) a timestamp in microseconds,
+uuid on fixed(16) its canonical text, duration (fixed(12)) its struct.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ _RANGES = {
     "time-micros": "0 AND 86399999999",
 }
 _UUID = "'^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'"
+_UUID_GROUPS = ((1, 8), (9, 4), (13, 4), (17, 4), (21, 12))
 _PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
 
 
@@ -252,6 +255,22 @@ def _conform(schema: Any, expr: str, names: _Names, ids: count, namespace: str) 
     kind, logical = _kind(schema)
     if kind == "int" and logical == "time-millis":
         return f"(CAST({expr} AS BIGINT) * 1000)"
+    if kind == "long" and logical in ("timestamp-nanos", "local-timestamp-nanos"):  # Avro Java 1.11 reads a long
+        micros = f"({expr} div 1000 - IF({expr} < 0 AND {expr} % 1000 != 0, 1, 0))"  # rounded down, as in Python
+        if logical == "timestamp-nanos":
+            return f"timestamp_micros({micros})"
+        return f"(TIMESTAMP_NTZ'1970-01-01 00:00:00' + {micros} * INTERVAL '0.000001' SECOND)"
+    if kind == "fixed" and logical == "uuid":  # canonical text of the 16 bytes
+        hexed = f"lower(hex({expr}))"
+        parts = ", ".join(f"substr({hexed}, {start}, {length})" for start, length in _UUID_GROUPS)
+        return f"concat_ws('-', {parts})"
+    if kind == "fixed" and logical == "duration":  # three unsigned little-endian 32-bit counts
+        counts = []
+        for first in (1, 5, 9):  # each count's bytes, most significant first, as one hex number
+            hex_digits = ", ".join(f"hex(substr({expr}, {first + i}, 1))" for i in (3, 2, 1, 0))
+            counts.append(f"CAST(conv(concat({hex_digits}), 16, 10) AS BIGINT)")
+        fields = ", ".join(f"'{name}', {count_}" for name, count_ in zip(("months", "days", "milliseconds"), counts))
+        return f"IF({expr} IS NULL, NULL, named_struct({fields}))"
     if kind == "record":
         parts = [(f["name"], _conform(f["type"], f"{expr}.`{f['name']}`", names, ids, namespace)) for f in schema["fields"]]
         if not any(converted for _, converted in parts):

@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from .catalog import CATALOG
 from .commit_state import Checkpoint, append_with_checkpoint, rows_added_by_run
 from .errors import CommitConflict
-from .iceberg_table import IcebergTable
+from .iceberg_table import IcebergTable, conformed
 
 log = logging.getLogger(__name__)
 BRANCH_PREFIX = "icefloe_run_"
@@ -73,8 +73,8 @@ class Branch:
         return f"{self.table.full_name}.branch_{self.name}"
 
     def append(self, frame: DataFrame) -> None:
-        """Append `frame` in one snapshot that carries the checkpoint."""
-        append_with_checkpoint(frame, self.identifier, self.checkpoint)
+        """Append `frame`, as the table's columns, in one snapshot that carries the checkpoint."""
+        append_with_checkpoint(conformed(frame, self.table.schema()), self.identifier, self.checkpoint)
         self.checkpointed = True
         self.wrote()
 

@@ -35,7 +35,7 @@ from .batch_columns import ERROR_CLASS, ERROR_MESSAGE, KAFKA_COLUMNS, RAW_VALUE,
 from .decoding import DecoderSpec
 from .jvm_source import read_ranges
 from .kafka_source import OffsetRange
-from .executor_tasks import ReadPlan, redecode_rows
+from .executor_tasks import KAFKA_TIMESTAMP_MS, ReadPlan, redecode_rows
 
 log = logging.getLogger(__name__)
 JVM, PYTHON = "jvm", "python"
@@ -83,6 +83,8 @@ class JvmBatch:
         key_fields = plan.decoder.key_fields
         fields = [F.col(f"{_STRUCT}.`{name}`").isNotNull() for name in key_fields]
         decoded_ok = (F.length(value) <= plan.max_record_bytes) & exact(value, _STRUCT, self.avro)
+        low, high = (F.expr(f"timestamp_millis({ms})") for ms in KAFKA_TIMESTAMP_MS)  # else Python names it bad
+        decoded_ok = decoded_ok & (F.col("kafka_timestamp").isNull() | F.col("kafka_timestamp").between(low, high))
         for present in fields:  # a key field of the value must not be null
             decoded_ok = decoded_ok & present
         # A tombstone is exact unless its key must be decoded (upsert keyed by value fields).

@@ -19,6 +19,8 @@ from .errors import SourceError
 from .kafka_source import OffsetRange, read_range
 
 _TIMESTAMP_TYPES = {0: None, 1: "CreateTime", 2: "LogAppendTime"}
+KAFKA_TIMESTAMP_MS = (-62135596800000, 253402300799999)  # 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59.999Z
+INVALID_TIMESTAMP = "InvalidTimestamp"
 _MARKER = "ICEFLOE-ERROR"
 _MARKED = re.compile(_MARKER + r'("(?:[^"\\]|\\.)*")' + _MARKER)
 
@@ -109,9 +111,12 @@ class _Records:
             timestamp_ms: int | None, timestamp_type: str | None, headers) -> Iterator[pa.RecordBatch]:  # fmt: skip
         value, failure = None, None
         try:
+            _check_timestamp(timestamp_ms)
             value = _value(self.plan, self.decode, self.decode_key, self.convert, payload, key)
         except _Bad as bad:
             failure = (bad.kind, bad.message, payload, schema_id(payload))
+            if bad.kind == INVALID_TIMESTAMP:  # the row's timestamp column cannot hold it
+                timestamp_ms = None
         self.builder.add(
             value, topic, partition, offset, timestamp_ms, timestamp_type, key, headers,
             tombstone=payload is None and failure is None, error=failure, payload=payload,
@@ -128,6 +133,13 @@ class _Bad(Exception):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind, self.message = kind, message
+
+
+def _check_timestamp(timestamp_ms: int | None) -> None:
+    """A Kafka timestamp the table's timestamp column cannot hold makes a bad record (a producer that set
+    nanoseconds or microseconds where Kafka wants milliseconds)."""
+    if timestamp_ms is not None and not KAFKA_TIMESTAMP_MS[0] <= timestamp_ms <= KAFKA_TIMESTAMP_MS[1]:
+        raise _Bad(INVALID_TIMESTAMP, f"Kafka timestamp {timestamp_ms} ms is outside years 1 to 9999 (not milliseconds?)")
 
 
 def _value(plan: ReadPlan, decode, decode_key, convert, payload: bytes | None, key: bytes | None) -> dict | None:

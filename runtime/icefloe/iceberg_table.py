@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from .catalog import CATALOG
@@ -82,10 +83,14 @@ class IcebergTable:
 
     def evolve(self, struct: T.StructType) -> list[str]:
         """Bring the table's schema up to `struct` (new fields, widened types); returns what changed."""
-        changes = schema_changes(self.spark.table(self.full_name).schema, struct)
+        changes = schema_changes(self.schema(), struct)
         for change in changes:
             self.spark.sql(f"ALTER TABLE {self.full_name} {change}")
         return changes
+
+    def schema(self) -> T.StructType:
+        """The table's current columns."""
+        return self.spark.table(self.full_name).schema
 
     def main_snapshot_id(self) -> int | None:
         return self.ref_snapshot_id("main")
@@ -132,8 +137,9 @@ _WIDENINGS = {("int", "bigint"), ("float", "double")}
 
 
 def schema_changes(current: T.StructType, desired: T.StructType, path: str = "") -> list[str]:
-    """ALTER TABLE clauses that evolve `current` toward `desired`: new columns, nested fields and the type
-    promotions Iceberg allows. Columns the new schema lacks stay (readers see nulls)."""
+    """ALTER TABLE clauses that evolve `current` toward `desired`: new columns, nested fields (in structs, and in
+    structs inside lists and maps) and the type promotions Iceberg allows. Columns the new schema lacks stay
+    (`conformed` fills them with nulls)."""
     changes = []
     have = {f.name.lower(): f for f in current.fields}
     for field in desired.fields:
@@ -141,15 +147,55 @@ def schema_changes(current: T.StructType, desired: T.StructType, path: str = "")
         old = have.get(field.name.lower())
         if old is None:
             changes.append(f"ADD COLUMN {name} {field.dataType.simpleString()}")
-        elif isinstance(field.dataType, T.StructType) and isinstance(old.dataType, T.StructType):
-            changes.extend(schema_changes(old.dataType, field.dataType, f"{name}."))
-        elif old.dataType != field.dataType:
-            pair = (old.dataType.simpleString(), field.dataType.simpleString())
-            widening = pair in _WIDENINGS or (
-                isinstance(old.dataType, T.DecimalType) and isinstance(field.dataType, T.DecimalType)
-                and old.dataType.scale == field.dataType.scale and field.dataType.precision > old.dataType.precision
-            )  # fmt: skip
-            if not widening:
-                raise ConfigError(f"column {name.replace('`', '')} changed from {pair[0]} to {pair[1]}: not a safe evolution")
-            changes.append(f"ALTER COLUMN {name} TYPE {pair[1]}")
+        else:
+            changes.extend(_type_changes(old.dataType, field.dataType, name))
     return changes
+
+
+def _type_changes(old: T.DataType, new: T.DataType, name: str) -> list[str]:
+    if isinstance(old, T.StructType) and isinstance(new, T.StructType):
+        return schema_changes(old, new, f"{name}.")
+    if isinstance(old, T.ArrayType) and isinstance(new, T.ArrayType):  # Iceberg names a list's element `element`
+        return _type_changes(old.elementType, new.elementType, f"{name}.element")
+    if isinstance(old, T.MapType) and isinstance(new, T.MapType) and old.keyType == new.keyType:
+        return _type_changes(old.valueType, new.valueType, f"{name}.value")
+    pair = (old.simpleString(), new.simpleString())
+    if pair[0] == pair[1]:
+        return []
+    widening = pair in _WIDENINGS or (
+        isinstance(old, T.DecimalType) and isinstance(new, T.DecimalType)
+        and old.scale == new.scale and new.precision > old.precision
+    )  # fmt: skip
+    if not widening:
+        raise ConfigError(f"column {name.replace('`', '')} changed from {pair[0]} to {pair[1]}: not a safe evolution")
+    return [f"ALTER COLUMN {name} TYPE {pair[1]}"]
+
+
+def conformed(frame: DataFrame, table: T.StructType, keep: tuple[str, ...] = ()) -> DataFrame:
+    """`frame` as the table's columns, in the table's order (then the `keep` columns): a column or nested field the
+    batch lacks (a field a newer value schema removed; the table keeps it) is null, narrower types are widened."""
+    have = {f.name.lower(): f for f in frame.schema.fields}
+    columns = []
+    for field in table.fields:
+        source = have.get(field.name.lower())
+        column = F.lit(None) if source is None else _fit(F.col(f"`{source.name}`"), source.dataType, field.dataType)
+        columns.append(column.cast(field.dataType).alias(field.name))
+    return frame.select(*columns, *keep)
+
+
+def _fit(column: Column, source: T.DataType, target: T.DataType) -> Column:
+    if source.simpleString() == target.simpleString():  # the same but for nullability: the writer takes it
+        return column
+    if isinstance(source, T.StructType) and isinstance(target, T.StructType):
+        have = {f.name.lower(): f for f in source.fields}
+        fields = []
+        for field in target.fields:
+            found = have.get(field.name.lower())
+            value = F.lit(None) if found is None else _fit(column[found.name], found.dataType, field.dataType)
+            fields.append(value.cast(field.dataType).alias(field.name))
+        return F.when(column.isNotNull(), F.struct(*fields))
+    if isinstance(source, T.ArrayType) and isinstance(target, T.ArrayType):
+        return F.transform(column, lambda item: _fit(item, source.elementType, target.elementType))
+    if isinstance(source, T.MapType) and isinstance(target, T.MapType):
+        return F.transform_values(column, lambda _, item: _fit(item, source.valueType, target.valueType))
+    return column.cast(target)

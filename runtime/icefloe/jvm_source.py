@@ -101,6 +101,13 @@ def kafka_columns() -> list[Column]:
     return [sources[name].alias(name) for name in KAFKA_COLUMNS]
 
 
+def kafka_timestamp_overflow(error: Exception) -> bool:
+    """Whether the Kafka source failed on a record timestamp it cannot turn into microseconds (a producer that set
+    nanoseconds where Kafka wants milliseconds): Spark fails the task, it has no per-record way out."""
+    text = str(error)
+    return "ArithmeticException: long overflow" in text and "KafkaRecordToRowConverter" in text
+
+
 def source_failure(error: Exception, topic: str) -> SourceError | None:
     """A Kafka source failure as a short `SourceError` (Spark's own text is a page of stack trace), else None."""
     text = str(error)

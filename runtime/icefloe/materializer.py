@@ -22,20 +22,20 @@ from typing import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StructField, StructType
 
 from . import progress
-from .batch_columns import ERROR_CLASS, ERROR_MESSAGE
+from .batch_columns import ERROR_CLASS, ERROR_MESSAGE, TOMBSTONE
 from .commit import Branch, commit_on_branch, drop_stale_branches, new_run_id
 from .commit_state import Checkpoint, CommittedState, committed_state, lost_as_json
-from .data_plane import JVM, JvmBatch, ReadPath, choose_read_path
+from .data_plane import JVM, PYTHON, JvmBatch, ReadPath, choose_read_path
 from .dead_letter import commit_dead_letters
-from .decoding import decoder_spec
+from .decoding import DecoderSpec, decoder_spec
 from .errors import IcefloeError, RecordError
-from .iceberg_table import IcebergTable
+from .iceberg_table import IcebergTable, conformed
 from .kafka_source import OffsetRange, client_config, plan_ranges
 from .executor_tasks import ReadPlan, read_batches, unmark
-from .jvm_source import source_failure
+from .jvm_source import kafka_timestamp_overflow, source_failure
 from .schema_mapping import (
     avro_value_fields, batch_struct, inline_value_fields, registry_value_fields, required_paths, table_struct,
 )  # fmt: skip
@@ -129,21 +129,12 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     cluster = config.cluster(table.source_cluster)
     kafka_conf = client_config(cluster)
     decoder = decoder_spec(table, cluster)
-    if decoder.format == "avro-registry":
-        value_fields = avro_value_fields(decoder.schema_str, f"{identifier} (subject {table.topic}-value)")
-    elif decoder.format in ("protobuf", "json-schema"):
-        subject = f"{identifier} (subject {table.topic}-value)"
-        value_fields = registry_value_fields(decoder.format, decoder.schema_str, decoder.message_type, subject)
-    else:
-        value_fields = inline_value_fields(table.inline_schema)
-    struct = table_struct(value_fields)
+    value_fields = _value_fields(decoder, table, identifier)
 
     iceberg = IcebergTable(spark, identifier)
     first = Checkpoint(table.topic).to_summary()  # a first, empty checkpoint: the base of the first commit
-    if iceberg.ensure(struct, table.partitions, table.maintenance.target_file_size_mb, first):
+    if iceberg.ensure(table_struct(value_fields), table.partitions, table.maintenance.target_file_size_mb, first):
         log.info("%s: created table", identifier)
-    for change in iceberg.evolve(struct):
-        log.info("%s: schema evolved: %s", identifier, change)
     drop_stale_branches(iceberg, table.run_timeout_seconds)
     state = committed_state(iceberg, table.topic)
     planned = plan_ranges(
@@ -157,6 +148,15 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
             identifier, table.topic, "up-to-date", snapshot_id=state.snapshot_id, offsets=state.offsets,
             metadata_location=iceberg.metadata_location(), run_id=run_id, seconds=time.monotonic() - started,
         )  # fmt: skip
+    if decoder.format in _REGISTRY_FORMATS:
+        # Fetched again now: every record of the planned ranges was written with a version registered before the
+        # plan, so the reader schema is at least as new as each writer's (fetched before planning, a version
+        # registered meanwhile would lose its new fields and enum symbols).
+        decoder = decoder_spec(table, cluster)
+        value_fields = _value_fields(decoder, table, identifier)
+    struct = table_struct(value_fields)
+    for change in iceberg.evolve(struct):
+        log.info("%s: schema evolved: %s", identifier, change)
     path = choose_read_path(spark, decoder)
     log.info("%s: reading %d records from %d partitions, read path %s: %s", identifier, sum(r.count for r in ranges),
              len(ranges), path.name, path.reason)  # fmt: skip
@@ -172,10 +172,15 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
         needs_key=table.mode == "upsert" and not table.key,
         max_record_bytes=table.max_record_bytes,
     )
-    write = _upsert_writer(table, struct) if table.mode == "upsert" else _append_writer(struct)
+    write = _upsert_writer(table, iceberg.schema()) if table.mode == "upsert" else _append_writer(struct)
 
     checkpoint = Checkpoint(table.topic, next_offsets, run_id, planned.topic_id, tuple(planned.lost))
-    outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, path)
+    try:
+        outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, path)
+    except _TimestampOverflow:  # nothing was committed: the Python path routes the record per `errors`
+        path = ReadPath(PYTHON, "a Kafka timestamp overflows Spark's Kafka source")
+        log.warning("%s: %s: the batch is read on the Python path", identifier, path.reason)
+        outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, path)
     result = BatchResult(
         identifier=identifier,
         topic=table.topic,
@@ -194,6 +199,18 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
         log.error("%s: committed up to the bad record: %s", identifier, result.describe())
         raise outcome.error_mode.error
     return result
+
+
+_REGISTRY_FORMATS = ("avro-registry", "protobuf", "json-schema")  # the table's schema is the subject's latest
+
+
+def _value_fields(decoder: DecoderSpec, table: TableSpec, identifier: str) -> list[StructField]:
+    subject = f"{identifier} (subject {table.topic}-value)"
+    if decoder.format == "avro-registry":
+        return avro_value_fields(decoder.schema_str, subject)
+    if decoder.format in ("protobuf", "json-schema"):
+        return registry_value_fields(decoder.format, decoder.schema_str, decoder.message_type, subject)
+    return inline_value_fields(table.inline_schema)
 
 
 def _commit(
@@ -231,7 +248,13 @@ def _commit(
     except IcefloeError:
         raise
     except Exception as failure:  # a source failure carried by a Python task's or the Kafka client's error
+        if jvm is not None and kafka_timestamp_overflow(failure):
+            raise _TimestampOverflow() from None
         raise (unmark(str(failure)) or source_failure(failure, table.topic) or failure) from None
+
+
+class _TimestampOverflow(Exception):
+    """Spark's Kafka source failed on a record's timestamp (nanoseconds?); nothing was committed."""
 
 
 class _NeedsPython(Exception):
@@ -327,10 +350,11 @@ def _append_writer(struct: StructType) -> Writer:
     return append
 
 
-def _upsert_writer(table: TableSpec, struct: StructType) -> Writer:
+def _upsert_writer(table: TableSpec, columns: StructType) -> Writer:
+    """`columns`: the table's, which may hold fields the batch's schema removed (they are set to null)."""
     key_columns = list(table.key) if table.key else ["kafka_key"]
 
     def upsert(frame: DataFrame, branch: Branch) -> int:
-        return merge_batch(frame, branch, struct, key_columns)
+        return merge_batch(conformed(frame, columns, keep=(TOMBSTONE,)), branch, columns, key_columns)
 
     return upsert

@@ -5,8 +5,10 @@ is nullable: a later schema version may drop a field, and a tombstone in append 
 
 Mapping choices (Spark is the writer, so only types Spark can write to Iceberg appear):
   Avro record -> struct, array -> list, map -> map<string, _>, enum -> string, fixed/bytes -> binary,
-  decimal -> decimal(p, s), date -> date, timestamp-millis/micros -> timestamp (Iceberg timestamptz),
-  local-timestamp-* -> timestamp_ntz, time-* -> long microseconds, uuid -> string, [null, T] -> nullable T.
+  decimal -> decimal(p, s) (p at most 38, Iceberg's limit), date -> date, timestamp-millis/micros/nanos -> timestamp
+  (Iceberg timestamptz; nanoseconds truncated to the microsecond, Iceberg v2's unit), local-timestamp-* ->
+  timestamp_ntz, time-* -> long microseconds, uuid (string or fixed(16)) -> string in canonical form,
+  duration -> struct<months, days, milliseconds: long> (Avro's three unsigned 32-bit counts), [null, T] -> nullable T.
 """
 
 from __future__ import annotations
@@ -43,12 +45,16 @@ _AVRO_LOGICAL: dict[str, T.DataType] = {
     "date": T.DateType(),
     "timestamp-millis": T.TimestampType(),
     "timestamp-micros": T.TimestampType(),
+    "timestamp-nanos": T.TimestampType(),
     "local-timestamp-millis": T.TimestampNTZType(),
     "local-timestamp-micros": T.TimestampNTZType(),
+    "local-timestamp-nanos": T.TimestampNTZType(),
     "time-millis": T.LongType(),
     "time-micros": T.LongType(),
     "uuid": T.StringType(),
+    "duration": T.StructType([T.StructField(name, T.LongType(), True) for name in ("months", "days", "milliseconds")]),
 }
+MAX_DECIMAL_PRECISION = 38  # Iceberg's decimal (and Spark's)
 _INLINE_PRIMITIVES: dict[str, T.DataType] = {
     name: spark_field(name, primitive.spark).dataType for name, primitive in PRIMITIVES.items()
 }
@@ -79,12 +85,16 @@ class _AvroMapper:
             return self.map(branches[0], namespace, path)
         kind = schema.get("type")
         logical = schema.get("logicalType")
-        if logical == "decimal":
-            return T.DecimalType(int(schema["precision"]), int(schema.get("scale", 0)))
+        if logical == "decimal" and kind in ("bytes", "fixed"):
+            precision = int(schema["precision"])
+            if precision > MAX_DECIMAL_PRECISION:
+                raise ConfigError(
+                    f"{path}: decimal precision {precision} is too wide: Iceberg decimals have at most "
+                    f"{MAX_DECIMAL_PRECISION} digits"
+                )
+            return self._named(schema, namespace, T.DecimalType(precision, int(schema.get("scale", 0))))
         if logical in _AVRO_LOGICAL and kind in ("int", "long", "string", "fixed"):
-            if kind == "fixed":
-                self._name(schema, namespace, T.BinaryType())
-            return _AVRO_LOGICAL[logical]
+            return self._named(schema, namespace, _AVRO_LOGICAL[logical])
         if kind == "record":
             name = self._full_name(schema, namespace)
             self.in_progress.add(name)
@@ -98,9 +108,9 @@ class _AvroMapper:
             self.named[name] = struct
             return struct
         if kind == "enum":
-            return self._name(schema, namespace, T.StringType())
+            return self._named(schema, namespace, T.StringType())
         if kind == "fixed":
-            return self._name(schema, namespace, T.BinaryType())
+            return self._named(schema, namespace, T.BinaryType())
         if kind == "array":
             return T.ArrayType(self.map(schema["items"], namespace, f"{path}[]"), True)
         if kind == "map":
@@ -112,8 +122,11 @@ class _AvroMapper:
         ns = schema.get("namespace", namespace)
         return name if "." in name or not ns else f"{ns}.{name}"
 
-    def _name(self, schema: dict, namespace: str, mapped: T.DataType) -> T.DataType:
-        self.named[self._full_name(schema, namespace)] = mapped
+    def _named(self, schema: dict, namespace: str, mapped: T.DataType) -> T.DataType:
+        """`mapped`, remembered under the schema's name when it is a named type (fixed, enum), so a later
+        reference by name maps the same way."""
+        if schema.get("type") in ("fixed", "enum"):
+            self.named[self._full_name(schema, namespace)] = mapped
         return mapped
 
 
