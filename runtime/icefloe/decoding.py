@@ -113,7 +113,18 @@ def build_decoder(spec: DecoderSpec) -> Decoder:
         return _decode_json
     if spec.format == "avro-inline":
         return _inline_avro_decoder(spec.schema_str)
-    return _registry_avro_decoder(spec, spec.schema_str, key=False)
+    return _with_unions(spec.schema_str, lambda names: _registry_avro_decoder(spec, spec.schema_str, False, names))
+
+
+def _with_unions(schema_str: str, make: Callable[[bool], Decoder]) -> Decoder:
+    """A decoder whose values have Avro unions of several types as the table's member structs (avro_unions)."""
+    from .avro_unions import needs_record_names, rewriter
+
+    names = needs_record_names(schema_str)
+    decode, rewrite = make(names), rewriter(schema_str, names)
+    if rewrite is None:
+        return decode
+    return lambda data: rewrite(decode(data))
 
 
 def build_key_decoder(spec: DecoderSpec) -> Callable[[bytes], dict]:
@@ -133,7 +144,7 @@ def build_key_decoder(spec: DecoderSpec) -> Callable[[bytes], dict]:
     if spec.key_format == "avro":
         if not spec.registry_conf:
             raise ConfigError(f"{spec.topic}: keyFormat avro needs a schema registry")
-        decode = _registry_avro_decoder(spec, None, key=True)
+        decode = _registry_avro_decoder(spec, None, True)
     else:
         decode = _decode_json
 
@@ -185,14 +196,14 @@ def _inline_avro_decoder(schema_str: str) -> Decoder:
     return decode
 
 
-def _registry_avro_decoder(spec: DecoderSpec, reader_schema: str | None, key: bool) -> Decoder:
+def _registry_avro_decoder(spec: DecoderSpec, reader_schema: str | None, key: bool, names: bool = False) -> Decoder:
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroDeserializer
     from confluent_kafka.schema_registry.error import SchemaRegistryError
     from confluent_kafka.serialization import MessageField, SerializationContext, SerializationError
 
     client = SchemaRegistryClient(spec.registry_conf)
-    deserializer = AvroDeserializer(client, schema_str=reader_schema)
+    deserializer = AvroDeserializer(client, schema_str=reader_schema, return_record_name=names)
     context = SerializationContext(spec.topic, MessageField.KEY if key else MessageField.VALUE)
 
     def decode(data: bytes) -> Any:
