@@ -25,7 +25,7 @@ Decoder = Callable[[bytes], Any]
 class DecoderSpec:
     """Everything an executor needs to decode one table's values (picklable, holds no secret in its repr)."""
 
-    format: str  # avro-registry | avro-inline | json
+    format: str  # avro-registry | avro-inline | json | raw | string
     topic: str
     schema_str: str | None = None
     registry_conf: dict[str, str] | None = None
@@ -55,8 +55,8 @@ def decoder_spec(table: TableSpec, cluster: SourceCluster) -> DecoderSpec:
 
     keys = {"key_fields": table.key or (), "key_format": table.effective_key_format if table.key else None}
     registry = registry_config(cluster.schema_registry, cluster.name) if cluster.schema_registry else None
-    if table.format == "json":
-        return DecoderSpec("json", table.topic, registry_conf=registry, **keys)
+    if table.format in ("json", "raw", "string"):
+        return DecoderSpec(table.format, table.topic, registry_conf=registry, **keys)
     if table.inline_schema is not None and registry is None:
         return DecoderSpec("avro-inline", table.topic, json.dumps(inline_to_avro(table.inline_schema)), **keys)
     if registry is None:
@@ -111,6 +111,14 @@ def _registry_errors(conf: dict[str, str], subject: str) -> Iterator[None]:
 def build_decoder(spec: DecoderSpec) -> Decoder:
     if spec.format == "json":
         return _decode_json
+    if spec.format == "json-inferred":  # schemaless JSON, shaped for the types inferred for the batch
+        from . import json_inference
+
+        return json_inference.decoder(spec.schema_str)
+    if spec.format in ("raw", "string"):
+        from . import raw_format
+
+        return raw_format.decoder(spec.format)
     if spec.format == "avro-inline":
         return _inline_avro_decoder(spec.schema_str)
     return _with_unions(spec.schema_str, lambda names: _registry_avro_decoder(spec, spec.schema_str, False, names))
@@ -129,18 +137,13 @@ def _with_unions(schema_str: str, make: Callable[[bool], Decoder]) -> Decoder:
 
 def build_key_decoder(spec: DecoderSpec) -> Callable[[bytes], dict]:
     """Decodes a Kafka key into {key field: value}, for tombstones of tables keyed by value fields."""
-    if spec.key_format == "string":
+    if spec.key_format in ("string", "raw"):
+        from .raw_format import utf8
+
         if len(spec.key_fields) != 1:
-            raise ConfigError(f"{spec.topic}: keyFormat string can only give one key field, not {spec.key_fields}")
-        field_name = spec.key_fields[0]
-
-        def from_string(data: bytes) -> dict:
-            try:
-                return {field_name: data.decode("utf-8")}
-            except UnicodeDecodeError:
-                raise ValueError("key is not valid UTF-8") from None
-
-        return from_string
+            raise ConfigError(f"{spec.topic}: keyFormat {spec.key_format} can only give one key field, not {spec.key_fields}")
+        field_name, as_text = spec.key_fields[0], spec.key_format == "string"
+        return lambda data: {field_name: utf8(data, "key") if as_text else data}
     if spec.key_format == "avro":
         if not spec.registry_conf:
             raise ConfigError(f"{spec.topic}: keyFormat avro needs a schema registry")

@@ -143,6 +143,9 @@ def schema_changes(current: T.StructType, desired: T.StructType, path: str = "")
             changes.append(f"ADD COLUMN {name} {field.dataType.simpleString()}")
         elif isinstance(field.dataType, T.StructType) and isinstance(old.dataType, T.StructType):
             changes.extend(schema_changes(old.dataType, field.dataType, f"{name}."))
+        elif isinstance(field.dataType, T.ArrayType) and isinstance(old.dataType, T.ArrayType):
+            element = [T.StructType([T.StructField("element", a.elementType)]) for a in (old.dataType, field.dataType)]
+            changes.extend(schema_changes(*element, f"{name}."))  # new fields of a list's structs, widened elements
         elif old.dataType != field.dataType:
             pair = (old.dataType.simpleString(), field.dataType.simpleString())
             widening = pair in _WIDENINGS or (

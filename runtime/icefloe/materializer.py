@@ -24,13 +24,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from . import progress
+from . import json_inference, progress, raw_format
 from .batch_columns import ERROR_CLASS, ERROR_MESSAGE
 from .commit import Branch, commit_on_branch, drop_stale_branches, new_run_id
 from .commit_state import Checkpoint, CommittedState, committed_state, lost_as_json
 from .data_plane import JVM, JvmBatch, ReadPath, choose_read_path
 from .dead_letter import commit_dead_letters
-from .decoding import decoder_spec
+from .decoding import DecoderSpec, decoder_spec
 from .errors import IcefloeError, RecordError
 from .iceberg_table import IcebergTable
 from .kafka_source import OffsetRange, client_config, plan_ranges
@@ -127,8 +127,13 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     cluster = config.cluster(table.source_cluster)
     kafka_conf = client_config(cluster)
     decoder = decoder_spec(table, cluster)
+    schemaless = table.format == "json" and table.inline_schema is None
     if decoder.format == "avro-registry":
         value_fields = avro_value_fields(decoder.schema_str, f"{identifier} (subject {table.topic}-value)")
+    elif decoder.format in raw_format.FORMATS:
+        value_fields = raw_format.value_fields(decoder.format)
+    elif schemaless:  # the columns come from each batch's records (json_inference), once it is planned
+        value_fields = []
     else:
         value_fields = inline_value_fields(table.inline_schema)
     struct = table_struct(value_fields)
@@ -152,6 +157,8 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
             identifier, table.topic, "up-to-date", snapshot_id=state.snapshot_id, offsets=state.offsets,
             metadata_location=iceberg.metadata_location(), run_id=run_id, seconds=time.monotonic() - started,
         )  # fmt: skip
+    if schemaless:
+        decoder, value_fields, struct = _infer_json(spark, iceberg, kafka_conf, table, batch, decoder)
     path = choose_read_path(spark, decoder)
     log.info("%s: reading %d records from %d partitions, read path %s: %s", identifier, sum(r.count for r in ranges),
              len(ranges), path.name, path.reason)  # fmt: skip
@@ -162,7 +169,7 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
         decoder=decoder,
         batch_schema_json=batch_struct(struct).json(),
         value_fields=tuple(f.name for f in value_fields),
-        strict=decoder.format == "json",
+        strict=decoder.format in ("json", json_inference.FORMAT),
         required=required_paths(table.inline_schema) if decoder.format == "json" else frozenset(),
         needs_key=table.mode == "upsert" and not table.key,
         max_record_bytes=table.max_record_bytes,
@@ -189,6 +196,18 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
         log.error("%s: committed up to the bad record: %s", identifier, result.describe())
         raise outcome.error_mode.error
     return result
+
+
+def _infer_json(spark: SparkSession, iceberg: IcebergTable, kafka_conf: dict, table: TableSpec, batch: Batch,
+                decoder: DecoderSpec) -> tuple[DecoderSpec, list, StructType]:  # fmt: skip
+    """Schemaless JSON: the batch's types inferred from its records, the table evolved to hold them; returns the
+    decoder, value fields and table struct to read the batch with."""
+    inferred = json_inference.infer_batch(spark, kafka_conf, batch.tasks(), table.max_record_bytes)
+    values = json_inference.value_struct(spark.table(iceberg.full_name).schema.fields, inferred)
+    struct = table_struct(list(values.fields))
+    for change in iceberg.evolve(struct):
+        log.info("%s: schema evolved from the records: %s", iceberg.identifier, change)
+    return replace(decoder, format=json_inference.FORMAT, schema_str=values.json()), list(values.fields), struct
 
 
 def _commit(

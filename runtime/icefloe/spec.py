@@ -206,11 +206,11 @@ class TableSpec(Model):
     topic: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,249}$")]
     table: Annotated[str, StringConstraints(pattern=GLUE_NAME)] | None = None
     database: Annotated[str, StringConstraints(pattern=GLUE_NAME)] | None = None
-    format: Literal["avro", "json", "json-schema", "protobuf", "raw"] = "avro"
+    format: Literal["avro", "json", "json-schema", "protobuf", "raw", "string"] = "avro"
     schema_: InlineSchema | None = Field(default=None, alias="schema")
     mode: Literal["append", "upsert"] = "append"
     key: tuple[str, ...] | None = None
-    key_format: Literal["json", "avro", "string"] | None = None
+    key_format: Literal["json", "avro", "string", "raw"] | None = None
     partition_by: tuple[str, ...] = ()
     errors: Literal["fail", "skip", "dlq"] = "fail"
     starting_offsets: Literal["earliest", "latest"] = "earliest"
@@ -252,10 +252,23 @@ class TableSpec(Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> "TableSpec":
-        if self.format in ("json-schema", "protobuf", "raw"):
-            raise ValueError(f"format {self.format!r} is not supported yet; use avro or json")
-        if self.format == "json" and self.schema_ is None:
-            raise ValueError("format json needs an inline schema (schema.fields)")
+        if self.format in ("json-schema", "protobuf"):
+            raise ValueError(f"format {self.format!r} is not supported yet; use avro, json, raw or string")
+        if self.format in ("raw", "string"):
+            if self.schema_ is not None:
+                raise ValueError(f"format {self.format} keeps the value whole in the column `value`; it takes no schema")
+            if self.key:
+                raise ValueError(f"format {self.format} has no value fields to key on; upsert keys on the Kafka key")
+            for partition in self.partitions:
+                if partition.source not in {"value", *KAFKA_COLUMNS}:
+                    raise ValueError(f"partitionBy {partition.text!r} names unknown field {partition.source!r}")
+        if self.format == "json" and self.schema_ is None:  # schemaless: columns inferred from the records
+            for partition in self.partitions:
+                if partition.source not in KAFKA_COLUMNS:
+                    raise ValueError(
+                        f"partitionBy {partition.text!r}: a schemaless JSON table (no schema) can only be partitioned "
+                        "by Kafka columns, its value columns do not exist when it is created"
+                    )
         if self.schema_ is not None:
             clash = sorted({f.name for f in self.schema_.fields} & set(KAFKA_COLUMNS))
             if clash:

@@ -1,0 +1,80 @@
+"""`format: raw` (value -> binary) and `format: string` (value -> UTF-8 string), read on the JVM path, row for row
+what the Python path gives, read back with pyiceberg and DuckDB."""
+
+from __future__ import annotations
+
+import pytest
+
+from icefloe import materializer
+from icefloe.data_plane import JVM, JvmBatch, choose_read_path
+from icefloe.decoding import decoder_spec
+from icefloe.errors import ConfigError
+from icefloe.kafka_source import client_config, plan_ranges
+from icefloe.raw_format import value_fields
+from icefloe.runner import run_table
+from icefloe.spec import parse_config
+from support import by_position, produce, read_duckdb, read_pyiceberg
+
+VALUES = [b"plain", b"", "ñandú €".encode(), b"\x00\xff\xfe binary", b"x" * 5000, None]
+INVALID_UTF8 = [b"\xff\xfe", b"abc\xc3", b"\xed\xa0\x80 surrogate"]
+
+
+def _cluster() -> dict:
+    return {"name": "c", "bootstrapServers": "b:9092"}
+
+
+@pytest.mark.parametrize("table, message", [
+    ({"format": "raw", "schema": {"fields": [{"name": "a", "type": "long"}]}}, "takes no schema"),
+    ({"format": "string", "mode": "upsert", "key": ["value"]}, "upsert keys on the Kafka key"),
+    ({"format": "raw", "partitionBy": ["day(at)"]}, "unknown field 'at'"),
+])  # fmt: skip
+def test_raw_spec_mistakes_are_named(table, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"sourceClusters": [_cluster()], "tables": [{"sourceCluster": "c", "topic": "t", **table}]})
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+@pytest.mark.parametrize("format", ["raw", "string"])
+def test_raw_and_string_values_end_to_end(spark, broker, state_dir, topic, make_config, format):
+    topic = f"{topic}_{format}"
+    broker.create_topic(topic, 2)
+    bad = INVALID_UTF8 if format == "string" else []
+    records = [{"key": b"k%d" % i, "value": v, "partition": i % 2, "headers": [("h", b"%d" % i)]}
+               for i, v in enumerate(VALUES + bad)]  # fmt: skip
+    positions = produce(broker.bootstrap_servers, topic, records)
+    config = make_config({"topic": topic, "format": format, "errors": "skip", "partitionBy": ["bucket(4, value)"]})
+    table = config.tables[0]
+
+    cluster = config.cluster(table.source_cluster)
+    kafka_conf, decoder = client_config(cluster), decoder_spec(table, cluster)
+    path = choose_read_path(spark, decoder)
+    assert path.name == JVM
+    planned = plan_ranges(kafka_conf, topic, {}, "earliest", None)
+    batch = materializer.Batch(planned.ranges, planned.next_offsets)
+    from test_jvm_path import read_plan, rows_of
+
+    plan = read_plan(table, decoder, kafka_conf, value_fields(format))
+    jvm = JvmBatch(spark, plan, path.avro, batch.ranges, 1)
+    jvm_frame, release_jvm = jvm.rows_with_status()
+    python_frame, release_python = materializer._read(spark, plan, batch)
+    try:
+        jvm_rows, python_rows = rows_of(jvm_frame), rows_of(python_frame)
+    finally:
+        release_jvm()
+        release_python()
+    assert jvm_rows == python_rows and len(python_rows) == len(records)
+    failed = {p: r for p, r in python_rows.items() if r["icefloe_error_class"]}
+    assert set(failed) == set(positions[len(VALUES):])
+    assert all(r["icefloe_error_class"] == "DecodeError" and "not valid UTF-8" in r["icefloe_error_message"]
+               for r in failed.values())  # fmt: skip
+
+    result = run_table(spark, config, table, state_dir)
+    assert result.read_path == JVM and result.rows_written == len(VALUES) and result.records_failed == len(bad)
+    expected = {p: (v if format == "raw" or v is None else v.decode()) for p, v in zip(positions, VALUES)}
+    rows = by_position(read_pyiceberg(state_dir, result.identifier))
+    assert {p: r["value"] for p, r in rows.items()} == expected
+    assert all(r["kafka_key"] == records[positions.index(p)]["key"] for p, r in rows.items())
+    assert all(r["kafka_headers"] == [{"key": "h", "value": b"%d" % positions.index(p)}] for p, r in rows.items())
+    duck = by_position(read_duckdb(result.metadata_location))
+    assert {p: r["value"] for p, r in duck.items()} == expected
