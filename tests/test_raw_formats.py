@@ -15,8 +15,8 @@ from icefloe.runner import run_table
 from icefloe.spec import parse_config
 from support import by_position, produce, read_duckdb, read_pyiceberg
 
-VALUES = [b"plain", b"", "ñandú €".encode(), b"\x00\xff\xfe binary", b"x" * 5000, None]
-INVALID_UTF8 = [b"\xff\xfe", b"abc\xc3", b"\xed\xa0\x80 surrogate"]
+TEXT = [b"plain", b"", "ñandú €".encode(), b"\x00 nul", b"x" * 5000, None]
+INVALID_UTF8 = [b"\xff\xfe", b"abc\xc3", b"\xed\xa0\x80 surrogate", b"\x00\xff\xfe\xfd framed-looking"]
 
 
 def _cluster() -> dict:
@@ -39,9 +39,9 @@ def test_raw_spec_mistakes_are_named(table, message):
 def test_raw_and_string_values_end_to_end(spark, broker, state_dir, topic, make_config, format):
     topic = f"{topic}_{format}"
     broker.create_topic(topic, 2)
-    bad = INVALID_UTF8 if format == "string" else []
+    values, bad = (TEXT + INVALID_UTF8, []) if format == "raw" else (TEXT, INVALID_UTF8)
     records = [{"key": b"k%d" % i, "value": v, "partition": i % 2, "headers": [("h", b"%d" % i)]}
-               for i, v in enumerate(VALUES + bad)]  # fmt: skip
+               for i, v in enumerate(values + bad)]  # fmt: skip
     positions = produce(broker.bootstrap_servers, topic, records)
     config = make_config({"topic": topic, "format": format, "errors": "skip", "partitionBy": ["bucket(4, value)"]})
     table = config.tables[0]
@@ -65,13 +65,13 @@ def test_raw_and_string_values_end_to_end(spark, broker, state_dir, topic, make_
         release_python()
     assert jvm_rows == python_rows and len(python_rows) == len(records)
     failed = {p: r for p, r in python_rows.items() if r["icefloe_error_class"]}
-    assert set(failed) == set(positions[len(VALUES):])
+    assert set(failed) == set(positions[len(values):])
     assert all(r["icefloe_error_class"] == "DecodeError" and "not valid UTF-8" in r["icefloe_error_message"]
                for r in failed.values())  # fmt: skip
 
     result = run_table(spark, config, table, state_dir)
-    assert result.read_path == JVM and result.rows_written == len(VALUES) and result.records_failed == len(bad)
-    expected = {p: (v if format == "raw" or v is None else v.decode()) for p, v in zip(positions, VALUES)}
+    assert result.read_path == JVM and result.rows_written == len(values) and result.records_failed == len(bad)
+    expected = {p: (v if format == "raw" or v is None else v.decode()) for p, v in zip(positions, values)}
     rows = by_position(read_pyiceberg(state_dir, result.identifier))
     assert {p: r["value"] for p, r in rows.items()} == expected
     assert all(r["kafka_key"] == records[positions.index(p)]["key"] for p, r in rows.items())

@@ -42,7 +42,8 @@ class ReadPlan:
 def schema_id(payload: bytes | None) -> int | None:
     """The Schema Registry id in Confluent wire format, if the payload has that framing."""
     if payload and len(payload) >= 5 and payload[0] == 0:
-        return int.from_bytes(payload[1:5], "big")
+        found = int.from_bytes(payload[1:5], "big")
+        return found if found < 2**31 else None  # registry ids are positive 32-bit ints (the column's type)
     return None
 
 
@@ -104,6 +105,7 @@ class _Records:
         self.decode = build_decoder(plan.decoder)
         self.decode_key = build_key_decoder(plan.decoder) if plan.decoder.key_fields else None
         self.builder = BatchBuilder(batch, list(plan.value_fields))
+        self.framed = plan.decoder.format.startswith("avro")  # values in Confluent wire format carry a schema id
 
     def add(self, payload: bytes | None, key: bytes | None, topic: str, partition: int, offset: int,
             timestamp_ms: int | None, timestamp_type: str | None, headers) -> Iterator[pa.RecordBatch]:  # fmt: skip
@@ -111,7 +113,7 @@ class _Records:
         try:
             value = _value(self.plan, self.decode, self.decode_key, self.convert, payload, key)
         except _Bad as bad:
-            failure = (bad.kind, bad.message, payload, schema_id(payload))
+            failure = (bad.kind, bad.message, payload, schema_id(payload) if self.framed else None)
         self.builder.add(
             value, topic, partition, offset, timestamp_ms, timestamp_type, key, headers,
             tombstone=payload is None and failure is None, error=failure, payload=payload,
