@@ -20,7 +20,7 @@ from .bundle import Bundle, build_bundle
 from .deployment import RUNTIME_PYTHON_VERSION, DeploymentConfig
 from .emr import SparkApplication, SparkApplicationArgs
 from .glue import GlueDatabases, GlueDatabasesArgs
-from .iam import ExternalAccessRole, ExternalAccessRoleArgs, JobRole, JobRoleArgs, Scope
+from .iam import ExternalAccessRole, ExternalAccessRoleArgs, JobRole, JobRoleArgs, Scope, glue_schema_registries
 from .jars import job_jars
 from .jobs import TableJob, job_config_document, spark_submit_parameters
 from .schedules import ScheduledJob, TableSchedules, TableSchedulesArgs
@@ -67,7 +67,7 @@ class IcefloeStack(pulumi.ComponentResource):
         def scope(values: list) -> Scope:
             bucket_arn, key_arn, log_arn, arns = values
             return Scope(identity.account_id, region.region, bucket_arn, key_arn, deployment.storage.warehouse_prefix,
-                         databases, arns, log_arn)  # fmt: skip
+                         databases, arns, log_arn, glue_schema_registries(spec))  # fmt: skip
 
         role_scope = pulumi.Output.all(storage.bucket_arn, storage.kms_key_arn, log_group.arn, secret_arns).apply(scope)
         job_role = JobRole(f"{name}-job", JobRoleArgs(role_scope, tags), child)

@@ -56,6 +56,8 @@ def choose_read_path(spark: SparkSession, decoder: DecoderSpec) -> ReadPath:
     """The JVM path where the JVM has a decoder for the table's format, else Python."""
     if decoder.format in ("json", "json-inferred"):
         return ReadPath(PYTHON, "JSON values are checked against the table's types in Python")
+    if decoder.format == "glue":
+        return ReadPath(PYTHON, "AWS Glue Schema Registry framing is decoded in Python")
     if decoder.format in raw_format.FORMATS:
         return ReadPath(JVM, f"Kafka source, values kept as {decoder.format}", raw_format.RawJvmPlan(decoder.format))
     avro = plan_avro(spark, decoder)

@@ -54,7 +54,9 @@ def decoder_spec(table: TableSpec, cluster: SourceCluster) -> DecoderSpec:
     from .schema_mapping import inline_to_avro
 
     keys = {"key_fields": table.key or (), "key_format": table.effective_key_format if table.key else None}
-    registry = registry_config(cluster.schema_registry, cluster.name) if cluster.schema_registry else None
+    if cluster.schema_registry is not None and cluster.schema_registry.type == "glue" and table.format == "avro":
+        return _glue_spec(table, cluster, keys)
+    registry = registry_config(cluster.schema_registry, cluster.name) if _confluent(cluster) else None
     if table.format in ("json", "raw", "string"):
         return DecoderSpec(table.format, table.topic, registry_conf=registry, **keys)
     if table.inline_schema is not None and registry is None:
@@ -65,6 +67,21 @@ def decoder_spec(table: TableSpec, cluster: SourceCluster) -> DecoderSpec:
         )
     schema = _latest_schema(registry, subject_for(table.topic))
     return DecoderSpec("avro-registry", table.topic, schema, registry, **keys)
+
+
+def _confluent(cluster: SourceCluster) -> bool:
+    return cluster.schema_registry is not None and cluster.schema_registry.type == "confluent"
+
+
+def _glue_spec(table: TableSpec, cluster: SourceCluster, keys: dict) -> DecoderSpec:
+    from . import glue_registry
+
+    if keys["key_format"] == "avro":
+        raise ConfigError(f"table {table.table_name}: keyFormat avro is not supported with a Glue schema registry; "
+                          "use json, string or raw")  # fmt: skip
+    conf = glue_registry.registry_conf(cluster.schema_registry, table.topic)
+    data_format, definition = glue_registry.latest_version(conf)
+    return DecoderSpec(glue_registry.FORMAT, table.topic, definition, conf | {"data_format": data_format}, **keys)
 
 
 def _latest_schema(conf: dict[str, str], subject: str) -> str:
@@ -111,6 +128,10 @@ def _registry_errors(conf: dict[str, str], subject: str) -> Iterator[None]:
 def build_decoder(spec: DecoderSpec) -> Decoder:
     if spec.format == "json":
         return _decode_json
+    if spec.format == "glue":
+        from . import glue_registry
+
+        return glue_registry.decoder(spec.registry_conf, spec.schema_str)
     if spec.format == "json-inferred":  # schemaless JSON, shaped for the types inferred for the batch
         from . import json_inference
 

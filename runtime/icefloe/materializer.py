@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from . import json_inference, progress, raw_format
+from . import glue_registry, json_inference, progress, raw_format
 from .batch_columns import ERROR_CLASS, ERROR_MESSAGE
 from .commit import Branch, commit_on_branch, drop_stale_branches, new_run_id
 from .commit_state import Checkpoint, CommittedState, committed_state, lost_as_json
@@ -130,6 +130,10 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     schemaless = table.format == "json" and table.inline_schema is None
     if decoder.format == "avro-registry":
         value_fields = avro_value_fields(decoder.schema_str, f"{identifier} (subject {table.topic}-value)")
+    elif decoder.format == glue_registry.FORMAT:
+        value_fields = glue_registry.value_fields(
+            decoder.registry_conf["data_format"], decoder.schema_str, f"{identifier} (Glue schema {decoder.registry_conf['schema']})"
+        )  # fmt: skip
     elif decoder.format in raw_format.FORMATS:
         value_fields = raw_format.value_fields(decoder.format)
     elif schemaless:  # the columns come from each batch's records (json_inference), once it is planned

@@ -81,8 +81,37 @@ class SecretRef(Model):
 
 
 class SchemaRegistrySpec(Model):
-    url: Annotated[str, StringConstraints(pattern=r"^(https?|mock)://")]
+    """A Confluent-compatible registry (`url`, the default type) or an AWS Glue Schema Registry (`type: glue`).
+
+    Glue: `registryName`, `region`; `schemaName` names the table's schema in the registry (`{topic}` is replaced;
+    default `{topic}-value`); `endpoint` only for local runs (e.g. a moto server). AWS credentials come from the
+    environment (the job's role on EMR), never from the config.
+    """
+
+    type: Literal["confluent", "glue"] = "confluent"
+    url: Annotated[str, StringConstraints(pattern=r"^(https?|mock)://")] | None = None
     credentials_secret: SecretRef | None = None
+    registry_name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.$#-]{1,255}$")] | None = None
+    region: Annotated[str, StringConstraints(pattern=r"^[a-z]{2}(-[a-z]+)+-\d$")] | None = None
+    schema_name: Annotated[str, StringConstraints(min_length=1, max_length=255)] = "{topic}-value"
+    endpoint: Annotated[str, StringConstraints(pattern=r"^https?://")] | None = None
+
+    @model_validator(mode="after")
+    def _kind(self) -> "SchemaRegistrySpec":
+        if self.type == "confluent":
+            if self.url is None:
+                raise ValueError("a Confluent-compatible schemaRegistry needs url (or type: glue)")
+            glue_only = [k for k, v in (("registryName", self.registry_name), ("region", self.region),
+                                        ("endpoint", self.endpoint)) if v is not None]  # fmt: skip
+            if glue_only or self.schema_name != "{topic}-value":
+                raise ValueError(f"{', '.join(glue_only) or 'schemaName'} only apply with type: glue")
+        else:
+            if self.registry_name is None or self.region is None:
+                raise ValueError("a Glue schemaRegistry (type: glue) needs registryName and region")
+            if self.url is not None or self.credentials_secret is not None:
+                raise ValueError("a Glue schemaRegistry takes no url or credentialsSecret (AWS credentials come "
+                                 "from the environment: the job's role)")  # fmt: skip
+        return self
 
 
 class SourceCluster(Model):
