@@ -7,7 +7,7 @@ import pytest
 
 from icefloe import materializer
 from icefloe.data_plane import JVM, JvmBatch, choose_read_path
-from icefloe.decoding import decoder_spec
+from icefloe.decoding import DecoderSpec, build_key_decoder, decoder_spec
 from icefloe.errors import ConfigError
 from icefloe.kafka_source import client_config, plan_ranges
 from icefloe.raw_format import value_fields
@@ -78,3 +78,14 @@ def test_raw_and_string_values_end_to_end(spark, broker, state_dir, topic, make_
     assert all(r["kafka_headers"] == [{"key": "h", "value": b"%d" % positions.index(p)}] for p, r in rows.items())
     duck = by_position(read_duckdb(result.metadata_location))
     assert {p: r["value"] for p, r in duck.items()} == expected
+
+
+def test_key_formats_raw_and_string_give_the_one_key_field():
+    raw = build_key_decoder(DecoderSpec("json", "t", key_fields=("id",), key_format="raw"))
+    assert raw(b"\xff\x00") == {"id": b"\xff\x00"}
+    text = build_key_decoder(DecoderSpec("json", "t", key_fields=("id",), key_format="string"))
+    assert text("ñ".encode()) == {"id": "ñ"}
+    with pytest.raises(ValueError, match="key is not valid UTF-8"):
+        text(b"\xff")
+    with pytest.raises(ConfigError, match="keyFormat raw can only give one key field"):
+        build_key_decoder(DecoderSpec("json", "t", key_fields=("a", "b"), key_format="raw"))
