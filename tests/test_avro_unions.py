@@ -8,15 +8,13 @@ import json
 
 import pytest
 
-from icefloe import materializer
 from icefloe.avro_unions import needs_record_names
-from icefloe.data_plane import JVM, JvmBatch, choose_read_path
-from icefloe.decoding import decoder_spec
+from icefloe.data_plane import JVM
 from icefloe.errors import ConfigError
-from icefloe.kafka_source import client_config, plan_ranges
 from icefloe.runner import run_table
 from icefloe.schema_mapping import avro_value_fields
-from support import as_utc, avro_serializer, by_position, produce, read_duckdb, read_pyiceberg
+from support import as_utc, avro_serializer, produce, read_duckdb, read_pyiceberg
+from test_jvm_path import rows_on_both_paths
 
 UTC = dt.timezone.utc
 NS = "test.unions"
@@ -125,23 +123,8 @@ def test_unions_read_back_field_by_field_and_both_paths_give_the_same_rows(spark
     table = config.tables[0]
 
     # Row by row, the JVM path's rows are the Python path's (the reference).
-    cluster = config.cluster(table.source_cluster)
-    kafka_conf, decoder = client_config(cluster), decoder_spec(table, cluster)
-    path = choose_read_path(spark, decoder)
+    path, _, jvm_rows, python_rows = rows_on_both_paths(spark, config)
     assert path.name == JVM and path.avro.writers and not path.avro.routed, "unions are decoded in the JVM"
-    planned = plan_ranges(kafka_conf, topic, {}, "earliest", None)
-    batch = materializer.Batch(planned.ranges, planned.next_offsets)
-    from test_jvm_path import read_plan, rows_of
-
-    plan = read_plan(table, decoder, kafka_conf, avro_value_fields(decoder.schema_str, topic))
-    jvm = JvmBatch(spark, plan, path.avro, batch.ranges, 1)
-    jvm_frame, release_jvm = jvm.rows_with_status()
-    python_frame, release_python = materializer._read(spark, plan, batch)
-    try:
-        jvm_rows, python_rows = rows_of(jvm_frame), rows_of(python_frame)
-    finally:
-        release_jvm()
-        release_python()
     assert len(python_rows) == len(CASES) + 1
     assert sum(r["icefloe_error_class"] is not None for r in python_rows.values()) == 1, "the truncated record"
     for position, expected in python_rows.items():

@@ -5,7 +5,6 @@ version UUID), materialized through the real broker and read back with pyiceberg
 from __future__ import annotations
 
 import datetime as dt
-import json
 import uuid
 import zlib
 from decimal import Decimal

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from icefloe import materializer
-from icefloe.data_plane import JVM, JvmBatch, choose_read_path
-from icefloe.decoding import DecoderSpec, build_key_decoder, decoder_spec
+from icefloe.data_plane import JVM
+from icefloe.decoding import DecoderSpec, build_key_decoder
 from icefloe.errors import ConfigError
-from icefloe.kafka_source import client_config, plan_ranges
 from icefloe.raw_format import value_fields
 from icefloe.runner import run_table
 from icefloe.spec import parse_config
 from support import by_position, produce, read_duckdb, read_pyiceberg
+from test_jvm_path import rows_on_both_paths
 
 TEXT = [b"plain", b"", "ñandú €".encode(), b"\x00 nul", b"x" * 5000, None]
 INVALID_UTF8 = [b"\xff\xfe", b"abc\xc3", b"\xed\xa0\x80 surrogate", b"\x00\xff\xfe\xfd framed-looking"]
@@ -46,23 +45,8 @@ def test_raw_and_string_values_end_to_end(spark, broker, state_dir, topic, make_
     config = make_config({"topic": topic, "format": format, "errors": "skip", "partitionBy": ["bucket(4, value)"]})
     table = config.tables[0]
 
-    cluster = config.cluster(table.source_cluster)
-    kafka_conf, decoder = client_config(cluster), decoder_spec(table, cluster)
-    path = choose_read_path(spark, decoder)
+    path, _, jvm_rows, python_rows = rows_on_both_paths(spark, config, value_fields(format))
     assert path.name == JVM
-    planned = plan_ranges(kafka_conf, topic, {}, "earliest", None)
-    batch = materializer.Batch(planned.ranges, planned.next_offsets)
-    from test_jvm_path import read_plan, rows_of
-
-    plan = read_plan(table, decoder, kafka_conf, value_fields(format))
-    jvm = JvmBatch(spark, plan, path.avro, batch.ranges, 1)
-    jvm_frame, release_jvm = jvm.rows_with_status()
-    python_frame, release_python = materializer._read(spark, plan, batch)
-    try:
-        jvm_rows, python_rows = rows_of(jvm_frame), rows_of(python_frame)
-    finally:
-        release_jvm()
-        release_python()
     assert jvm_rows == python_rows and len(python_rows) == len(records)
     failed = {p: r for p, r in python_rows.items() if r["icefloe_error_class"]}
     assert set(failed) == set(positions[len(values):])
