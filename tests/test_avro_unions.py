@@ -151,3 +151,22 @@ def _duck_map(value) -> dict:
     if isinstance(value, dict) and set(value) == {"key", "value"}:
         return dict(zip(value["key"], value["value"]))
     return dict(value)
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+@pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
+def test_union_poison_catalogue(spark, broker, registry, state_dir, topic, make_config, mode):
+    from test_poison import check_mode, lay_out
+
+    schema = {"type": "record", "name": "U", "fields": [{"name": "id", "type": "long"}, {"name": "u", "type": ["string", "long"]}]}
+    serialize = avro_serializer(registry.url, topic, json.dumps(schema))
+    header = serialize({"id": 1, "u": "ab"})[:5]
+    poisons = [  # the body: id 1 (zigzag 0x02), the branch index (zigzag), the branch's value
+        ("union branch index out of range", "DecodeError", b"k", header + b"\x02\x0e\x04ab"),
+        ("negative union branch index", "DecodeError", b"k", header + b"\x02\x01\x04ab"),
+        ("truncated inside a union member", "DecodeError", b"k", header + b"\x02\x00\x08ab"),
+    ]
+    goods, bads = lay_out(broker, topic, poisons, lambda i: serialize({"id": i, "u": "s" if i % 2 else i}))
+    config = make_config({"topic": topic, "errors": mode})
+    check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
