@@ -1,4 +1,5 @@
-"""Decoding record values: Avro through a Confluent-compatible Schema Registry, Avro or JSON with an inline schema.
+"""Decoding record values: Avro through a Confluent-compatible Schema Registry, Avro or JSON with an inline schema
+(and, in their own modules, schemaless JSON, raw and string values, the AWS Glue Schema Registry).
 
 `value_schema()` runs on the driver and fixes the schema a batch reads with (the registry's latest version for the
 subject, so older records are resolved to it and the table evolves forward). `Decoder` objects are built on
@@ -25,7 +26,7 @@ Decoder = Callable[[bytes], Any]
 class DecoderSpec:
     """Everything an executor needs to decode one table's values (picklable, holds no secret in its repr)."""
 
-    format: str  # avro-registry | avro-inline | json | raw | string
+    format: str  # avro-registry | avro-inline | json | json-inferred (schemaless) | raw | string | glue
     topic: str
     schema_str: str | None = None
     registry_conf: dict[str, str] | None = None
