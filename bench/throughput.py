@@ -245,8 +245,9 @@ class HeapPeaks:
 
     def __init__(self, spark, pid: int):
         self.pools = [p for p in spark._jvm.java.lang.management.ManagementFactory.getMemoryPoolMXBeans()
-                      if p.getType().toString() == "HEAP"]  # fmt: skip
+                      if p.getType().name() == "HEAP"]  # fmt: skip
         self.pid = pid
+        self.heap_max_mib = round(spark._jvm.java.lang.Runtime.getRuntime().maxMemory() / 2**20)
 
     def reset(self) -> None:
         for pool in self.pools:
@@ -260,7 +261,7 @@ class HeapPeaks:
             "jvm_heap_old_gen_peak_mib": round(old, 1) if old is not None else None,
             "jvm_heap_pools_peak_sum_mib": round(sum(peaks.values()), 1),
             "jvm_rss_peak_mib": round(status_kib(self.pid, "VmHWM") / 1024, 1),
-            "jvm_heap_max_mib": round(self.pools[0].getUsage().getMax() / 2**20) if self.pools else None,
+            "jvm_heap_max_mib": self.heap_max_mib,
         }
 
 

@@ -82,6 +82,17 @@ def test_continuous_rows_visible_within_interval_and_sigterm_restart_is_exactly_
     assert sorted(r["n"] for r in rows.values()) == list(range(produced))
 
 
+def plant_orphan(table: IcebergTable) -> Path:
+    """A data file no snapshot references, older than the tests' orphanFileAge (1s)."""
+    data_dir = Path(table.metadata_location().removeprefix("file:")).parent.parent / "data"
+    orphan = data_dir / "left-by-a-crashed-run.parquet"
+    orphan.write_bytes(b"PAR1 not referenced by any snapshot")
+    old = time.time() - 60
+    os.utime(orphan, (old, old))
+    time.sleep(1.5)
+    return orphan
+
+
 def test_maintenance_compacts_expires_and_removes_orphans_without_changing_content(spark, broker, state_dir, topic, make_config):
     broker.create_topic(topic, 2)
     config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "maintenance": {
@@ -92,12 +103,7 @@ def test_maintenance_compacts_expires_and_removes_orphans_without_changing_conte
         run_table(spark, config, table_spec, state_dir)
     table = IcebergTable(spark, config.identifier(table_spec))
     before = sorted(r["n"] for r in read_pyiceberg(state_dir, table.identifier))
-    data_dir = Path(table.metadata_location().removeprefix("file:")).parent.parent / "data"
-    orphan = data_dir / "left-by-a-crashed-run.parquet"
-    orphan.write_bytes(b"PAR1 not referenced by any snapshot")
-    old = time.time() - 60
-    os.utime(orphan, (old, old))
-    time.sleep(1.5)
+    orphan = plant_orphan(table)
 
     result = maintain(table, table_spec)
 
@@ -110,6 +116,29 @@ def test_maintenance_compacts_expires_and_removes_orphans_without_changing_conte
     after = run_table(spark, config, table_spec, state_dir)
     assert after.rows_written == 10
     assert len(by_position(read_pyiceberg(state_dir, table.identifier))) == 130
+
+
+def test_managed_maintenance_leaves_compaction_expiry_and_orphans_to_the_catalog(spark, broker, state_dir, topic, make_config):
+    """S3 Tables maintain their tables themselves (`catalog.type: s3tables`): icefloe's maintenance then compacts,
+    expires and removes nothing; run here on the local catalog with the flag S3 Tables sets."""
+    broker.create_topic(topic, 1)
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "maintenance": {
+        "enabled": False, "snapshotRetention": "1s", "minSnapshotsToKeep": 1, "orphanFileAge": "1s"}})  # fmt: skip
+    table_spec = config.tables[0]
+    for batch in range(3):
+        produce(broker.bootstrap_servers, topic, records(batch * 10, 10, 1))
+        run_table(spark, config, table_spec, state_dir)
+    table = IcebergTable(spark, config.identifier(table_spec))
+    orphan = plant_orphan(table)
+
+    result = maintain(table, table_spec, managed=True)
+
+    assert result.steps == ["manifests", "managed-by-catalog"]
+    # What the unmanaged run does to the same table (the test above): one file, one snapshot, no orphan.
+    assert result.data_files_after == result.data_files_before >= 3
+    assert result.snapshots_after >= 3
+    assert orphan.exists()
+    assert sorted(r["n"] for r in read_pyiceberg(state_dir, table.identifier)) == list(range(30))
 
 
 def test_retention_ttl_deletes_rows_older_than_the_window(spark, broker, state_dir, topic, make_config):

@@ -43,10 +43,12 @@ def test_endpoints_add_only_the_overrides_to_the_emr_settings():
 def test_the_emr_job_parameters_carry_no_endpoints():
     pytest.importorskip("pulumi")
     from icefloe_infra.deployment import EmrSpec
+    from icefloe.spec import CatalogSpec
     from icefloe_infra.jobs import spark_submit_parameters
 
     emr = EmrSpec(python="/usr/bin/python3.11")  # an image with its own 3.11: no imageUri needed here
-    parameters = spark_submit_parameters("s3://b/w", "s3://b/bundle.tar.gz", ["s3://b/jars/spark-avro.jar"], emr)
+    glue = CatalogSpec(type="glue", warehouse="s3://b/w")
+    parameters = spark_submit_parameters(glue, "s3://b/bundle.tar.gz", ["s3://b/jars/spark-avro.jar"], emr)
     assert f"--conf {PREFIX}.type=glue" in parameters
     assert "endpoint" not in parameters and "path-style" not in parameters and "client.region" not in parameters
 

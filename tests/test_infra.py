@@ -21,7 +21,7 @@ from icefloe.spec import load_config
 from icefloe_infra import iam as iam_module
 from icefloe_infra import jobs as jobs_module
 from icefloe_infra.deployment import DEFAULT_RELEASE
-from icefloe_infra.jars import EMR_PROVIDED, job_jars, pinned_spark_jars
+from icefloe_infra.jars import EMR_PROVIDED, ONLY_FOR_MSK_IAM, job_jars, pinned_spark_jars
 from pulumi_mocks import ACCOUNT_ID, REGION, decrypted_value, fake_jar_dir, run_program, small_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -339,7 +339,9 @@ def test_the_pom_pins_what_emr_lacks_and_the_jobs_ship_exactly_that(program):
     pinned = {jar.coordinate: jar.file_name for jar in pinned_spark_jars()}
     assert EMR_PROVIDED < set(pinned)  # Iceberg (runtime and AWS bundle) comes with the release
     assert [p.name for p in job_jars(fake_jar_dir()).values()] == SHIPPED
-    assert sorted(pinned[c] for c in set(pinned) - EMR_PROVIDED) == sorted(SHIPPED)
+    assert sorted(pinned[c] for c in set(pinned) - EMR_PROVIDED - ONLY_FOR_MSK_IAM) == sorted(SHIPPED)
+    # aws-msk-iam-auth (shaded, classifier `all`) only for stacks with an MSK IAM cluster: see test_infra_aws.py
+    assert pinned["software.amazon.msk:aws-msk-iam-auth"] == "aws-msk-iam-auth-2.3.9-all.jar"
     objects = jar_objects(program)
     assert sorted(Path(o["source"]["asset"]).name for o in objects.values()) == sorted(SHIPPED)
     for inputs in objects.values():
@@ -372,7 +374,7 @@ def test_a_pom_without_an_artifact_emr_is_said_to_provide_is_an_error(tmp_path):
     pom = tmp_path / "pom.xml"
     pom.write_text((ROOT / "jvm" / "pom.xml").read_text().replace("<artifactId>iceberg-aws-bundle</artifactId>",
                                                                    "<artifactId>iceberg-aws-bundle-renamed</artifactId>"))
-    with pytest.raises(ConfigError, match="org.apache.iceberg:iceberg-aws-bundle is listed as provided by EMR"):
+    with pytest.raises(ConfigError, match="org.apache.iceberg:iceberg-aws-bundle is listed in jars.py but not pinned"):
         job_jars(fake_jar_dir(), pom)
 
 

@@ -122,7 +122,7 @@ def test_plan_is_not_in_the_bundle_and_says_so(tmp_path):
 
 def test_the_bundle_asks_for_the_runtime_dependencies():
     names = {re.split(r"[\[=<>]", r)[0] for r in runtime_requirements()}
-    assert names == {"confluent-kafka", "pydantic", "pyyaml", "boto3", "pyarrow"}
+    assert names == {"confluent-kafka", "pydantic", "pyyaml", "boto3", "pyarrow", "aws-msk-iam-sasl-signer-python"}
 
 
 @pytest.mark.bundle
@@ -157,7 +157,7 @@ def test_real_bundle_is_manylinux_cp311_x86_64_and_self_contained(tmp_path):
 
     workdir = extract(bundle, tmp_path / "job")
     script = ("import os, sys; sys.path.insert(0, './deps')\n"
-              "import confluent_kafka, pyarrow, pydantic, yaml, boto3, fastavro\n"
+              "import confluent_kafka, pyarrow, pydantic, yaml, boto3, fastavro, aws_msk_iam_sasl_signer\n"
               "from confluent_kafka.schema_registry.avro import AvroDeserializer\n"
               "from icefloe.spec import load_config\n"
               "deps = os.path.abspath('deps') + os.sep\n"

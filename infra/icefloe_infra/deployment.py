@@ -7,6 +7,7 @@ the stack's `icefloe:*` config, so a typo fails at `pulumi preview` with the key
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, StringConstraints, field_validator, model_validator
@@ -19,6 +20,11 @@ from icefloe_policies.emr import SUPPORTED_RELEASES, supported_release
 AWS_ARN = r"^arn:aws[a-z-]*:"
 # An ECR image: <account>.dkr.ecr.<region>.amazonaws.com/<repository>:<tag> or @sha256:<digest>.
 ECR_IMAGE = r"^\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/[a-z0-9._/-]+(:[\w.-]{1,128}|@sha256:[0-9a-f]{64})$"
+# S3 table buckets: 3-63 lowercase letters, digits and hyphens, starting and ending with a letter or digit.
+TABLE_BUCKET_NAME = r"^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$"
+# S3 Tables namespaces and tables: lowercase letters, digits and underscores, starting with a letter or digit (Glue
+# names may start with an underscore; S3 Tables' may not), and no namespace starting with "aws".
+S3_TABLES_NAME = re.compile(r"^[a-z0-9][a-z0-9_]{0,254}$")
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 3653)
 # Release images from emr-7.1.0 have Python 3.11 beside the default 3.9 (infra/README.md, "Python on EMR"): the
 # bundle is built for it and the jobs run it. emr-7.12.0 ships Spark 3.5 and Iceberg 1.10.0, the nearest to the
@@ -36,8 +42,13 @@ def _duration(value: str, low: float, high: float, what: str) -> str:
 
 
 class StorageSpec(Model):
-    """The lakehouse bucket: created by the stack, or the user's own (bring your own storage)."""
+    """The lakehouse bucket: created by the stack, or the user's own (bring your own storage); and where the tables
+    live: `type: s3` (default) in that bucket under `warehousePrefix` with the Glue Data Catalog, or `type: s3tables`
+    in an S3 table bucket the stack creates (`tableBucketName`, default `icefloe-<stack>`), one namespace per
+    database. The lakehouse bucket still holds the jobs' bundle, jars, config and logs."""
 
+    type: Literal["s3", "s3tables"] = "s3"
+    table_bucket_name: Annotated[str, StringConstraints(pattern=TABLE_BUCKET_NAME)] | None = None
     existing_bucket: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")] | None = None
     existing_kms_key_arn: Annotated[str, StringConstraints(pattern=AWS_ARN + r"kms:")] | None = None
     warehouse_prefix: Annotated[str, StringConstraints(pattern=r"^[a-z0-9_-]+$")] = "warehouse"
@@ -50,7 +61,19 @@ class StorageSpec(Model):
             raise ValueError("existingBucket needs existingKmsKeyArn (the key that encrypts it)")
         if self.existing_kms_key_arn and not self.existing_bucket:
             raise ValueError("existingKmsKeyArn is only used with existingBucket")
+        if self.table_bucket_name and self.type != "s3tables":
+            raise ValueError("tableBucketName is only used with type: s3tables")
         return self
+
+    def table_bucket(self, stack_name: str) -> str:
+        """The table bucket's name: `tableBucketName`, else `icefloe-<stack>` made a valid bucket name."""
+        if self.table_bucket_name:
+            return self.table_bucket_name
+        return ("icefloe-" + re.sub(r"[^a-z0-9-]+", "-", stack_name.lower())).strip("-")[:63].rstrip("-")
+
+    @property
+    def uses_table_bucket(self) -> bool:
+        return self.type == "s3tables"
 
 
 class CapacitySpec(Model):
@@ -210,8 +233,11 @@ def load_stack_config(raw: dict[str, Any], source: str = "stack config") -> tupl
     """Validate every `icefloe:*` key (without the prefix): the shared model, then the deployment settings."""
     spec = parse_config(raw, source)  # also rejects keys that neither model knows
     if "catalog" in raw:
-        raise ConfigError(f"{source}: icefloe:catalog is set by the stack (Glue on the lakehouse bucket); remove it")
+        raise ConfigError(f"{source}: icefloe:catalog is set by the stack (Glue on the lakehouse bucket, or the "
+                          "table bucket with icefloe:storage.type s3tables); remove it")
     deployment = validate_keys(DeploymentConfig, raw, DEPLOYMENT_KEYS, source)
+    if deployment.storage.uses_table_bucket:
+        _check_s3_tables_names(spec, source)
     for index, cluster in enumerate(spec.source_clusters):  # references to stack-created secrets must exist
         where = f"icefloe:sourceClusters[{index}] ({cluster.name})"
         refs = {"credentialsSecret": cluster.credentials_secret,
@@ -226,6 +252,16 @@ def load_stack_config(raw: dict[str, Any], source: str = "stack config") -> tupl
                 raise ConfigError(f"{source}: {where}.{field}: env is for local runs; "
                                   "use secretArn or name in a deployed stack")
     return spec, deployment
+
+
+def _check_s3_tables_names(spec: IcefloeConfig, source: str) -> None:
+    """Databases become S3 Tables namespaces and tables S3 tables: names Glue takes but S3 Tables refuses fail now."""
+    for index, table in enumerate(spec.tables):
+        for what, name in (("database", spec.database(table)), ("table", table.table_name)):
+            if not S3_TABLES_NAME.match(name) or (what == "database" and name.startswith("aws")):
+                raise ConfigError(f"{source}: icefloe:tables[{index}] ({table.topic}): {what} {name!r} is not a valid "
+                                  "S3 Tables name (lowercase letters, digits and underscores, starting with a letter "
+                                  "or digit; namespaces not starting with 'aws') for icefloe:storage.type s3tables")
 
 
 def decode_config_value(value: Any) -> Any:

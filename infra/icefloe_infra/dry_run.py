@@ -133,6 +133,8 @@ class _Recorder(pulumi.runtime.Mocks):
         if args.typ == "aws:s3/bucket:Bucket":  # no auto-naming under mocks: the logical name plays the bucket
             resource_id = inputs.get("bucket") or f"{args.name}-0001"
             outputs |= {"bucket": resource_id, "arn": f"arn:aws:s3:::{resource_id}"}
+        elif args.typ == "aws:s3tables/tableBucket:TableBucket":  # arn:...:s3tables:<region>:<account>:bucket/<name>
+            outputs["arn"] = f"arn:aws:s3tables:{self.region}:{ACCOUNT_ID}:bucket/{inputs['name']}"
         elif args.typ == "aws:iam/role:Role":  # the provider's id of a role is its name
             resource_id = args.name
         elif args.typ == "aws:emrserverless/application:Application":

@@ -9,6 +9,9 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_random as random
 
+from icefloe.kafka_source import CONSUMER_GROUP
+from icefloe.spec import MSK_IAM, IcefloeConfig
+
 from . import prefixes
 from .deployment import ExternalAccessSpec
 
@@ -23,6 +26,27 @@ def service_trust(service: str, account_id: str) -> str:
                    "Condition": {"StringEquals": {"aws:SourceAccount": account_id}}})  # fmt: skip
 
 
+@dataclass(frozen=True)
+class KafkaAccess:
+    """An MSK cluster read with IAM authentication, and the topics the stack reads from it."""
+
+    cluster_arn: str
+    topic_arns: tuple[str, ...]
+    group_arn: str  # the group librdkafka's consumers name (kafka_source.CONSUMER_GROUP)
+
+
+def kafka_access(spec: IcefloeConfig) -> list[KafkaAccess]:
+    """What the job reads from each MSK IAM cluster: its ARN, the declared topics' ARNs, the consumers' group ARN."""
+    found = []
+    for cluster in spec.source_clusters:
+        if cluster.sasl_mechanism != MSK_IAM:
+            continue
+        topics = sorted({t.topic for t in spec.tables if t.source_cluster == cluster.name})
+        group = cluster.msk_topic_arn(CONSUMER_GROUP).replace(":topic/", ":group/", 1)
+        found.append(KafkaAccess(cluster.cluster_arn, tuple(cluster.msk_topic_arn(t) for t in topics), group))
+    return found
+
+
 @dataclass
 class Scope:
     """What a role may touch: ARNs and names resolved from the stack's resources."""
@@ -35,6 +59,8 @@ class Scope:
     databases: list[str]
     secret_arns: list[str] = field(default_factory=list)
     log_group_arn: str | None = None
+    table_bucket_arn: str | None = None  # the tables live in this S3 table bucket, not in the warehouse prefix + Glue
+    kafka: list[KafkaAccess] = field(default_factory=list)  # MSK IAM clusters and the topics the stack reads
     schema_registries: list[tuple[str, str]] = field(default_factory=list)  # Glue schema registries: (region, name)
 
     def glue_arns(self) -> list[str]:
@@ -55,26 +81,20 @@ def glue_schema_registries(spec) -> list[tuple[str, str]]:
 
 
 def job_policy(scope: Scope) -> str:
-    """What a table's job needs, and no more: its warehouse prefix, the stack's objects, key, tables, secrets, logs."""
-    warehouse = f"{scope.bucket_arn}/{scope.warehouse_prefix}/*"
+    """What a table's job needs, and no more: its warehouse prefix (or table bucket), the stack's objects, key,
+    tables, secrets, logs, and the MSK topics it reads with IAM."""
     statements = [
-        {"Sid": "WarehouseReadWrite", "Effect": "Allow", "Resource": [warehouse],
-         "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]},
         # The bundle, its entry point, the jars and the job config are read-only for the job.
         {"Sid": "ReadBundleAndConfig", "Effect": "Allow", "Action": ["s3:GetObject"],
          "Resource": [f"{scope.bucket_arn}/{prefixes.ARTIFACTS}/*"]},
         {"Sid": "WriteJobLogs", "Effect": "Allow", "Action": ["s3:PutObject"],
          "Resource": [f"{scope.bucket_arn}/{prefixes.LOGS}/*"]},
-        # Listing for Iceberg's orphan-file cleanup, limited to the warehouse prefix.
-        {"Sid": "ListWarehouse", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [scope.bucket_arn],
-         "Condition": {"StringLike": {"s3:prefix": [f"{scope.warehouse_prefix}/*", scope.warehouse_prefix]}}},
         {"Sid": "BucketLocation", "Effect": "Allow", "Action": ["s3:GetBucketLocation"], "Resource": [scope.bucket_arn]},
         {"Sid": "DataKey", "Effect": "Allow", "Resource": [scope.kms_key_arn],
          "Action": ["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:DescribeKey"]},
-        {"Sid": "GlueTables", "Effect": "Allow", "Resource": scope.glue_arns(),
-         "Action": ["glue:GetCatalog", "glue:GetDatabase", "glue:GetDatabases", "glue:GetTable", "glue:GetTables",
-                    "glue:CreateTable", "glue:UpdateTable", "glue:DeleteTable", "glue:GetPartitions"]},
     ]  # fmt: skip
+    statements += table_bucket_statements(scope.table_bucket_arn) if scope.table_bucket_arn else warehouse_statements(scope)
+    statements += kafka_statements(scope.kafka)
     if scope.secret_arns:
         statements.append({"Sid": "KafkaCredentials", "Effect": "Allow", "Action": ["secretsmanager:GetSecretValue"],
                            "Resource": scope.secret_arns})  # fmt: skip
@@ -98,8 +118,66 @@ def job_policy(scope: Scope) -> str:
     return policy(*statements)
 
 
+def warehouse_statements(scope: Scope) -> list[dict]:
+    """Tables in the lakehouse bucket's warehouse prefix, catalogued in Glue."""
+    return [
+        {"Sid": "WarehouseReadWrite", "Effect": "Allow", "Resource": [f"{scope.bucket_arn}/{scope.warehouse_prefix}/*"],
+         "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]},
+        # Listing for Iceberg's orphan-file cleanup, limited to the warehouse prefix.
+        {"Sid": "ListWarehouse", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [scope.bucket_arn],
+         "Condition": {"StringLike": {"s3:prefix": [f"{scope.warehouse_prefix}/*", scope.warehouse_prefix]}}},
+        {"Sid": "GlueTables", "Effect": "Allow", "Resource": scope.glue_arns(),
+         "Action": ["glue:GetCatalog", "glue:GetDatabase", "glue:GetDatabases", "glue:GetTable", "glue:GetTables",
+                    "glue:CreateTable", "glue:UpdateTable", "glue:DeleteTable", "glue:GetPartitions"]},
+    ]  # fmt: skip
+
+
+def table_bucket_statements(bucket_arn: str) -> list[dict]:
+    """Tables in an S3 table bucket through its Iceberg REST endpoint, mapped as AWS documents the endpoint's
+    operations: config (GetTableBucket), namespaces listed and loaded, tables listed, created (CreateTable +
+    PutTableData), loaded (GetTableMetadataLocation + GetTableData), committed (UpdateTableMetadataLocation +
+    PutTableData + GetTableData) and checked (GetTable). Namespaces are the stack's (no CreateNamespace) and icefloe
+    drops no table (no DeleteTable); nothing on other buckets. Table ARNs carry table ids, not names, so the tables
+    are `bucket/<name>/table/*`."""
+    return [
+        {"Sid": "TableBucket", "Effect": "Allow", "Resource": [bucket_arn],
+         "Action": ["s3tables:GetTableBucket", "s3tables:ListNamespaces", "s3tables:GetNamespace",
+                    "s3tables:ListTables", "s3tables:CreateTable"]},
+        {"Sid": "Tables", "Effect": "Allow", "Resource": [f"{bucket_arn}/table/*"],
+         "Action": ["s3tables:GetTable", "s3tables:GetTableMetadataLocation", "s3tables:UpdateTableMetadataLocation",
+                    "s3tables:GetTableData", "s3tables:PutTableData"]},
+    ]  # fmt: skip
+
+
+def kafka_statements(clusters: list[KafkaAccess]) -> list[dict]:
+    """MSK IAM: connect to the cluster, describe and read the declared topics, nothing else (no writes, no
+    topic or cluster changes). The consumers never join or commit to a group, but librdkafka's must name one and
+    looks up its coordinator (FindCoordinator, authorized as DescribeGroup): that group only. Spark's Java consumers
+    use `assign` without commits and ask for no group."""
+    clusters = [c for c in clusters if c.topic_arns]  # a cluster no table reads needs nothing
+    if not clusters:
+        return []
+    return [
+        {"Sid": "KafkaConnect", "Effect": "Allow", "Action": ["kafka-cluster:Connect"],
+         "Resource": [c.cluster_arn for c in clusters]},
+        {"Sid": "KafkaReadTopics", "Effect": "Allow", "Action": ["kafka-cluster:DescribeTopic", "kafka-cluster:ReadData"],
+         "Resource": [arn for c in clusters for arn in c.topic_arns]},
+        {"Sid": "KafkaConsumerGroup", "Effect": "Allow", "Action": ["kafka-cluster:DescribeGroup"],
+         "Resource": [c.group_arn for c in clusters]},
+    ]  # fmt: skip
+
+
 def read_only_policy(scope: Scope) -> str:
-    """Read the tables: warehouse objects (any version), the key that decrypts them, the catalog entries."""
+    """Read the tables: warehouse objects (any version), the key that decrypts them, the catalog entries; or, in a
+    table bucket, its namespaces, tables, metadata and data (the REST endpoint's read operations)."""
+    if scope.table_bucket_arn:
+        return policy(
+            {"Sid": "ReadTableBucket", "Effect": "Allow", "Resource": [scope.table_bucket_arn],
+             "Action": ["s3tables:GetTableBucket", "s3tables:ListNamespaces", "s3tables:GetNamespace",
+                        "s3tables:ListTables"]},
+            {"Sid": "ReadTables", "Effect": "Allow", "Resource": [f"{scope.table_bucket_arn}/table/*"],
+             "Action": ["s3tables:GetTable", "s3tables:GetTableMetadataLocation", "s3tables:GetTableData"]},
+        )  # fmt: skip
     return policy(
         {"Sid": "ReadWarehouse", "Effect": "Allow", "Action": ["s3:GetObject", "s3:GetObjectVersion"],
          "Resource": [f"{scope.bucket_arn}/{scope.warehouse_prefix}/*"]},

@@ -24,11 +24,17 @@ EMR_PROVIDED = frozenset({"org.apache.iceberg:iceberg-spark-runtime-3.5_2.12", "
 _NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 
 
+# Shipped only with stacks that read a cluster with `saslMechanism: AWS_MSK_IAM`: the shaded jar carries its own
+# unrelocated AWS SDK v2, which every other job is better off without (icefloe.msk_iam).
+ONLY_FOR_MSK_IAM = frozenset({"software.amazon.msk:aws-msk-iam-auth"})
+
+
 @dataclass(frozen=True)
 class PinnedJar:
     group: str
     artifact: str
     version: str
+    classifier: str = ""
 
     @property
     def coordinate(self) -> str:
@@ -37,7 +43,8 @@ class PinnedJar:
     @property
     def file_name(self) -> str:
         """The name Maven's dependency:copy gives it."""
-        return f"{self.artifact}-{self.version}.jar"
+        suffix = f"-{self.classifier}" if self.classifier else ""
+        return f"{self.artifact}-{self.version}{suffix}.jar"
 
 
 def pinned_spark_jars(pom: Path = POM) -> list[PinnedJar]:
@@ -55,16 +62,19 @@ def pinned_spark_jars(pom: Path = POM) -> list[PinnedJar]:
         value = item.findtext(f"m:{tag}", default="", namespaces=_NS).strip()
         return re.sub(r"\$\{([^}]+)\}", lambda m: properties[m.group(1)], value)
 
-    return [PinnedJar(text(i, "groupId"), text(i, "artifactId"), text(i, "version")) for i in items]
+    return [PinnedJar(text(i, "groupId"), text(i, "artifactId"), text(i, "version"), text(i, "classifier"))
+            for i in items]  # fmt: skip
 
 
-def job_jars(lib_dir: Path, pom: Path = POM) -> dict[str, Path]:
-    """{artifactId: file} to ship with each job, from the directory setup.sh filled (jvm/lib/spark/), in pom order."""
+def job_jars(lib_dir: Path, pom: Path = POM, msk_iam: bool = False) -> dict[str, Path]:
+    """{artifactId: file} to ship with each job, from the directory setup.sh filled (jvm/lib/spark/), in pom order;
+    the MSK IAM jar only when `msk_iam` (a source cluster uses AWS_MSK_IAM)."""
     pinned = pinned_spark_jars(pom)
-    stale = EMR_PROVIDED - {jar.coordinate for jar in pinned}
+    stale = (EMR_PROVIDED | ONLY_FOR_MSK_IAM) - {jar.coordinate for jar in pinned}
     if stale:  # a renamed artifact would otherwise be shipped twice, or an exclusion silently do nothing
-        raise ConfigError(f"{pom}: {', '.join(sorted(stale))} is listed as provided by EMR but not pinned")
-    shipped = {jar.artifact: lib_dir / jar.file_name for jar in pinned if jar.coordinate not in EMR_PROVIDED}
+        raise ConfigError(f"{pom}: {', '.join(sorted(stale))} is listed in jars.py but not pinned")
+    skipped = EMR_PROVIDED | (frozenset() if msk_iam else ONLY_FOR_MSK_IAM)
+    shipped = {jar.artifact: lib_dir / jar.file_name for jar in pinned if jar.coordinate not in skipped}
     missing = [path.name for path in shipped.values() if not path.is_file()]
     if missing:
         raise ConfigError(f"the jobs' jars are missing from {lib_dir}: {', '.join(missing)}; run scripts/setup.sh "

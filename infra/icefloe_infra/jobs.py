@@ -18,7 +18,7 @@ BATCH_TIMEOUT_REFRESHES = 4
 BATCH_TIMEOUT_BOUNDS = (30, 720)
 
 
-def job_config_document(spec: IcefloeConfig, warehouse_uri: str, secret_arns: dict[str, str]) -> str:
+def job_config_document(spec: IcefloeConfig, catalog: CatalogSpec, secret_arns: dict[str, str]) -> str:
     """The stack config as the job reads it (`--config s3://...`), secret names replaced by the created ARNs.
 
     JSON (which is YAML) in the stack-file shape `spec.load_config` reads; keys sorted so the hash is stable.
@@ -33,15 +33,15 @@ def job_config_document(spec: IcefloeConfig, warehouse_uri: str, secret_arns: di
     config = {
         "icefloe:sourceClusters": document["sourceClusters"],
         "icefloe:tables": document["tables"],
-        "icefloe:catalog": {"type": "glue", "warehouse": warehouse_uri},
+        "icefloe:catalog": catalog.model_dump(by_alias=True, exclude_none=True, mode="json"),
     }
     return json.dumps({"config": config}, sort_keys=True, indent=1)
 
 
-def spark_submit_parameters(warehouse_uri: str, archive_uri: str, jar_uris: list[str], emr: EmrSpec) -> str:
-    """Spark settings: the runtime's own Glue catalog settings, EMR's Iceberg jar and the shipped ones, the bundle
-    and the Python to run it with (the release's 3.11, or your image's), the job size."""
-    conf = spark_catalog_conf(CatalogSpec(type="glue", warehouse=warehouse_uri)) | {
+def spark_submit_parameters(catalog: CatalogSpec, archive_uri: str, jar_uris: list[str], emr: EmrSpec) -> str:
+    """Spark settings: the runtime's own catalog settings (Glue or S3 Tables), EMR's Iceberg jar and the shipped
+    ones, the bundle and the Python to run it with (the release's 3.11, or your image's), the job size."""
+    conf = spark_catalog_conf(catalog) | {
         "spark.jars": ",".join([EMR_ICEBERG_JAR, *jar_uris]),
         # The bundle is unpacked as ./deps next to the driver and every executor.
         "spark.archives": f"{archive_uri}#deps",

@@ -133,6 +133,8 @@ SUMMARIES: dict[str, Callable[[dict], dict[str, Any]]] = {
         "rules": [r["id"] for r in i.get("rules", [])]},
     "aws:s3/bucketObjectv2:BucketObjectv2": _picked("key"),
     "aws:glue/catalogDatabase:CatalogDatabase": _picked("name", "locationUri"),
+    "aws:s3tables/tableBucket:TableBucket": _picked("name", "forceDestroy", "maintenanceConfiguration"),
+    "aws:s3tables/namespace:Namespace": _picked("namespace"),
     "aws:cloudwatch/logGroup:LogGroup": _picked("retentionInDays"),
     "aws:cloudwatch/metricAlarm:MetricAlarm": _picked(
         "metricName", "statistic", "threshold", "period", "treatMissingData", "alarmActions"),

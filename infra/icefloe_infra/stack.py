@@ -1,4 +1,5 @@
-"""The whole icefloe stack: storage, Glue, secrets, roles, the runtime bundle, EMR, schedules, and the outputs."""
+"""The whole icefloe stack: storage, Glue (or an S3 table bucket), secrets, roles, the runtime bundle, EMR,
+schedules, and the outputs."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pulumi
 import pulumi_aws as aws
 
 from icefloe.session import jvm_lib
-from icefloe.spec import IcefloeConfig
+from icefloe.spec import CatalogSpec, IcefloeConfig
 from icefloe_policies import TAG_OWNER, TAG_STACK
 
 from . import prefixes
@@ -20,13 +21,14 @@ from .bundle import Bundle, build_bundle
 from .deployment import RUNTIME_PYTHON_VERSION, DeploymentConfig
 from .emr import SparkApplication, SparkApplicationArgs
 from .glue import GlueDatabases, GlueDatabasesArgs
-from .iam import ExternalAccessRole, ExternalAccessRoleArgs, JobRole, JobRoleArgs, Scope, glue_schema_registries
+from .iam import ExternalAccessRole, ExternalAccessRoleArgs, JobRole, JobRoleArgs, Scope, glue_schema_registries, kafka_access
 from .jars import job_jars
 from .jobs import TableJob, job_config_document, spark_submit_parameters
 from .schedules import ScheduledJob, TableSchedules, TableSchedulesArgs
 from .secrets import StackSecrets, StackSecretsArgs, referenced_secret_arns
 from .snippets import query_snippets
 from .storage import LakehouseStorage, LakehouseStorageArgs
+from .table_bucket import TableBucket, TableBucketArgs
 
 BundleBuilder = Callable[[str, str], Bundle]  # (architecture, python version) -> Bundle
 
@@ -52,11 +54,20 @@ class IcefloeStack(pulumi.ComponentResource):
 
         storage = LakehouseStorage(f"{name}-lakehouse", LakehouseStorageArgs(deployment.storage, tags), child)
         databases = sorted({spec.database(t) for t in spec.tables} | {c.database_name for c in spec.source_clusters})
-        GlueDatabases(
-            f"{name}-glue",
-            GlueDatabasesArgs(databases, storage.warehouse_uri, deployment.glue.delete_tables_on_destroy, tags),
-            child,
-        )
+        table_bucket_arn: pulumi.Output[str | None] = pulumi.Output.from_input(None)
+        if deployment.storage.uses_table_bucket:
+            table_bucket = TableBucket(f"{name}-tables", TableBucketArgs(
+                deployment.storage.table_bucket(args.stack_name), databases, deployment.storage.force_destroy, tags,
+            ), child)  # fmt: skip
+            table_bucket_arn = table_bucket.arn
+            catalog = table_bucket.arn.apply(lambda arn: CatalogSpec(type="s3tables", warehouse=arn))
+        else:
+            GlueDatabases(
+                f"{name}-glue",
+                GlueDatabasesArgs(databases, storage.warehouse_uri, deployment.glue.delete_tables_on_destroy, tags),
+                child,
+            )
+            catalog = storage.warehouse_uri.apply(lambda uri: CatalogSpec(type="glue", warehouse=uri))
         log_group = aws.cloudwatch.LogGroup(
             f"{name}-logs", retention_in_days=deployment.log_retention_days, tags=tags, opts=child
         )
@@ -65,11 +76,13 @@ class IcefloeStack(pulumi.ComponentResource):
         secret_arns = pulumi.Output.all(*secrets.arns.values()).apply(lambda created: [*referenced, *created])
 
         def scope(values: list) -> Scope:
-            bucket_arn, key_arn, log_arn, arns = values
+            bucket_arn, key_arn, log_arn, arns, tables_arn = values
             return Scope(identity.account_id, region.region, bucket_arn, key_arn, deployment.storage.warehouse_prefix,
-                         databases, arns, log_arn, glue_schema_registries(spec))  # fmt: skip
+                         databases, arns, log_arn, tables_arn, kafka_access(spec), glue_schema_registries(spec))  # fmt: skip
 
-        role_scope = pulumi.Output.all(storage.bucket_arn, storage.kms_key_arn, log_group.arn, secret_arns).apply(scope)
+        role_scope = pulumi.Output.all(
+            storage.bucket_arn, storage.kms_key_arn, log_group.arn, secret_arns, table_bucket_arn
+        ).apply(scope)
         job_role = JobRole(f"{name}-job", JobRoleArgs(role_scope, tags), child)
         external = {
             access.name: ExternalAccessRole(f"{name}-{access.name}", ExternalAccessRoleArgs(access, role_scope, tags), child)
@@ -77,12 +90,12 @@ class IcefloeStack(pulumi.ComponentResource):
         }
 
         bundle = args.build(deployment.emr.architecture, RUNTIME_PYTHON_VERSION)
-        job_config = pulumi.Output.all(storage.warehouse_uri, pulumi.Output.all(**secrets.arns)).apply(
+        job_config = pulumi.Output.all(catalog, pulumi.Output.all(**secrets.arns)).apply(
             lambda values: job_config_document(spec, values[0], values[1])
         )
+        jars = job_jars(args.jar_dir, msk_iam=spec.uses_msk_iam)
         artifacts = RuntimeArtifacts(
-            f"{name}-runtime", RuntimeArtifactsArgs(storage.bucket_name, bundle, job_config, job_jars(args.jar_dir)),
-            child,
+            f"{name}-runtime", RuntimeArtifactsArgs(storage.bucket_name, bundle, job_config, jars), child
         )
         logs_uri = storage.bucket_name.apply(lambda b: prefixes.s3_uri(b, f"{prefixes.LOGS}/"))
         application = SparkApplication(
@@ -96,7 +109,7 @@ class IcefloeStack(pulumi.ComponentResource):
             job = TableJob.plan(spec, table, deployment.emr, deployment.schedule)
             request = pulumi.Output.all(
                 application.id, job_role.arn, artifacts.entry_point_uri, artifacts.config_uri, artifacts.archive_uri,
-                storage.warehouse_uri, logs_uri, storage.kms_key_arn, artifacts.jar_uris,
+                catalog, logs_uri, storage.kms_key_arn, artifacts.jar_uris,
             ).apply(lambda v, job=job: job.start_job_run_request(
                 application_id=v[0], role_arn=v[1], entry_point_uri=v[2], config_uri=v[3],
                 spark_parameters=spark_submit_parameters(v[5], v[4], v[8], deployment.emr), logs_uri=v[6],
@@ -116,7 +129,8 @@ class IcefloeStack(pulumi.ComponentResource):
             "bucket": storage.bucket_name,
             "kmsKeyArn": storage.kms_key_arn,
             "warehouseUri": storage.warehouse_uri,
-            "glueDatabases": databases,
+            "glueDatabases": [] if deployment.storage.uses_table_bucket else databases,
+            "tableBucketArn": table_bucket_arn,
             "tables": identifiers,
             "scheduledTables": {s.job.identifier: "continuous" if s.job.continuous else s.job.rate_expression
                                 for s in scheduled},

@@ -28,7 +28,17 @@ DATA_WRITE_ACTIONS = [
     "glue:DeleteTableVersion", "glue:BatchDeleteTableVersion",
     "glue:CreatePartition", "glue:BatchCreatePartition", "glue:UpdatePartition", "glue:BatchUpdatePartition",
     "glue:DeletePartition", "glue:BatchDeletePartition",
+    # S3 Tables: table data, metadata commits, tables and namespaces.
+    "s3tables:PutTableData", "s3tables:UpdateTableMetadataLocation", "s3tables:CreateTable", "s3tables:DeleteTable",
+    "s3tables:RenameTable", "s3tables:CreateNamespace", "s3tables:DeleteNamespace",
+    # Amazon MSK (IAM access control): producing, and changing topics and groups.
+    "kafka-cluster:WriteData", "kafka-cluster:CreateTopic", "kafka-cluster:AlterTopic", "kafka-cluster:DeleteTopic",
+    "kafka-cluster:AlterGroup", "kafka-cluster:DeleteGroup",
 ]
+# The first path element of ARNs that name a kind before the name: Glue's table/database/..., S3 Tables'
+# bucket/<name>, MSK's cluster|topic|group/<cluster name>/...
+_KIND_PREFIXES = {"table", "database", "userDefinedFunction", "connection", "bucket", "cluster", "topic", "group",
+                  "transactional-id"}
 
 # AWS managed policies that amount to "*" or "<service>:*".
 _BROAD_MANAGED_POLICY = re.compile(
@@ -162,14 +172,15 @@ def _managed_policy_arns(args: ResourceValidationArgs) -> list[str]:
 
 
 def is_unscoped(resource: str) -> bool:
-    """'*' or an ARN that names no bucket/database/table: arn:aws:s3:::*, arn:aws:glue:*:*:table/*."""
+    """'*' or an ARN that names no bucket/database/table/cluster: arn:aws:s3:::*, arn:aws:glue:*:*:table/*,
+    arn:aws:s3tables:*:*:bucket/*, arn:aws:kafka:*:*:topic/*/*/*."""
     if resource == "*":
         return True
     parts = resource.split(":", 5)
     if len(parts) < 6 or parts[0] != "arn":
         return False
     path = re.split(r"[/:]", parts[5])
-    if path[0] in {"table", "database", "userDefinedFunction", "connection"} and len(path) > 1:
+    if path[0] in _KIND_PREFIXES and len(path) > 1:
         path = path[1:]
     return path[0] == "*"
 
@@ -189,7 +200,7 @@ def _validate_unscoped_writes(args: ResourceValidationArgs, report: ReportViolat
                 f"'{args.name}' allows data writes ({listing(writes)}) "
                 f"on every resource ({label}, {statement.label}).",
                 "scope Resource to the stack's bucket (arn:aws:s3:::<bucket>/*) and its Glue catalog, "
-                "database and table ARNs."))
+                "database and table ARNs (S3 Tables: the table bucket's ARN; MSK: the cluster's topics)."))
 
 
 EXTERNAL_ID = ResourceValidationPolicy(
@@ -218,8 +229,8 @@ NO_WILDCARD_ACTIONS = ResourceValidationPolicy(
 )
 NO_UNSCOPED_WRITES = ResourceValidationPolicy(
     name="iam-no-unscoped-data-writes",
-    description="No IAM policy allows S3 object or Glue catalog writes on Resource '*' (or an ARN naming no "
-                "bucket/table).",
+    description="No IAM policy allows S3 object, Glue catalog, S3 Tables or MSK writes on Resource '*' (or an ARN "
+                "naming no bucket/table/cluster).",
     validate=_validate_unscoped_writes,
     severity=Severity.HIGH,
     remediation_steps="Scope Resource to the stack's bucket and Glue ARNs.",

@@ -5,7 +5,7 @@ JSON for the planned ranges (ends at the last stable offset, so `read_committed`
 on (a record deleted between planning and reading fails the read instead of silently vanishing), headers included.
 The cluster's librdkafka settings (`kafka_source.client_config`) are mapped to the Java client's `kafka.*` options;
 SASL credentials become a JAAS line, which Spark redacts in plans and logs (its value contains `password`), and
-which icefloe never logs.
+which icefloe never logs; MSK IAM becomes aws-msk-iam-auth's login module, which signs with the job's credentials.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from pyspark.sql import functions as F
 from .batch_columns import KAFKA_COLUMNS
 from .errors import ConfigError, SourceError
 from .kafka_source import OffsetRange
+from .msk_iam import JVM_OPTIONS as MSK_IAM_OPTIONS
+from .msk_iam import MskIamToken
 
 # Larger fetches than the Java client's defaults (1 MiB per partition, 64 KiB socket buffer): fewer round trips.
 FETCH_TUNING = {
@@ -37,13 +39,18 @@ _IGNORED = ("client.id", "sasl.username", "sasl.password")
 _TIMESTAMP_TYPES = {0: "CreateTime", 1: "LogAppendTime"}  # Java's TimestampType ids; -1 is "no timestamp"
 
 
-def kafka_options(conf: dict[str, str]) -> dict[str, str]:
+def kafka_options(conf: dict) -> dict[str, str]:
     """The Kafka source's `kafka.*` options for a librdkafka client config (holds credentials: never log it)."""
     options = {f"kafka.{key}": conf[key] for key in _SAME_NAME if key in conf}
-    unmapped = sorted(set(conf) - set(_SAME_NAME) - set(_IGNORED))
+    unmapped = sorted(set(conf) - set(_SAME_NAME) - set(_IGNORED) - {"oauth_cb"})
     if unmapped:
         raise ConfigError(f"Kafka settings {unmapped} have no mapping to Spark's Kafka source")
-    if "sasl.mechanism" in conf:
+    if isinstance(conf.get("oauth_cb"), MskIamToken):
+        # MSK IAM: the Java client signs with aws-msk-iam-auth and the job's own credentials (msk_iam.py).
+        options |= MSK_IAM_OPTIONS
+    elif "oauth_cb" in conf:
+        raise ConfigError("an OAUTHBEARER token callback other than MSK IAM has no JVM equivalent")
+    elif "sasl.mechanism" in conf:
         module = _JAAS_MODULES.get(conf["sasl.mechanism"])
         if module is None:
             raise ConfigError(f"SASL mechanism {conf['sasl.mechanism']!r} is not supported by the JVM read path")

@@ -24,22 +24,31 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from .credential_lookup import resolve_credentials
 from .errors import DataLossError, SourceError
-from .spec import SourceCluster
+from .msk_iam import MskIamToken
+from .spec import MSK_IAM, SourceCluster
 
 log = logging.getLogger(__name__)
 METADATA_TIMEOUT_S = 15.0
 PLAN_TIMEOUT_S = 30.0
+# librdkafka consumers must name a group; icefloe's never join it or commit to it (offsets live in the table), but
+# librdkafka still looks up its coordinator (MSK IAM: kafka-cluster:DescribeGroup on this group only).
+CONSUMER_GROUP = "icefloe"
 READ_STALL_TIMEOUT_S = 60.0
 
 
-def client_config(cluster: SourceCluster) -> dict[str, str]:
-    """librdkafka settings for a source cluster (credentials resolved in memory, never logged)."""
+def client_config(cluster: SourceCluster) -> dict:
+    """librdkafka settings for a source cluster (credentials resolved in memory, never logged).
+
+    MSK IAM is OAUTHBEARER for librdkafka, with a token callback that signs with the process's AWS credentials
+    (`msk_iam.MskIamToken`, picklable, so executors sign their own)."""
     conf = {
         "bootstrap.servers": cluster.bootstrap_servers,
         "security.protocol": cluster.security_protocol,
         "client.id": "icefloe",
     }
-    if cluster.sasl_mechanism:
+    if cluster.sasl_mechanism == MSK_IAM:
+        conf |= {"sasl.mechanism": "OAUTHBEARER", "oauth_cb": MskIamToken(cluster.msk_region)}
+    elif cluster.sasl_mechanism:
         user, password = resolve_credentials(cluster.credentials_secret, f"sourceCluster {cluster.name}")
         conf |= {"sasl.mechanism": cluster.sasl_mechanism, "sasl.username": user, "sasl.password": password}
     return conf
@@ -50,7 +59,7 @@ def _consumer(conf: dict[str, str], **extra: str | int | bool) -> Consumer:
         {
             **conf,
             # Offsets live in the Iceberg snapshot, not in Kafka: no group membership, no commits.
-            "group.id": "icefloe",
+            "group.id": CONSUMER_GROUP,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "enable.partition.eof": True,

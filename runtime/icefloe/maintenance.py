@@ -3,6 +3,8 @@
 Runs between the table's own commits (the runner serializes them per table), so it never races icefloe's writes.
 A maintenance commit carries no offsets: `commit_state.committed_state` walks past it to the newest snapshot that
 does, and snapshot expiry always keeps that snapshot, so the offsets are never expired away.
+In an S3 table bucket (`catalog.type: s3tables`) S3 Tables compact, expire snapshots and remove unreferenced files
+themselves; icefloe then runs only retention TTL, delete-file and manifest rewrites (see `maintain`).
 """
 
 from __future__ import annotations
@@ -66,7 +68,10 @@ def is_due(table: IcebergTable, spec: TableSpec) -> bool:
     return time.time() * 1000 - int(last) >= duration_seconds(spec.maintenance.interval) * 1000
 
 
-def maintain(table: IcebergTable, spec: TableSpec) -> MaintenanceResult:
+def maintain(table: IcebergTable, spec: TableSpec, managed: bool = False) -> MaintenanceResult:
+    """Maintenance now. `managed`: the catalog maintains the table's files itself (S3 Tables: compaction, snapshot
+    expiry, unreferenced file removal), so only the steps it does not do run here (retention TTL, delete files,
+    manifests); a second compactor and expirer would only race it."""
     started = time.monotonic()
     spark, name, settings = table.spark, table.full_name, spec.maintenance
     result = MaintenanceResult(table.identifier)
@@ -80,17 +85,22 @@ def maintain(table: IcebergTable, spec: TableSpec) -> MaintenanceResult:
         result.rows_expired_by_ttl = before - spark.table(name).count()
         result.steps.append("retention")
 
-    target = settings.target_file_size_mb * 1024 * 1024
-    rewritten = spark.sql(
-        f"CALL {CATALOG}.system.rewrite_data_files(table => '{table.identifier}', options => map("
-        f"'target-file-size-bytes', '{target}', 'min-input-files', '2', 'delete-file-threshold', '1', "
-        "'remove-dangling-deletes', 'true', 'rewrite-all', 'false'))"
-    ).collect()
-    result.rewritten_files = rewritten[0].rewritten_data_files_count if rewritten else 0
+    if not managed:
+        target = settings.target_file_size_mb * 1024 * 1024
+        rewritten = spark.sql(
+            f"CALL {CATALOG}.system.rewrite_data_files(table => '{table.identifier}', options => map("
+            f"'target-file-size-bytes', '{target}', 'min-input-files', '2', 'delete-file-threshold', '1', "
+            "'remove-dangling-deletes', 'true', 'rewrite-all', 'false'))"
+        ).collect()
+        result.rewritten_files = rewritten[0].rewritten_data_files_count if rewritten else 0
+        result.steps.append("compaction")
     if result.delete_files_before:
         spark.sql(f"CALL {CATALOG}.system.rewrite_position_delete_files(table => '{table.identifier}')").collect()
     spark.sql(f"CALL {CATALOG}.system.rewrite_manifests(table => '{table.identifier}')").collect()
-    result.steps += ["compaction", "manifests"]
+    result.steps.append("manifests")
+    if managed:
+        result.steps.append("managed-by-catalog")
+        return _finish(table, result, started)
 
     # Expire old snapshots, but never the one carrying the offsets the next run resumes from (the one main's history
     # leads to, not the newest on any branch: an abandoned run's branch may hold a newer one).
@@ -108,11 +118,17 @@ def maintain(table: IcebergTable, spec: TableSpec) -> MaintenanceResult:
 
     result.orphan_files_removed = _remove_orphans(table, now - dt.timedelta(seconds=duration_seconds(settings.orphan_file_age)))
     result.steps.append("orphans")
+    return _finish(table, result, started, snapshots_before)
 
+
+def _finish(table: IcebergTable, result: MaintenanceResult, started: float,
+            snapshots_before: int | None = None) -> MaintenanceResult:
+    spark, name = table.spark, table.full_name
     spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('{LAST_MAINTENANCE_PROPERTY}' = '{int(time.time() * 1000)}')")
     result.data_files_after, result.delete_files_after = _file_counts(table)
     result.snapshots_after = spark.sql(f"SELECT count(*) AS n FROM {name}.snapshots").collect()[0].n
-    result.expired_snapshots = snapshots_before - result.snapshots_after
+    if snapshots_before is not None:
+        result.expired_snapshots = snapshots_before - result.snapshots_after
     result.seconds = time.monotonic() - started
     log.info("%s", result)
     return result

@@ -91,7 +91,7 @@ def run_tables(
     tables = config.select(table_names)
     if not tables:
         raise ConfigError(f"{config_path}: no enabled tables to run")
-    spark = spark_session(config.catalog, state_dir)
+    spark = spark_session(config.catalog, state_dir, config.uses_msk_iam)
     if continuous:
         return run_continuously(spark, config, tables, state_dir, on_result, stop or stop_on_signals(), metrics=metrics)
     failures = 0
@@ -196,7 +196,7 @@ def _run_and_maintain(
             with table_lock(state_dir, identifier, config.catalog.type == "local"):
                 iceberg = IcebergTable(spark, identifier)
                 if is_due(iceberg, table):
-                    maintain(iceberg, table)
+                    maintain(iceberg, table, config.catalog.managed_maintenance)
         return Outcome.OK, ""
     except RecordError as error:
         log.error("table %s (topic %s): %s; nothing at or after offset %d of partition %d was committed",
@@ -312,7 +312,7 @@ def maintain_tables(
 ) -> int:
     """`icefloe maintain`: maintenance now for the chosen tables that exist."""
     config = load_config(config_path)
-    spark = spark_session(config.catalog, state_dir)
+    spark = spark_session(config.catalog, state_dir, config.uses_msk_iam)
     failures = 0
     for table in config.select(table_names):
         identifier = config.identifier(table)
@@ -321,7 +321,7 @@ def maintain_tables(
                 iceberg = IcebergTable(spark, identifier)
                 if not iceberg.exists():
                     raise ConfigError(f"table {identifier} does not exist yet (run icefloe run first)")
-                on_result(maintain(iceberg, table).as_dict())
+                on_result(maintain(iceberg, table, config.catalog.managed_maintenance).as_dict())
         except IcefloeError as error:
             failures += 1
             log.error("table %s: %s", identifier, error)

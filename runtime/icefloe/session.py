@@ -26,12 +26,18 @@ def jvm_lib() -> Path:
     return Path(configured) if configured else Path(__file__).resolve().parents[2] / "jvm" / "lib"
 
 
-def local_jars() -> list[str]:
-    """The pinned Spark-side jars from Maven (Iceberg runtime + AWS bundle, Kafka source, Avro) and SQLite JDBC."""
+def local_jars(msk_iam: bool = False) -> list[str]:
+    """The pinned Spark-side jars from Maven (Iceberg runtime + AWS bundle, Kafka source, Avro) and SQLite JDBC;
+    aws-msk-iam-auth only with `msk_iam`, last, so Iceberg's own AWS SDK classes come first."""
     from .errors import ConfigError
+    from .msk_iam import JAR_PREFIX
 
     spark_lib = jvm_lib() / "spark"
-    jars = sorted(str(p) for p in spark_lib.glob("*.jar"))
+    found = sorted(str(p) for p in spark_lib.glob("*.jar"))
+    msk = [jar for jar in found if Path(jar).name.startswith(JAR_PREFIX)]
+    jars = [jar for jar in found if jar not in msk] + (msk if msk_iam else [])
+    if msk_iam and not msk:
+        raise ConfigError(f"MSK IAM needs the aws-msk-iam-auth jar in {spark_lib}: run scripts/setup.sh")
     if not any("iceberg-spark-runtime" in jar for jar in jars):
         raise ConfigError(f"local mode needs the JVM jars in {spark_lib}: run scripts/setup.sh")
     if not Path(SQLITE_JDBC_JAR).exists():
@@ -39,8 +45,9 @@ def local_jars() -> list[str]:
     return [*jars, SQLITE_JDBC_JAR]
 
 
-def spark_session(catalog: CatalogSpec, state_dir: Path):
-    """A local session (2 cores here) for a local catalog or a Glue catalog off AWS; else the cluster's session."""
+def spark_session(catalog: CatalogSpec, state_dir: Path, msk_iam: bool = False):
+    """A local session (2 cores here) for a local catalog or a Glue catalog off AWS; else the cluster's session.
+    `msk_iam`: a source cluster uses MSK IAM, so a local session loads the aws-msk-iam-auth jar."""
     from pyspark.sql import SparkSession
 
     conf = spark_catalog_conf(catalog, state_dir) | BOUNDED_BOOKKEEPING
@@ -52,7 +59,7 @@ def spark_session(catalog: CatalogSpec, state_dir: Path):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, no DNS lookup of the host name
         builder = SparkSession.builder.master(os.environ.get("ICEFLOE_SPARK_MASTER", "local[*]")).appName("icefloe")
         conf |= {
-            "spark.jars": ",".join(local_jars()),
+            "spark.jars": ",".join(local_jars(msk_iam)),
             "spark.driver.bindAddress": "127.0.0.1",
             "spark.driver.host": "127.0.0.1",
             "spark.ui.enabled": "false",

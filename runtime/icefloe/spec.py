@@ -114,27 +114,63 @@ class SchemaRegistrySpec(Model):
         return self
 
 
+# arn:aws:kafka:<region>:<account>:cluster/<cluster name>/<cluster uuid>, as MSK names a provisioned or serverless cluster.
+MSK_CLUSTER_ARN = re.compile(r"^arn:(aws[a-z-]*):kafka:([a-z0-9-]+):(\d{12}):cluster/([A-Za-z0-9-]{1,64})/([A-Za-z0-9-]+)$")
+MSK_IAM = "AWS_MSK_IAM"
+# arn:aws:s3tables:<region>:<account>:bucket/<name>: an S3 table bucket (3-63 lowercase letters, digits, hyphens).
+TABLE_BUCKET_ARN = re.compile(r"^arn:(aws[a-z-]*):s3tables:([a-z0-9-]+):(\d{12}):bucket/([a-z0-9][a-z0-9-]{1,61}[a-z0-9])$")
+
+
 class SourceCluster(Model):
+    """A Kafka cluster. `saslMechanism: AWS_MSK_IAM` (Amazon MSK's IAM access control) signs in with the job role's
+    own AWS credentials, so it takes no credentialsSecret but the cluster's `clusterArn`: its region signs the
+    token, and the Pulumi program scopes the role's `kafka-cluster:*` permissions to it and the declared topics."""
+
     name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
     bootstrap_servers: Annotated[str, StringConstraints(min_length=1)]
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "AWS_MSK_IAM"] | None = None
     credentials_secret: SecretRef | None = None
+    cluster_arn: Annotated[str, StringConstraints(pattern=MSK_CLUSTER_ARN.pattern)] | None = None
     schema_registry: SchemaRegistrySpec | None = None
     database: Annotated[str, StringConstraints(pattern=GLUE_NAME)] | None = None
 
     @model_validator(mode="after")
     def _sasl_needs_credentials(self) -> "SourceCluster":
         uses_sasl = self.security_protocol.startswith("SASL")
-        if uses_sasl and (self.sasl_mechanism is None or self.credentials_secret is None):
-            raise ValueError(f"securityProtocol {self.security_protocol} needs saslMechanism and credentialsSecret")
         if not uses_sasl and self.sasl_mechanism is not None:
             raise ValueError(f"saslMechanism is set but securityProtocol {self.security_protocol} does not use SASL")
+        if self.sasl_mechanism == MSK_IAM:
+            if self.security_protocol != "SASL_SSL":
+                raise ValueError(f"saslMechanism {MSK_IAM} needs securityProtocol SASL_SSL (MSK's IAM listener is TLS)")
+            if self.credentials_secret is not None:
+                raise ValueError(f"saslMechanism {MSK_IAM} signs in with the job's AWS credentials: remove "
+                                 "credentialsSecret")
+            if self.cluster_arn is None:
+                raise ValueError(f"saslMechanism {MSK_IAM} needs clusterArn (arn:aws:kafka:<region>:<account>:"
+                                 "cluster/<name>/<uuid>): its region signs the token and scopes the job's permissions")
+        elif uses_sasl and (self.sasl_mechanism is None or self.credentials_secret is None):
+            raise ValueError(f"securityProtocol {self.security_protocol} needs saslMechanism and credentialsSecret")
+        if self.cluster_arn is not None and self.sasl_mechanism != MSK_IAM:
+            raise ValueError(f"clusterArn is only used with saslMechanism {MSK_IAM}")
         return self
 
     @property
     def database_name(self) -> str:
         return self.database or glue_safe_name(self.name)
+
+    @property
+    def msk_region(self) -> str | None:
+        """The region of the MSK cluster (from clusterArn), for IAM authentication."""
+        return MSK_CLUSTER_ARN.match(self.cluster_arn).group(2) if self.cluster_arn else None
+
+    def msk_topic_arn(self, topic: str) -> str:
+        """The IAM resource of one of the cluster's topics: arn:...:topic/<cluster name>/<cluster uuid>/<topic>."""
+        match = MSK_CLUSTER_ARN.match(self.cluster_arn or "")
+        if match is None:
+            raise ValueError(f"sourceCluster {self.name} has no clusterArn")
+        partition, region, account, name, uuid = match.groups()
+        return f"arn:{partition}:kafka:{region}:{account}:topic/{name}/{uuid}/{topic}"
 
 
 class InlineType(Model):
@@ -369,9 +405,13 @@ class CatalogEndpoints(Model):
 
 
 class CatalogSpec(Model):
-    """Where tables live. Local runs default to a SQLite JDBC catalog under the state directory."""
+    """Where tables live. Local runs default to a SQLite JDBC catalog under the state directory.
 
-    type: Literal["local", "glue"] = "local"
+    `glue`: Glue Data Catalog, data under `warehouse` (s3://bucket/prefix). `s3tables`: an S3 table bucket (managed
+    Iceberg storage with its own maintenance) through its Iceberg REST endpoint; `warehouse` is the table bucket's ARN.
+    """
+
+    type: Literal["local", "glue", "s3tables"] = "local"
     warehouse: str | None = None
     endpoints: CatalogEndpoints | None = None
 
@@ -379,7 +419,21 @@ class CatalogSpec(Model):
     def _endpoints_need_glue(self) -> "CatalogSpec":
         if self.endpoints is not None and self.type != "glue":
             raise ValueError("endpoints apply to a glue catalog only (type: glue)")
+        if self.type == "s3tables" and not TABLE_BUCKET_ARN.match(self.warehouse or ""):
+            raise ValueError("an s3tables catalog's warehouse is its table bucket's ARN "
+                             f"(arn:aws:s3tables:<region>:<account>:bucket/<name>), got {self.warehouse!r}")
         return self
+
+    @property
+    def region(self) -> str | None:
+        """The table bucket's region (s3tables), which its REST endpoint and signatures use."""
+        match = TABLE_BUCKET_ARN.match(self.warehouse or "") if self.type == "s3tables" else None
+        return match.group(2) if match else None
+
+    @property
+    def managed_maintenance(self) -> bool:
+        """S3 Tables compact, expire snapshots and remove unreferenced files themselves (on by default)."""
+        return self.type == "s3tables"
 
 
 class IcefloeConfig(Model):
@@ -406,6 +460,11 @@ class IcefloeConfig(Model):
 
     def cluster(self, name: str) -> SourceCluster:
         return next(c for c in self.source_clusters if c.name == name)
+
+    @property
+    def uses_msk_iam(self) -> bool:
+        """Some cluster signs in with MSK IAM: Spark's Kafka source then needs the aws-msk-iam-auth jar."""
+        return any(c.sasl_mechanism == MSK_IAM for c in self.source_clusters)
 
     def database(self, table: TableSpec) -> str:
         return table.database or self.cluster(table.source_cluster).database_name

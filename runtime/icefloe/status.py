@@ -208,6 +208,19 @@ def table_status(catalog, config: IcefloeConfig, table: TableSpec, state_dir: Pa
     return TableStatus(identifier, table, facts, lag, beat, state, behind, dlq, errors, now)
 
 
+class _Unopened:
+    """A catalog that could not be opened (a REST catalog asks its endpoint for config at once): every read raises
+    why, so each table reports it as its `catalog:` error."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def table_exists(self, _identifier: str) -> bool:
+        raise self.error
+
+    load_table = table_exists
+
+
 def open_catalog(config: IcefloeConfig, state_dir: Path):
     """The table catalog read-only; None locally before any run created it."""
     if config.catalog.type == "local":
@@ -215,7 +228,12 @@ def open_catalog(config: IcefloeConfig, state_dir: Path):
 
         if not local_paths(state_dir)[0].exists():
             return None
-    return pyiceberg_catalog(config.catalog, state_dir)
+    try:
+        return pyiceberg_catalog(config.catalog, state_dir)
+    except ConfigError:
+        raise
+    except Exception as error:  # S3 Tables' endpoint unreachable or refusing: said per table, like Glue's errors
+        return _Unopened(error)
 
 
 def collect_status(config: IcefloeConfig, table_names: list[str], state_dir: Path, max_lag: MaxLag) -> list[TableStatus]:
