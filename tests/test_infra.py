@@ -225,6 +225,24 @@ def test_job_role_reaches_its_prefixes_key_tables_secrets_and_logs(program):
     assert job["JobLogs"]["Resource"] == [f"{log_group}:*"]
 
 
+def test_a_glue_schema_registry_is_readable_by_the_job_role_and_nothing_more(program, tmp_path):
+    assert "GlueSchemaRegistry" not in policy_of(program, "icefloe-job-role"), "no Glue registry, no permission"
+    document_ = yaml.safe_load(MINIMAL.read_text())
+    document_["config"]["icefloe:sourceClusters"][0]["schemaRegistry"] = {
+        "type": "glue", "registryName": "payments", "region": "eu-central-1", "schemaName": "{topic}"}
+    stack = tmp_path / "Pulumi.glue-registry.yaml"
+    stack.write_text(yaml.safe_dump(document_))
+    job = policy_of(run_program(stack), "icefloe-job-role")
+    account = f"arn:aws:glue:eu-central-1:{ACCOUNT_ID}"
+    assert job["GlueSchemaRegistry"] == {
+        "Sid": "GlueSchemaRegistry", "Effect": "Allow",
+        "Action": ["glue:GetSchemaVersion", "glue:GetSchema", "glue:GetSchemaByDefinition", "glue:GetRegistry"],
+        "Resource": [f"{account}:registry/payments", f"{account}:schema/payments/*"],
+    }
+    assert not any(a.startswith("glue:") and ("Create" in a or "Register" in a or "Put" in a) and "Table" not in a
+                   for s in job.values() for a in as_list(s["Action"])), "the job never registers schemas"  # fmt: skip
+
+
 def test_external_roles_only_read(program):
     for name in ("icefloe-snowflake-role", "icefloe-athena-analytics-role"):
         read = policy_of(program, name)

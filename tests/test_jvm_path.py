@@ -129,6 +129,27 @@ def rows_of(frame) -> dict:
     return {(row.kafka_partition, row.kafka_offset): row.asDict(recursive=True) for row in frame.collect()}
 
 
+def rows_on_both_paths(spark, config, value_fields=None) -> tuple:
+    """Every record of the first table's topic read by the JVM path and by the Python path: (read path, the JVM
+    batch, JVM rows, Python rows), rows keyed by (partition, offset). Value fields default to the Avro mapping."""
+    table = config.tables[0]
+    cluster = config.cluster(table.source_cluster)
+    kafka_conf, decoder = client_config(cluster), decoder_spec(table, cluster)
+    path = choose_read_path(spark, decoder)
+    planned = plan_ranges(kafka_conf, table.topic, {}, "earliest", None)
+    batch = materializer.Batch(planned.ranges, planned.next_offsets)
+    fields = value_fields or avro_value_fields(decoder.schema_str, table.topic)
+    plan = read_plan(table, decoder, kafka_conf, fields)
+    jvm = JvmBatch(spark, plan, path.avro, batch.ranges, 1)
+    jvm_frame, release_jvm = jvm.rows_with_status()
+    python_frame, release_python = materializer._read(spark, plan, batch)
+    try:
+        return path, jvm, rows_of(jvm_frame), rows_of(python_frame)
+    finally:
+        release_jvm()
+        release_python()
+
+
 def test_every_row_of_the_jvm_path_is_the_python_paths_row(spark, broker, registry, topic, make_config):
     broker.create_topic(topic, 2)
     schema_id = SchemaRegistryClient({"url": registry.url}).register_schema(
@@ -157,23 +178,8 @@ def test_every_row_of_the_jvm_path_is_the_python_paths_row(spark, broker, regist
                                              for i, v in enumerate(values)])  # fmt: skip
 
     config = make_config({"topic": topic, "errors": "skip"})
-    table = config.tables[0]
-    cluster = config.cluster(table.source_cluster)
-    kafka_conf, decoder = client_config(cluster), decoder_spec(table, cluster)
-    path = choose_read_path(spark, decoder)
+    path, jvm, jvm_rows, python_rows = rows_on_both_paths(spark, config)
     assert path.name == JVM and sorted(path.avro.writers) == [schema_id]
-    planned = plan_ranges(kafka_conf, topic, {}, "earliest", None)
-    batch = materializer.Batch(planned.ranges, planned.next_offsets)
-    plan = read_plan(table, decoder, kafka_conf, avro_value_fields(decoder.schema_str, topic))
-
-    jvm = JvmBatch(spark, plan, path.avro, batch.ranges, 1)
-    jvm_frame, release_jvm = jvm.rows_with_status()
-    python_frame, release_python = materializer._read(spark, plan, batch)
-    try:
-        jvm_rows, python_rows = rows_of(jvm_frame), rows_of(python_frame)
-    finally:
-        release_jvm()
-        release_python()
     assert len(python_rows) == len(values)
     assert sum(r["icefloe_error_class"] is not None for r in python_rows.values()) >= len(MUTATIONS)
     for position, expected in python_rows.items():

@@ -127,6 +127,35 @@ def json_poisons() -> list[tuple[str, str, bytes | None, bytes | None]]:
     ]
 
 
+def schemaless_poisons() -> list[tuple[str, str, bytes | None, bytes | None]]:
+    """Schemaless JSON: what no column can take within one batch (type conflicts become string columns)."""
+    return [
+        ("not an object", "DecodeError", b"k1", b'"text"'),
+        ("invalid json", "DecodeError", b"k2", b'{"id": 1'),
+        ("invalid utf-8", "DecodeError", b"k3", b'{"id": 1, "s": "\xff"}'),
+        ("NaN token", "DecodeError", b"k4", b'{"id": NaN}'),
+        ("key clashing with a Kafka column", "DecodeError", b"k5", b'{"id": 1, "kafka_offset": 5}'),
+        ("key with a dot", "DecodeError", b"k6", b'{"id": 1, "a.b": 5}'),
+        ("empty key", "DecodeError", b"k7", b'{"id": 1, "": 5}'),
+        ("null key in upsert", "InvalidKey", None, good_schemaless(99)),
+        ("oversized record", "RecordTooLarge", b"k9", json.dumps({"id": 1, "pad": "x" * MAX_BYTES}).encode()),
+    ]
+
+
+def good_schemaless(i: int) -> bytes:
+    return json.dumps({"id": i, "name": f"n{i}", "nested": {"at": "2024-01-01", "n": [i]}}).encode()
+
+
+TEXT_POISONS = [
+    ("invalid utf-8", "DecodeError", b"k1", b"\xff\xfe"),
+    ("truncated utf-8 sequence", "DecodeError", b"k2", b"abc\xe2\x82"),
+    ("utf-8 encoded surrogate", "DecodeError", b"k3", b"\xed\xa0\x80"),
+    ("null key in upsert", "InvalidKey", None, b"ok"),
+    ("empty key in upsert", "InvalidKey", b"", b"ok"),
+    ("oversized record", "RecordTooLarge", b"k6", b"x" * (MAX_BYTES + 1)),
+]
+
+
 def good_json(i: int) -> bytes:
     return json.dumps({"id": i, "small": i, "price": "9.99", "ratio": 1.5, "at": 1_700_000_000_000 + i,
                        "day": "2020-02-29", "blob": "", "tags": [], "owner": {"name": f"o{i}"}}).encode()  # fmt: skip
@@ -193,6 +222,22 @@ def test_avro_poison_catalogue(spark, broker, registry, state_dir, topic, make_c
     result = check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
     if result is not None:  # Spark's Kafka source overflows on the nanoseconds: the batch was read in Python
         assert result.read_path == PYTHON
+
+
+@pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
+def test_schemaless_json_poison_catalogue(spark, broker, state_dir, topic, make_config, mode):
+    goods, bads = lay_out(broker, topic, schemaless_poisons(), good_schemaless)
+    config = make_config({"topic": topic, "format": "json", "mode": "upsert", "errors": mode, "maxRecordBytes": MAX_BYTES})
+    check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
+
+
+@pytest.mark.parametrize("format", ["string", "raw"])
+@pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
+def test_raw_and_string_poison_catalogue(spark, broker, state_dir, topic, make_config, mode, format):
+    poisons = TEXT_POISONS if format == "string" else [p for p in TEXT_POISONS if p[1] != "DecodeError"]
+    goods, bads = lay_out(broker, topic, poisons, lambda i: b"good %d" % i)
+    config = make_config({"topic": topic, "format": format, "mode": "upsert", "errors": mode, "maxRecordBytes": MAX_BYTES})
+    check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
 
 
 def test_unreachable_registry_is_not_a_bad_record(spark, broker, registry, state_dir, topic, make_config, monkeypatch):

@@ -38,13 +38,14 @@ def test_partition_transforms_parse_to_spark_ddl():
     [
         ({"formatt": "avro"}, "icefloe:tables[0] (stock_trades).formatt: Extra inputs are not permitted"),
         ({"format": "jsn"}, "icefloe:tables[0] (stock_trades).format: Input should be"),
-        ({"format": "raw"}, "format 'raw' is not supported yet"),
         ({"format": "json-schema", "messageType": "a.B"}, "messageType only applies with format: protobuf"),
         (
             {"format": "protobuf", "schema": {"fields": [{"name": "a", "type": "long"}]}},
             "format protobuf takes its schema from the registry",
         ),
-        ({"format": "json"}, "format json needs an inline schema"),
+        ({"format": "json", "partitionBy": ["day(at)"]}, "a schemaless JSON table (no schema) can only be partitioned"),
+        ({"format": "raw", "schema": {"fields": [{"name": "a", "type": "long"}]}}, "it takes no schema"),
+        ({"format": "string", "keyFormat": "raw"}, "keyFormat only applies with key"),
         ({"partitionBy": ["hourly(ts)"]}, "partitionBy 'hourly(ts)' is not understood"),
         ({"refresh": "soon"}, "'soon' is not a duration"),
         ({"sourceCluster": "other"}, "sourceCluster 'other' is not one of ['main']"),

@@ -61,12 +61,23 @@ class Scope:
     log_group_arn: str | None = None
     table_bucket_arn: str | None = None  # the tables live in this S3 table bucket, not in the warehouse prefix + Glue
     kafka: list[KafkaAccess] = field(default_factory=list)  # MSK IAM clusters and the topics the stack reads
+    schema_registries: list[tuple[str, str]] = field(default_factory=list)  # Glue schema registries: (region, name)
 
     def glue_arns(self) -> list[str]:
         base = f"arn:aws:glue:{self.region}:{self.account_id}"
         return [f"{base}:catalog"] + [
             arn for db in self.databases for arn in (f"{base}:database/{db}", f"{base}:table/{db}/*")
         ]
+
+
+def glue_schema_registries(spec) -> list[tuple[str, str]]:
+    """(region, registry name) of the Glue schema registries the source clusters decode records with."""
+    found = []
+    for cluster in spec.source_clusters:
+        registry = cluster.schema_registry
+        if registry is not None and registry.type == "glue" and (registry.region, registry.registry_name) not in found:
+            found.append((registry.region, registry.registry_name))
+    return found
 
 
 def job_policy(scope: Scope) -> str:
@@ -87,6 +98,15 @@ def job_policy(scope: Scope) -> str:
     if scope.secret_arns:
         statements.append({"Sid": "KafkaCredentials", "Effect": "Allow", "Action": ["secretsmanager:GetSecretValue"],
                            "Resource": scope.secret_arns})  # fmt: skip
+    if scope.schema_registries:
+        # Decoding records framed for the AWS Glue Schema Registry: read-only, its registries and their schemas.
+        base = f"arn:aws:glue:{{}}:{scope.account_id}"
+        statements.append({"Sid": "GlueSchemaRegistry", "Effect": "Allow",
+                           "Action": ["glue:GetSchemaVersion", "glue:GetSchema", "glue:GetSchemaByDefinition",
+                                      "glue:GetRegistry"],
+                           "Resource": [arn for region, name in scope.schema_registries
+                                        for arn in (f"{base.format(region)}:registry/{name}",
+                                                    f"{base.format(region)}:schema/{name}/*")]})  # fmt: skip
     if scope.log_group_arn:
         statements += [
             {"Sid": "JobLogs", "Effect": "Allow", "Resource": [f"{scope.log_group_arn}:*"],

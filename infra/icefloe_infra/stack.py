@@ -21,7 +21,7 @@ from .bundle import Bundle, build_bundle
 from .deployment import RUNTIME_PYTHON_VERSION, DeploymentConfig
 from .emr import SparkApplication, SparkApplicationArgs
 from .glue import GlueDatabases, GlueDatabasesArgs
-from .iam import ExternalAccessRole, ExternalAccessRoleArgs, JobRole, JobRoleArgs, Scope, kafka_access
+from .iam import ExternalAccessRole, ExternalAccessRoleArgs, JobRole, JobRoleArgs, Scope, glue_schema_registries, kafka_access
 from .jars import job_jars
 from .jobs import TableJob, job_config_document, spark_submit_parameters
 from .schedules import ScheduledJob, TableSchedules, TableSchedulesArgs
@@ -78,7 +78,7 @@ class IcefloeStack(pulumi.ComponentResource):
         def scope(values: list) -> Scope:
             bucket_arn, key_arn, log_arn, arns, tables_arn = values
             return Scope(identity.account_id, region.region, bucket_arn, key_arn, deployment.storage.warehouse_prefix,
-                         databases, arns, log_arn, tables_arn, kafka_access(spec))  # fmt: skip
+                         databases, arns, log_arn, tables_arn, kafka_access(spec), glue_schema_registries(spec))  # fmt: skip
 
         role_scope = pulumi.Output.all(
             storage.bucket_arn, storage.kms_key_arn, log_group.arn, secret_arns, table_bucket_arn

@@ -32,6 +32,7 @@ from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro, to_avro
 
+from .avro_unions import branches as union_branches, collapsed as collapsed_union, member_name
 from .decoding import DecoderSpec, subject_for, subject_schemas
 
 log = logging.getLogger(__name__)
@@ -198,8 +199,8 @@ def _checks(schema: Any, expr: str, names: _Names, ids: count, namespace: str = 
     apart (see `_strings`); None where there is nothing to check."""
     schema, namespace = names.resolve(_nonnull(schema), namespace)
     kind, logical = _kind(schema)
-    if kind == "record":
-        parts = [_checks(f["type"], f"{expr}.`{f['name']}`", names, ids, namespace) for f in schema["fields"]]
+    if kind == "record" or kind == "union":
+        parts = [_checks(t, f"{expr}.`{name}`", names, ids, namespace) for name, t in _members(schema)]
         parts = [p for p in parts if p]
         return f"({expr} IS NULL OR ({' AND '.join(parts)}))" if parts else None
     if kind in ("array", "map"):
@@ -221,8 +222,8 @@ def _strings(schema: Any, expr: str, names: _Names, ids: count, namespace: str =
     kind, logical = _kind(schema)
     if kind == "string":
         return [] if logical == "uuid" else [expr]
-    if kind == "record":
-        return [p for f in schema["fields"] for p in _strings(f["type"], f"{expr}.`{f['name']}`", names, ids, namespace)]
+    if kind == "record" or kind == "union":
+        return [p for name, t in _members(schema) for p in _strings(t, f"{expr}.`{name}`", names, ids, namespace)]
     if kind in ("array", "map"):
         items = expr if kind == "array" else f"map_values({expr})"
         var = f"x{next(ids)}"
@@ -235,6 +236,15 @@ def _strings(schema: Any, expr: str, names: _Names, ids: count, namespace: str =
             found = []
         return [f"map_keys({expr})", *found] if kind == "map" else found
     return []
+
+
+def _members(schema: Any) -> list[tuple[str, Any]]:
+    """The struct fields of a record, or of a union of several types (none for one Spark collapses to a long or a
+    double), as (name, Avro type)."""
+    if isinstance(schema, list):
+        members = union_branches(schema)
+        return [] if collapsed_union(members) else [(member_name(i), m) for i, m in enumerate(members)]
+    return [(f["name"], f["type"]) for f in schema["fields"]]
 
 
 def _joined(parts: list[str]) -> str:
@@ -271,8 +281,8 @@ def _conform(schema: Any, expr: str, names: _Names, ids: count, namespace: str) 
             counts.append(f"CAST(conv(concat({hex_digits}), 16, 10) AS BIGINT)")
         fields = ", ".join(f"'{name}', {count_}" for name, count_ in zip(("months", "days", "milliseconds"), counts))
         return f"IF({expr} IS NULL, NULL, named_struct({fields}))"
-    if kind == "record":
-        parts = [(f["name"], _conform(f["type"], f"{expr}.`{f['name']}`", names, ids, namespace)) for f in schema["fields"]]
+    if kind == "record" or kind == "union":
+        parts = [(name, _conform(t, f"{expr}.`{name}`", names, ids, namespace)) for name, t in _members(schema)]
         if not any(converted for _, converted in parts):
             return None
         fields = ", ".join(f"'{name}', {converted or f'{expr}.`{name}`'}" for name, converted in parts)
@@ -293,6 +303,10 @@ def _logical_difference(writer: Any, reader: Any) -> str | None:
     return _compare(writer, reader, _Names(), _Names(), "", "", "value", set())
 
 
+def _is_union(schema: Any) -> bool:
+    return isinstance(schema, list) and len(union_branches(schema)) > 1
+
+
 def _annotation(schema: Any) -> tuple:
     if not isinstance(schema, dict) or "logicalType" not in schema:
         return ()
@@ -300,8 +314,16 @@ def _annotation(schema: Any) -> tuple:
 
 
 def _compare(writer, reader, wnames: _Names, rnames: _Names, wns: str, rns: str, path: str, seen: set) -> str | None:
-    if isinstance(writer, list) and len([b for b in writer if b != "null"]) > 1:
-        return path  # a union of several types: Python and Java may pick branches differently
+    if _is_union(writer) or _is_union(reader):  # unions of several types: resolved branch to branch when alike
+        if not (_is_union(writer) and _is_union(reader)) or len(union_branches(writer)) != len(union_branches(reader)):
+            return path
+        for index, (w, r) in enumerate(zip(union_branches(writer), union_branches(reader))):
+            if _kind(wnames.resolve(w, wns)[0])[0] != _kind(rnames.resolve(r, rns)[0])[0]:
+                return path  # another order or other branches: Python and Java may pick branches differently
+            differs = _compare(w, r, wnames, rnames, wns, rns, f"{path}.{member_name(index)}", seen)
+            if differs:
+                return differs
+        return None
     writer, wns = wnames.resolve(_nonnull(writer), wns)
     reader, rns = rnames.resolve(_nonnull(reader), rns)
     if _annotation(writer) != _annotation(reader):

@@ -5,7 +5,8 @@
           value or their exact error (executor_tasks.redecode_rows). No record of the happy path touches Python.
   python  the per-record path: confluent-kafka, the Python decoders, Arrow (executor_tasks.read_batches).
 
-The path is chosen per table and logged. Avro tables (registry or inline schema) take the JVM path. JSON tables stay
+The path is chosen per table and logged. Avro tables (registry or inline schema) and raw or
+string tables (raw_format) take the JVM path. JSON tables stay
 on Python: their inline checks (strict types, `optional: false`, ints given as 1.0, ISO strings and epoch numbers for
 timestamps, base64 binary) have no exact `from_json` equivalent. An Avro table whose schema Avro Java refuses stays
 on Python too.
@@ -30,7 +31,8 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from .avro_jvm import AvroJvmPlan, decoded, exact, plan_avro, value_columns
+from . import avro_jvm, raw_format
+from .avro_jvm import AvroJvmPlan, plan_avro
 from .batch_columns import ERROR_CLASS, ERROR_MESSAGE, KAFKA_COLUMNS, RAW_VALUE, SCHEMA_ID, TOMBSTONE
 from .decoding import DecoderSpec
 from .jvm_source import read_ranges
@@ -47,17 +49,21 @@ _KAFKA = list(KAFKA_COLUMNS)
 class ReadPath:
     name: str  # jvm | python
     reason: str
-    avro: AvroJvmPlan | None = None
+    avro: AvroJvmPlan | raw_format.RawJvmPlan | None = None  # how the JVM decodes the values
 
 
 def choose_read_path(spark: SparkSession, decoder: DecoderSpec) -> ReadPath:
     """The JVM path where the JVM has a decoder for the table's format, else Python."""
-    if decoder.format == "json":
-        return ReadPath(PYTHON, "JSON values are checked against the inline schema in Python")
+    if decoder.format in ("json", "json-inferred"):
+        return ReadPath(PYTHON, "JSON values are checked against the table's types in Python")
     if decoder.format == "protobuf":
         return ReadPath(PYTHON, "Protobuf has no JVM decoder here (no spark-protobuf for Spark 3.5 on Maven Central)")
     if decoder.format == "json-schema":
         return ReadPath(PYTHON, "JSON Schema values are validated against their writer's schema in Python")
+    if decoder.format == "glue":
+        return ReadPath(PYTHON, "AWS Glue Schema Registry framing is decoded in Python")
+    if decoder.format in raw_format.FORMATS:
+        return ReadPath(JVM, f"Kafka source, values kept as {decoder.format}", raw_format.RawJvmPlan(decoder.format))
     avro = plan_avro(spark, decoder)
     if avro is None:
         return ReadPath(PYTHON, "Avro Java cannot use the table's schema")
@@ -68,13 +74,15 @@ def choose_read_path(spark: SparkSession, decoder: DecoderSpec) -> ReadPath:
 class JvmBatch:
     """One batch read by the JVM: Spark's Kafka source and `from_avro`, Python only for what the JVM cannot decode."""
 
-    def __init__(self, spark: SparkSession, plan: ReadPlan, avro: AvroJvmPlan, ranges: list[OffsetRange], tasks: int):
+    def __init__(self, spark: SparkSession, plan: ReadPlan, avro: AvroJvmPlan | raw_format.RawJvmPlan,
+                 ranges: list[OffsetRange], tasks: int):  # fmt: skip
         self.spark, self.plan, self.avro, self.ranges, self.tasks = spark, plan, avro, ranges, tasks
+        self.codec = raw_format if isinstance(avro, raw_format.RawJvmPlan) else avro_jvm  # decoded, exact, value_columns
 
     def _decoded(self) -> DataFrame:
         """Kafka columns, the raw value, the decoded struct and whether the JVM's result is exact."""
         raw = read_ranges(self.spark, self.plan.kafka_conf, self.ranges, self.tasks)
-        frame = raw.select("*", decoded(F.col("value"), self.avro).alias(_STRUCT))
+        frame = raw.select("*", self.codec.decoded(F.col("value"), self.avro).alias(_STRUCT))
         return frame.select("*", self._exact(frame).alias(_EXACT))
 
     def _exact(self, frame: DataFrame) -> Column:
@@ -82,7 +90,7 @@ class JvmBatch:
         value, key, plan = F.col("value"), F.col("kafka_key"), self.plan
         key_fields = plan.decoder.key_fields
         fields = [F.col(f"{_STRUCT}.`{name}`").isNotNull() for name in key_fields]
-        decoded_ok = (F.length(value) <= plan.max_record_bytes) & exact(value, _STRUCT, self.avro)
+        decoded_ok = (F.length(value) <= plan.max_record_bytes) & self.codec.exact(value, _STRUCT, self.avro)
         low, high = (F.expr(f"timestamp_millis({ms})") for ms in KAFKA_TIMESTAMP_MS)  # else Python names it bad
         decoded_ok = decoded_ok & (F.col("kafka_timestamp").isNull() | F.col("kafka_timestamp").between(low, high))
         for present in fields:  # a key field of the value must not be null
@@ -95,7 +103,7 @@ class JvmBatch:
 
     def _values(self) -> list[Column]:
         batch_schema = StructType.fromJson(json.loads(self.plan.batch_schema_json))
-        columns = value_columns(_STRUCT, self.avro)
+        columns = self.codec.value_columns(_STRUCT, self.avro)
         return [columns[name].cast(batch_schema[name].dataType).alias(name) for name in self.plan.value_fields]
 
     def exact_rows(self, run_id: str) -> tuple[DataFrame, Observation]:

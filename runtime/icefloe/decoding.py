@@ -1,4 +1,5 @@
-"""Decoding record values: Avro through a Confluent-compatible Schema Registry, Avro or JSON with an inline schema.
+"""Decoding record values: Avro through a Confluent-compatible Schema Registry, Avro or JSON with an inline schema
+(and, in their own modules, schemaless JSON, raw and string values, the AWS Glue Schema Registry).
 
 `value_schema()` runs on the driver and fixes the schema a batch reads with (the registry's latest version for the
 subject, so older records are resolved to it and the table evolves forward). `Decoder` objects are built on
@@ -51,7 +52,7 @@ def _register_logical_readers() -> None:
 class DecoderSpec:
     """Everything an executor needs to decode one table's values (picklable, holds no secret in its repr)."""
 
-    format: str  # avro-registry | avro-inline | json | protobuf | json-schema
+    format: str  # avro-registry | avro-inline | json | json-inferred (schemaless) | raw | string | glue | protobuf | json-schema
     topic: str
     schema_str: str | None = None
     registry_conf: dict[str, str] | None = None
@@ -81,12 +82,17 @@ def decoder_spec(table: TableSpec, cluster: SourceCluster) -> DecoderSpec:
     from .schema_mapping import inline_to_avro
 
     keys = {"key_fields": table.key or (), "key_format": table.effective_key_format if table.key else None}
-    registry = registry_config(cluster.schema_registry, cluster.name) if cluster.schema_registry else None
-    if table.format == "json":
-        return DecoderSpec("json", table.topic, registry_conf=registry, **keys)
+    if cluster.schema_registry is not None and cluster.schema_registry.type == "glue" and table.format == "avro":
+        return _glue_spec(table, cluster, keys)
+    registry = registry_config(cluster.schema_registry, cluster.name) if _confluent(cluster) else None
+    if table.format in ("json", "raw", "string"):
+        return DecoderSpec(table.format, table.topic, registry_conf=registry, **keys)
     if table.format in ("protobuf", "json-schema"):
         if registry is None:
-            raise ConfigError(f"table {table.table_name}: format {table.format} needs sourceCluster {cluster.name}.schemaRegistry")
+            raise ConfigError(
+                f"table {table.table_name}: format {table.format} needs sourceCluster {cluster.name}.schemaRegistry "
+                "(a Confluent-compatible registry)"
+            )
         return _registry_format_spec(table, registry, keys)
     if table.inline_schema is not None and registry is None:
         return DecoderSpec("avro-inline", table.topic, json.dumps(inline_to_avro(table.inline_schema)), **keys)
@@ -120,6 +126,21 @@ def _registry_format_spec(table: TableSpec, registry: dict[str, str], keys: dict
         from .json_schema_format import resolve_schema
 
         return DecoderSpec("json-schema", table.topic, resolve_schema(client, latest.schema), registry, **keys)
+
+
+def _confluent(cluster: SourceCluster) -> bool:
+    return cluster.schema_registry is not None and cluster.schema_registry.type == "confluent"
+
+
+def _glue_spec(table: TableSpec, cluster: SourceCluster, keys: dict) -> DecoderSpec:
+    from . import glue_registry
+
+    if keys["key_format"] in ("avro", "protobuf", "json-schema"):
+        raise ConfigError(f"table {table.table_name}: keyFormat {keys['key_format']} is not supported with a Glue "
+                          "schema registry; use json, string or raw")  # fmt: skip
+    conf = glue_registry.registry_conf(cluster.schema_registry, table.topic)
+    data_format, definition = glue_registry.latest_version(conf)
+    return DecoderSpec(glue_registry.FORMAT, table.topic, definition, conf | {"data_format": data_format}, **keys)
 
 
 def _latest_schema(conf: dict[str, str], subject: str) -> str:
@@ -170,6 +191,18 @@ def _registry_errors(conf: dict[str, str], subject: str) -> Iterator[None]:
 def build_decoder(spec: DecoderSpec) -> Decoder:
     if spec.format == "json":
         return _decode_json
+    if spec.format == "glue":
+        from . import glue_registry
+
+        return glue_registry.decoder(spec.registry_conf, spec.schema_str)
+    if spec.format == "json-inferred":  # schemaless JSON, shaped for the types inferred for the batch
+        from . import json_inference
+
+        return json_inference.decoder(spec.schema_str)
+    if spec.format in ("raw", "string"):
+        from . import raw_format
+
+        return raw_format.decoder(spec.format)
     if spec.format == "avro-inline":
         return _inline_avro_decoder(spec.schema_str)
     if spec.format == "protobuf":
@@ -180,27 +213,33 @@ def build_decoder(spec: DecoderSpec) -> Decoder:
         from .json_schema_format import JsonSchemaDecoder
 
         return _registry_checked(spec, JsonSchemaDecoder(_registry_client(spec.registry_conf), spec.schema_str))
-    return _registry_avro_decoder(spec, spec.schema_str, key=False)
+    return _with_unions(spec.schema_str, lambda names: _registry_avro_decoder(spec, spec.schema_str, False, names))
+
+
+def _with_unions(schema_str: str, make: Callable[[bool], Decoder]) -> Decoder:
+    """A decoder whose values have Avro unions of several types as the table's member structs (avro_unions)."""
+    from .avro_unions import needs_record_names, rewriter
+
+    names = needs_record_names(schema_str)
+    decode, rewrite = make(names), rewriter(schema_str, names)
+    if rewrite is None:
+        return decode
+    return lambda data: rewrite(decode(data))
 
 
 def build_key_decoder(spec: DecoderSpec) -> Callable[[bytes], dict]:
     """Decodes a Kafka key into {key field: value}, for tombstones of tables keyed by value fields."""
-    if spec.key_format == "string":
+    if spec.key_format in ("string", "raw"):
+        from .raw_format import utf8
+
         if len(spec.key_fields) != 1:
-            raise ConfigError(f"{spec.topic}: keyFormat string can only give one key field, not {spec.key_fields}")
-        field_name = spec.key_fields[0]
-
-        def from_string(data: bytes) -> dict:
-            try:
-                return {field_name: data.decode("utf-8")}
-            except UnicodeDecodeError:
-                raise ValueError("key is not valid UTF-8") from None
-
-        return from_string
+            raise ConfigError(f"{spec.topic}: keyFormat {spec.key_format} can only give one key field, not {spec.key_fields}")
+        field_name, as_text = spec.key_fields[0], spec.key_format == "string"
+        return lambda data: {field_name: utf8(data, "key") if as_text else data}
     if spec.key_format in ("avro", "protobuf", "json-schema") and not spec.registry_conf:
         raise ConfigError(f"{spec.topic}: keyFormat {spec.key_format} needs a schema registry")
     if spec.key_format == "avro":
-        decode = _registry_avro_decoder(spec, None, key=True)
+        decode = _registry_avro_decoder(spec, None, True)
     elif spec.key_format == "protobuf":  # the key's own message type, from its writer schema
         from .protobuf_format import ProtobufDecoder
 
@@ -261,14 +300,14 @@ def _inline_avro_decoder(schema_str: str) -> Decoder:
     return decode
 
 
-def _registry_avro_decoder(spec: DecoderSpec, reader_schema: str | None, key: bool) -> Decoder:
+def _registry_avro_decoder(spec: DecoderSpec, reader_schema: str | None, key: bool, names: bool = False) -> Decoder:
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroDeserializer
     from confluent_kafka.serialization import MessageField, SerializationContext, SerializationError
 
     _register_logical_readers()
     client = SchemaRegistryClient(spec.registry_conf)
-    deserializer = AvroDeserializer(client, schema_str=reader_schema)
+    deserializer = AvroDeserializer(client, schema_str=reader_schema, return_record_name=names)
     context = SerializationContext(spec.topic, MessageField.KEY if key else MessageField.VALUE)
 
     def avro(data: bytes) -> Any:

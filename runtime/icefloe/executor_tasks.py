@@ -44,7 +44,8 @@ class ReadPlan:
 def schema_id(payload: bytes | None) -> int | None:
     """The Schema Registry id in Confluent wire format, if the payload has that framing."""
     if payload and len(payload) >= 5 and payload[0] == 0:
-        return int.from_bytes(payload[1:5], "big")
+        found = int.from_bytes(payload[1:5], "big")
+        return found if found < 2**31 else None  # registry ids are positive 32-bit ints (the column's type)
     return None
 
 
@@ -106,6 +107,8 @@ class _Records:
         self.decode = build_decoder(plan.decoder)
         self.decode_key = build_key_decoder(plan.decoder) if plan.decoder.key_fields else None
         self.builder = BatchBuilder(batch, list(plan.value_fields))
+        # values in Confluent wire format carry a schema id
+        self.framed = plan.decoder.format.startswith("avro") or plan.decoder.format in ("protobuf", "json-schema")
 
     def add(self, payload: bytes | None, key: bytes | None, topic: str, partition: int, offset: int,
             timestamp_ms: int | None, timestamp_type: str | None, headers) -> Iterator[pa.RecordBatch]:  # fmt: skip
@@ -114,7 +117,7 @@ class _Records:
             _check_timestamp(timestamp_ms)
             value = _value(self.plan, self.decode, self.decode_key, self.convert, payload, key)
         except _Bad as bad:
-            failure = (bad.kind, bad.message, payload, schema_id(payload))
+            failure = (bad.kind, bad.message, payload, schema_id(payload) if self.framed else None)
             if bad.kind == INVALID_TIMESTAMP:  # the row's timestamp column cannot hold it
                 timestamp_ms = None
         self.builder.add(

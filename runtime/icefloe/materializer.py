@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
-from . import progress
+from . import glue_registry, json_inference, progress, raw_format
 from .batch_columns import ERROR_CLASS, ERROR_MESSAGE, TOMBSTONE
 from .commit import Branch, commit_on_branch, drop_stale_branches, new_run_id
 from .commit_state import Checkpoint, CommittedState, committed_state, lost_as_json
@@ -129,6 +129,7 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     cluster = config.cluster(table.source_cluster)
     kafka_conf = client_config(cluster)
     decoder = decoder_spec(table, cluster)
+    schemaless = table.format == "json" and table.inline_schema is None  # columns inferred per batch
     value_fields = _value_fields(decoder, table, identifier)
 
     iceberg = IcebergTable(spark, identifier)
@@ -154,9 +155,12 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
         # registered meanwhile would lose its new fields and enum symbols).
         decoder = decoder_spec(table, cluster)
         value_fields = _value_fields(decoder, table, identifier)
-    struct = table_struct(value_fields)
-    for change in iceberg.evolve(struct):
-        log.info("%s: schema evolved: %s", identifier, change)
+    if schemaless:
+        decoder, value_fields, struct = _infer_json(spark, iceberg, kafka_conf, table, batch, decoder)
+    else:
+        struct = table_struct(value_fields)
+        for change in iceberg.evolve(struct):
+            log.info("%s: schema evolved: %s", identifier, change)
     path = choose_read_path(spark, decoder)
     log.info("%s: reading %d records from %d partitions, read path %s: %s", identifier, sum(r.count for r in ranges),
              len(ranges), path.name, path.reason)  # fmt: skip
@@ -167,7 +171,7 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
         decoder=decoder,
         batch_schema_json=batch_struct(struct).json(),
         value_fields=tuple(f.name for f in value_fields),
-        strict=decoder.format in ("json", "json-schema"),
+        strict=decoder.format in ("json", "json-schema", json_inference.FORMAT),
         required=required_paths(table.inline_schema) if decoder.format == "json" else frozenset(),
         needs_key=table.mode == "upsert" and not table.key,
         max_record_bytes=table.max_record_bytes,
@@ -201,7 +205,8 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     return result
 
 
-_REGISTRY_FORMATS = ("avro-registry", "protobuf", "json-schema")  # the table's schema is the subject's latest
+# The table's schema is the registry's latest version of the value schema.
+_REGISTRY_FORMATS = ("avro-registry", "protobuf", "json-schema", glue_registry.FORMAT)
 
 
 def _value_fields(decoder: DecoderSpec, table: TableSpec, identifier: str) -> list[StructField]:
@@ -210,7 +215,26 @@ def _value_fields(decoder: DecoderSpec, table: TableSpec, identifier: str) -> li
         return avro_value_fields(decoder.schema_str, subject)
     if decoder.format in ("protobuf", "json-schema"):
         return registry_value_fields(decoder.format, decoder.schema_str, decoder.message_type, subject)
+    if decoder.format == glue_registry.FORMAT:
+        where = f"{identifier} (Glue schema {decoder.registry_conf['schema']})"
+        return glue_registry.value_fields(decoder.registry_conf["data_format"], decoder.schema_str, where)
+    if decoder.format in raw_format.FORMATS:
+        return raw_format.value_fields(decoder.format)
+    if table.format == "json" and table.inline_schema is None:  # schemaless: the columns come from each batch
+        return []
     return inline_value_fields(table.inline_schema)
+
+
+def _infer_json(spark: SparkSession, iceberg: IcebergTable, kafka_conf: dict, table: TableSpec, batch: Batch,
+                decoder: DecoderSpec) -> tuple[DecoderSpec, list, StructType]:  # fmt: skip
+    """Schemaless JSON: the batch's types inferred from its records, the table evolved to hold them; returns the
+    decoder, value fields and table struct to read the batch with."""
+    inferred = json_inference.infer_batch(spark, kafka_conf, batch.tasks(), table.max_record_bytes)
+    values = json_inference.value_struct(spark.table(iceberg.full_name).schema.fields, inferred)
+    struct = table_struct(list(values.fields))
+    for change in iceberg.evolve(struct):
+        log.info("%s: schema evolved from the records: %s", iceberg.identifier, change)
+    return replace(decoder, format=json_inference.FORMAT, schema_str=values.json()), list(values.fields), struct
 
 
 def _commit(

@@ -8,7 +8,8 @@ Mapping choices (Spark is the writer, so only types Spark can write to Iceberg a
   decimal -> decimal(p, s) (p at most 38, Iceberg's limit), date -> date, timestamp-millis/micros/nanos -> timestamp
   (Iceberg timestamptz; nanoseconds truncated to the microsecond, Iceberg v2's unit), local-timestamp-* ->
   timestamp_ntz, time-* -> long microseconds, uuid (string or fixed(16)) -> string in canonical form,
-  duration -> struct<months, days, milliseconds: long> (Avro's three unsigned 32-bit counts), [null, T] -> nullable T.
+  duration -> struct<months, days, milliseconds: long> (Avro's three unsigned 32-bit counts), [null, T] -> nullable T,
+  other unions -> struct<member0, member1, ...> (avro_unions).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from pyspark.sql import types as T
 
+from .avro_unions import branches as union_branches, collapsed as collapsed_union, member_name, needs_record_names
 from .batch_columns import KAFKA_COLUMNS, STATUS_COLUMNS, SparkTypeJson, field_json
 from .errors import ConfigError
 from .inline_types import DECIMAL_TYPE, FIXED_TYPE, PRIMITIVES
@@ -77,12 +79,16 @@ class _AvroMapper:
                     return self.named[name]
             raise ConfigError(f"{path}: unknown Avro type {schema!r}")
         if isinstance(schema, list):
-            branches = [b for b in schema if b != "null"]
-            if len(branches) != 1:
-                raise ConfigError(
-                    f"{path}: Avro unions of several non-null types ({branches}) are not supported yet"
-                )
-            return self.map(branches[0], namespace, path)
+            members = union_branches(schema)
+            if len(members) == 1:
+                return self.map(members[0], namespace, path)
+            collapse = collapsed_union(members)  # Spark's rule; "ambiguous" is refused by avro_unions
+            if collapse in _AVRO_PRIMITIVES:
+                return _AVRO_PRIMITIVES[collapse]
+            return T.StructType([
+                T.StructField(member_name(i), self.map(m, namespace, f"{path}.{member_name(i)}"), True)
+                for i, m in enumerate(members)
+            ])  # fmt: skip
         kind = schema.get("type")
         logical = schema.get("logicalType")
         if logical == "decimal" and kind in ("bytes", "fixed"):
@@ -136,6 +142,7 @@ def avro_value_fields(schema_str: str, subject: str) -> list[T.StructField]:
     if not isinstance(schema, dict) or schema.get("type") != "record":
         raise ConfigError(f"{subject}: the value schema must be an Avro record, got {str(schema)[:80]}")
     struct = _AvroMapper().map(schema, "", subject)
+    needs_record_names(schema_str)  # refuses unions whose branches Python cannot tell apart
     return list(struct.fields)
 
 

@@ -81,8 +81,37 @@ class SecretRef(Model):
 
 
 class SchemaRegistrySpec(Model):
-    url: Annotated[str, StringConstraints(pattern=r"^(https?|mock)://")]
+    """A Confluent-compatible registry (`url`, the default type) or an AWS Glue Schema Registry (`type: glue`).
+
+    Glue: `registryName`, `region`; `schemaName` names the table's schema in the registry (`{topic}` is replaced;
+    default `{topic}-value`); `endpoint` only for local runs (e.g. a moto server). AWS credentials come from the
+    environment (the job's role on EMR), never from the config.
+    """
+
+    type: Literal["confluent", "glue"] = "confluent"
+    url: Annotated[str, StringConstraints(pattern=r"^(https?|mock)://")] | None = None
     credentials_secret: SecretRef | None = None
+    registry_name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.$#-]{1,255}$")] | None = None
+    region: Annotated[str, StringConstraints(pattern=r"^[a-z]{2}(-[a-z]+)+-\d$")] | None = None
+    schema_name: Annotated[str, StringConstraints(min_length=1, max_length=255)] = "{topic}-value"
+    endpoint: Annotated[str, StringConstraints(pattern=r"^https?://")] | None = None
+
+    @model_validator(mode="after")
+    def _kind(self) -> "SchemaRegistrySpec":
+        if self.type == "confluent":
+            if self.url is None:
+                raise ValueError("a Confluent-compatible schemaRegistry needs url (or type: glue)")
+            glue_only = [k for k, v in (("registryName", self.registry_name), ("region", self.region),
+                                        ("endpoint", self.endpoint)) if v is not None]  # fmt: skip
+            if glue_only or self.schema_name != "{topic}-value":
+                raise ValueError(f"{', '.join(glue_only) or 'schemaName'} only apply with type: glue")
+        else:
+            if self.registry_name is None or self.region is None:
+                raise ValueError("a Glue schemaRegistry (type: glue) needs registryName and region")
+            if self.url is not None or self.credentials_secret is not None:
+                raise ValueError("a Glue schemaRegistry takes no url or credentialsSecret (AWS credentials come "
+                                 "from the environment: the job's role)")  # fmt: skip
+        return self
 
 
 # arn:aws:kafka:<region>:<account>:cluster/<cluster name>/<cluster uuid>, as MSK names a provisioned or serverless cluster.
@@ -242,11 +271,11 @@ class TableSpec(Model):
     topic: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,249}$")]
     table: Annotated[str, StringConstraints(pattern=GLUE_NAME)] | None = None
     database: Annotated[str, StringConstraints(pattern=GLUE_NAME)] | None = None
-    format: Literal["avro", "json", "json-schema", "protobuf", "raw"] = "avro"
+    format: Literal["avro", "json", "json-schema", "protobuf", "raw", "string"] = "avro"
     schema_: InlineSchema | None = Field(default=None, alias="schema")
     mode: Literal["append", "upsert"] = "append"
     key: tuple[str, ...] | None = None
-    key_format: Literal["json", "avro", "string", "protobuf", "json-schema"] | None = None
+    key_format: Literal["json", "avro", "string", "raw", "protobuf", "json-schema"] | None = None
     # protobuf: the message type the table reads (full or package-relative name); default the schema's first message
     message_type: str | None = None
     partition_by: tuple[str, ...] = ()
@@ -290,14 +319,25 @@ class TableSpec(Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> "TableSpec":
-        if self.format == "raw":
-            raise ValueError(f"format {self.format!r} is not supported yet; use avro, json, json-schema or protobuf")
         if self.message_type is not None and self.format != "protobuf":
             raise ValueError("messageType only applies with format: protobuf")
         if self.format in ("protobuf", "json-schema") and self.schema_ is not None:
             raise ValueError(f"format {self.format} takes its schema from the registry; remove schema")
-        if self.format == "json" and self.schema_ is None:
-            raise ValueError("format json needs an inline schema (schema.fields)")
+        if self.format in ("raw", "string"):
+            if self.schema_ is not None:
+                raise ValueError(f"format {self.format} keeps the value whole in the column `value`; it takes no schema")
+            if self.key:
+                raise ValueError(f"format {self.format} has no value fields to key on; upsert keys on the Kafka key")
+            for partition in self.partitions:
+                if partition.source not in {"value", *KAFKA_COLUMNS}:
+                    raise ValueError(f"partitionBy {partition.text!r} names unknown field {partition.source!r}")
+        if self.format == "json" and self.schema_ is None:  # schemaless: columns inferred from the records
+            for partition in self.partitions:
+                if partition.source not in KAFKA_COLUMNS:
+                    raise ValueError(
+                        f"partitionBy {partition.text!r}: a schemaless JSON table (no schema) can only be partitioned "
+                        "by Kafka columns, its value columns do not exist when it is created"
+                    )
         if self.schema_ is not None:
             clash = sorted({f.name for f in self.schema_.fields} & set(KAFKA_COLUMNS))
             if clash:

@@ -1,0 +1,144 @@
+"""The AWS Glue Schema Registry as a registry kind: `schemaRegistry: {type: glue, registryName, region}`.
+
+Wire format (the AWS serializers', Java `GlueSchemaRegistryKafkaSerializer` and PyPI `aws-glue-schema-registry`):
+byte 0x03, a compression byte (0x00 none, 0x05 zlib), the 16-byte schema version UUID, then the payload as the
+version's data format writes it. The table's schema is the latest version of the schema named `schemaName` in the
+registry (default `{topic}-value`, the Python serializer's naming; the Java serializer names a schema after the
+topic: `schemaName: "{topic}"`). Executors fetch each writer version by its UUID (GetSchemaVersion) once.
+
+The payload decoder is chosen by the version's DataFormat from `PAYLOAD_DECODERS`: Avro is here; a decoder for
+JSON Schema or Protobuf registers itself there (and its type mapping in `VALUE_FIELDS`). A record whose header is
+not Glue's, whose version is unknown, or whose payload does not decode is a bad record; a registry that cannot be
+reached or refuses access is the environment's failure (`SourceError`), never a bad record.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zlib
+from typing import Any, Callable
+from uuid import UUID
+
+from .errors import ConfigError, SourceError
+
+FORMAT = "glue"  # DecoderSpec.format of a table whose values are framed for the Glue Schema Registry
+HEADER = 0x03
+COMPRESSION = {0x00: None, 0x05: "zlib"}
+PREFIX = 18  # header, compression, UUID
+Decoder = Callable[[bytes], Any]
+# DataFormat -> factory(writer schema definition, the table's schema definition) -> payload decoder
+PayloadFactory = Callable[[str, str], Decoder]
+PAYLOAD_DECODERS: dict[str, PayloadFactory] = {}
+# DataFormat -> function(the table's schema definition, what to name in errors) -> the table's value fields
+VALUE_FIELDS: dict[str, Callable[[str, str], list]] = {}
+
+
+def registry_conf(registry, topic: str) -> dict[str, str]:
+    """What executors need to reach the registry (no credential: AWS clients take them from the environment)."""
+    return {"type": "glue", "registry": registry.registry_name, "region": registry.region,
+            "endpoint": registry.endpoint or "", "schema": registry.schema_name.format(topic=topic)}  # fmt: skip
+
+
+def glue_client(conf: dict[str, str]):
+    import boto3
+
+    return boto3.client("glue", region_name=conf["region"], endpoint_url=conf["endpoint"] or None)
+
+
+def _where(conf: dict[str, str]) -> str:
+    return f"Glue schema registry {conf['registry']} ({conf['region']})"
+
+
+def latest_version(conf: dict[str, str]) -> tuple[str, str]:
+    """(data format, definition) of the latest version of the table's schema (driver side)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        found = glue_client(conf).get_schema_version(
+            SchemaId={"RegistryName": conf["registry"], "SchemaName": conf["schema"]},
+            SchemaVersionNumber={"LatestVersion": True},
+        )
+    except ClientError as error:
+        if error.response["Error"]["Code"] == "EntityNotFoundException":
+            raise ConfigError(f"no schema named {conf['schema']!r} in the {_where(conf)}") from None
+        raise SourceError(f"{_where(conf)}: {error}") from None
+    except BotoCoreError as error:
+        raise SourceError(f"{_where(conf)} unreachable: {error}") from None
+    return found["DataFormat"], found["SchemaDefinition"]
+
+
+def value_fields(data_format: str, definition: str, subject: str) -> list:
+    if data_format == "AVRO":
+        from .schema_mapping import avro_value_fields
+
+        return avro_value_fields(definition, subject)
+    if data_format in VALUE_FIELDS:
+        return VALUE_FIELDS[data_format](definition, subject)
+    raise ConfigError(f"{subject}: the Glue schema's data format {data_format} has no decoder in icefloe yet")
+
+
+def split(data: bytes) -> tuple[UUID, bytes]:
+    """The schema version id and the (decompressed) payload of a Glue-framed value."""
+    if len(data) < PREFIX or data[0] != HEADER:
+        raise ValueError("not AWS Glue Schema Registry wire format (header byte 3, compression byte, version UUID)")
+    if data[1] not in COMPRESSION:
+        raise ValueError(f"unknown Glue compression byte {data[1]} (0 none or 5 zlib expected)")
+    payload = data[PREFIX:]
+    if COMPRESSION[data[1]] == "zlib":
+        try:
+            payload = zlib.decompress(payload)
+        except zlib.error as error:
+            raise ValueError(f"zlib-compressed payload does not decompress: {error}") from None
+    return UUID(bytes=bytes(data[2:PREFIX])), payload
+
+
+def decoder(conf: dict[str, str], table_schema: str) -> Decoder:
+    """Decodes Glue-framed values: writer versions fetched by UUID, payloads by the version's data format."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    client = glue_client(conf)
+    decoders: dict[UUID, Decoder] = {}
+
+    def for_version(version: UUID) -> Decoder:
+        try:
+            found = client.get_schema_version(SchemaVersionId=str(version))
+        except ClientError as error:
+            if error.response["Error"]["Code"] in ("EntityNotFoundException", "InvalidInputException"):
+                raise ValueError(f"schema version {version} is not in the {_where(conf)}") from None
+            raise SourceError(f"{_where(conf)}: {error}") from None
+        except BotoCoreError as error:
+            raise SourceError(f"{_where(conf)} unreachable: {error}") from None
+        data_format = found["DataFormat"]
+        factory = avro_payload if data_format == "AVRO" else PAYLOAD_DECODERS.get(data_format)
+        if factory is None:
+            raise ValueError(f"schema version {version} is {data_format}, which icefloe cannot decode yet")
+        return factory(found["SchemaDefinition"], table_schema)
+
+    def decode(data: bytes) -> Any:
+        version, payload = split(data)
+        if version not in decoders:
+            decoders[version] = for_version(version)
+        return decoders[version](payload)
+
+    return decode
+
+
+def avro_payload(writer: str, reader: str) -> Decoder:
+    """An Avro payload written with `writer`, resolved to the table's schema `reader` (unions as member structs)."""
+    import fastavro
+
+    from .avro_unions import needs_record_names, rewriter
+
+    writer_schema, reader_schema = fastavro.parse_schema(json.loads(writer)), fastavro.parse_schema(json.loads(reader))
+    names = needs_record_names(reader)
+    rewrite = rewriter(reader, names) or (lambda value: value)
+
+    def decode(payload: bytes) -> Any:
+        try:
+            value = fastavro.schemaless_reader(io.BytesIO(payload), writer_schema, reader_schema, names)
+        except Exception as error:  # fastavro raises many types on corrupt input
+            raise ValueError(f"Avro payload cannot be decoded: {type(error).__name__}: {error}") from None
+        return rewrite(value)
+
+    return decode

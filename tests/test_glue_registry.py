@@ -1,0 +1,156 @@
+"""The AWS Glue Schema Registry as a registry kind, against moto's Glue schema-registry API (a moto server, not AWS):
+records serialized by the PyPI `aws-glue-schema-registry` library (the real wire format: header 3, compression,
+version UUID), materialized through the real broker and read back with pyiceberg and DuckDB; poisons in every mode."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+import zlib
+from decimal import Decimal
+
+import pytest
+
+from icefloe.errors import ConfigError
+from icefloe.glue_registry import split
+from icefloe.materializer import materialize_once
+from icefloe.spec import parse_config
+from support import by_position, produce, read_duckdb, read_pyiceberg
+from test_poison import MAX_BYTES, check_mode, lay_out
+
+UTC = dt.timezone.utc
+V1 = {
+    "type": "record", "name": "Payment", "namespace": "test.glue",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "payer", "type": ["null", "string"], "default": None},
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+        {"name": "ref", "type": ["string", "long"]},
+    ],
+}  # fmt: skip
+V2 = {**V1, "fields": [*V1["fields"], {"name": "note", "type": ["null", "string"], "default": None}]}
+
+
+def _cluster(**registry) -> dict:
+    return {"name": "c", "bootstrapServers": "b:9092", "schemaRegistry": registry}
+
+
+@pytest.mark.parametrize("registry, message", [
+    ({"type": "glue", "region": "eu-west-1"}, "needs registryName and region"),
+    ({"type": "glue", "registryName": "r", "region": "eu-west-1", "url": "http://x"}, "takes no url"),
+    ({"registryName": "r", "region": "eu-west-1", "url": "http://x"}, "only apply with type: glue"),
+    ({"type": "glue", "registryName": "r", "region": "Ireland"}, "region"),
+    ({}, "needs url"),
+])  # fmt: skip
+def test_glue_registry_settings_are_validated(registry, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"sourceClusters": [_cluster(**registry)]})
+
+
+def test_the_wire_format_is_split_and_refused_naming_the_problem():
+    version = uuid.uuid4()
+    assert split(b"\x03\x00" + version.bytes + b"body") == (version, b"body")
+    assert split(b"\x03\x05" + version.bytes + zlib.compress(b"body")) == (version, b"body")
+    for data, message in [(b"\x00\x00\x00\x00\x01body", "not AWS Glue Schema Registry wire format"),
+                          (b"\x03\x00" + version.bytes[:5], "not AWS Glue"),
+                          (b"\x03\x07" + version.bytes + b"x", "unknown Glue compression byte 7"),
+                          (b"\x03\x05" + version.bytes + b"not zlib", "does not decompress")]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            split(data)
+
+
+class Glue:
+    """A Glue schema registry on the moto server, and the AWS library's serializer writing to it."""
+
+    def __init__(self, moto_aws, name: str):
+        from aws_schema_registry import KafkaSerializer, SchemaRegistryClient
+
+        self.moto, self.name = moto_aws, name
+        client = moto_aws.client("glue")
+        client.create_registry(RegistryName=name)
+        self.registry = SchemaRegistryClient(client, registry_name=name, wait_interval_seconds=0.1)
+        self.serializer = KafkaSerializer(self.registry)
+
+    def serialize(self, topic: str, schema: dict, value: dict, compressed: bool = False) -> bytes:
+        from aws_schema_registry import DataAndSchema
+        from aws_schema_registry.avro import AvroSchema
+        from aws_schema_registry.codec import decode, encode
+
+        data = self.serializer.serialize(topic, DataAndSchema(value, AvroSchema(schema)))
+        if not compressed:
+            return data
+        payload, version = decode(data)
+        return encode(payload, version, compression=True)  # the library's own zlib framing
+
+    def config(self, topic: str, **table) -> dict:
+        registry = {"type": "glue", "registryName": self.name, "region": "us-east-1", "endpoint": self.moto.endpoint}
+        return {"sourceClusters": [{"name": "local", "bootstrapServers": "", "schemaRegistry": registry}],
+                "tables": [{"sourceCluster": "local", "topic": topic, **table}]}  # fmt: skip
+
+
+@pytest.fixture
+def aws_env(moto_aws, spark, monkeypatch):
+    """AWS credentials for the driver (environment) and the Python workers (the SparkContext's worker environment)."""
+    for key, value in moto_aws.aws_env().items():
+        monkeypatch.setenv(key, value)
+        monkeypatch.setitem(spark.sparkContext.environment, key, value)
+
+
+def _parsed(raw: dict, broker) -> object:
+    raw["sourceClusters"][0]["bootstrapServers"] = broker.bootstrap_servers
+    return parse_config(raw)
+
+
+def payment(i: int, note: bool = False) -> dict:
+    value = {"id": i, "payer": None if i % 3 == 0 else f"p{i}", "amount": Decimal(i).scaleb(-2),
+             "at": dt.datetime(2026, 1, 1, tzinfo=UTC) + dt.timedelta(seconds=i), "tags": [f"t{i}"] * (i % 3),
+             "ref": f"r{i}" if i % 2 else i}  # fmt: skip
+    return {**value, "note": f"n{i}"} if note else value
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_glue_avro_end_to_end_with_evolution_and_zlib(spark, broker, moto_aws, aws_env, state_dir, topic):
+    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+    broker.create_topic(topic, 2)
+    values = [(payment(i), glue.serialize(topic, V1, payment(i), compressed=i % 4 == 0)) for i in range(20)]
+    values += [(payment(i, note=True), glue.serialize(topic, V2, payment(i, note=True), compressed=i % 2 == 0))
+               for i in range(20, 26)]  # fmt: skip
+    positions = produce(broker.bootstrap_servers, topic, [{"key": b"%d" % v["id"], "value": data, "partition": v["id"] % 2}
+                                                          for v, data in values])  # fmt: skip
+    config = _parsed(glue.config(topic), broker)
+
+    result = materialize_once(spark, config, config.tables[0])
+
+    assert result.rows_written == len(values) and result.records_failed == 0 and result.read_path == "python"
+    expected = {p: {"note": None, **v, "ref": {"member0": v["ref"], "member1": None} if isinstance(v["ref"], str)
+                    else {"member0": None, "member1": v["ref"]}} for p, (v, _) in zip(positions, values)}  # fmt: skip
+    rows = by_position(read_pyiceberg(state_dir, result.identifier))
+    assert {p: {k: r[k] for k in expected[p]} for p, r in rows.items()} == expected, "v1 records resolve to v2"
+    duck = by_position(read_duckdb(result.metadata_location))
+    assert {p: {k: r[k] for k in expected[p]} for p, r in duck.items()} == expected
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+@pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
+def test_glue_poison_catalogue(spark, broker, moto_aws, aws_env, state_dir, topic, mode):
+    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+    sample = glue.serialize(topic, V1, payment(1))
+    other = {"type": "record", "name": "Other", "fields": [{"name": "x", "type": "boolean"}]}
+    foreign = glue.serialize(f"{topic}-other", other, {"x": True})  # a version of another schema: does not resolve
+    poisons = [
+        ("confluent framing", "DecodeError", b"k", b"\x00\x00\x00\x00\x01" + sample[18:]),
+        ("unknown compression byte", "DecodeError", b"k", sample[:1] + b"\x09" + sample[2:]),
+        ("unknown schema version", "DecodeError", b"k", sample[:2] + uuid.uuid4().bytes + sample[18:]),
+        ("corrupt zlib payload", "DecodeError", b"k", sample[:1] + b"\x05" + sample[2:]),
+        ("truncated avro", "DecodeError", b"k", sample[:21]),
+        ("header only", "DecodeError", b"k", sample[:18]),
+        ("another schema's version", "DecodeError", b"k", foreign),
+        ("oversized record", "RecordTooLarge", b"k", sample[:18] + b"\x00" * (MAX_BYTES + 1)),
+    ]
+    goods, bads = lay_out(broker, topic, poisons, lambda i: glue.serialize(topic, V1, payment(i)))
+    config = _parsed(glue.config(topic, errors=mode, maxRecordBytes=MAX_BYTES), broker)
+    check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)

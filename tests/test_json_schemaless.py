@@ -1,0 +1,131 @@
+"""Schemaless JSON (`format: json` without `schema`): columns inferred from each batch's records, the table evolved
+batch after batch, values that do not fit the table's columns as bad records naming the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pyspark.sql import types as T
+
+from icefloe.json_inference import decoder, infer, spark_type, unify, value_struct
+from icefloe.runner import run_table
+from support import by_position, produce, read_duckdb, read_pyiceberg
+
+
+def inferred(*values) -> T.DataType:
+    kind = "null"
+    for value in values:
+        kind = unify(kind, infer(value))
+    return spark_type(kind)
+
+
+def test_inference_rules():
+    assert inferred({"a": 1}, {"a": 2**40}).simpleString() == "struct<a:bigint>", "int -> long"
+    assert inferred({"a": 1}, {"a": 0.5}).simpleString() == "struct<a:double>", "int -> double"
+    assert inferred({"a": 1}, {"a": "x"}).simpleString() == "struct<a:string>", "conflict -> string"
+    assert inferred({"a": {"b": 1}}, {"a": [1]}).simpleString() == "struct<a:string>", "object and list -> string"
+    assert inferred({"a": 2**64}).simpleString() == "struct<a:string>", "beyond 64 bits -> string"
+    assert inferred({"a": None, "b": [], "c": {}}).simpleString() == "struct<b:array<string>,c:string>"
+    assert inferred({"a": {"b": 1}}, {"a": {"c": [{"d": True}, {"e": 1.5}]}}).simpleString() == (
+        "struct<a:struct<b:int,c:array<struct<d:boolean,e:double>>>>"
+    )
+    assert inferred({"x.y": 1, "`": 2, "": 3, "ok": 4}).simpleString() == "struct<ok:int>", "unusable keys: no column"
+
+
+def test_a_later_batch_evolves_the_table_only_where_iceberg_can():
+    current = [T.StructField("n", T.IntegerType()), T.StructField("s", T.StringType()), T.StructField("l", T.LongType()),
+               T.StructField("st", T.StructType([T.StructField("a", T.IntegerType())])),
+               T.StructField("kafka_offset", T.LongType())]  # fmt: skip
+    batch = unify(infer({"n": 2**40, "s": 5, "l": 0.5, "st": {"a": 1, "b": "x"}, "new": [1]}), infer({"st": [1]}))
+    assert value_struct(current, batch).simpleString() == (
+        "struct<n:bigint,s:string,l:bigint,st:struct<a:int,b:string>,new:array<int>>"
+    ), "int widens to long; string keeps; long stays (no long -> double in Iceberg); new keys add columns"
+    assert value_struct([], infer({"kafka_offset": 1, "a": 1})).simpleString() == "struct<a:int>"
+
+
+def test_values_are_shaped_for_the_columns_or_refused_naming_the_field():
+    struct = T.StructType([T.StructField("s", T.StringType()), T.StructField("d", T.DoubleType()),
+                           T.StructField("o", T.StructType([T.StructField("a", T.LongType())]))])  # fmt: skip
+    decode = decoder(struct.json())
+    assert decode(b'{"s": {"x": [1, "\xc3\xb1"]}, "d": 3, "o": {"a": 1, "z": null}}') == {
+        "s": '{"x":[1,"ñ"]}', "d": 3, "o": {"a": 1}
+    }
+    with pytest.raises(ValueError, match=r"^o\.b: the table has no column for this key"):
+        decode(b'{"o": {"a": 1, "b": 2}}')
+    with pytest.raises(ValueError, match=r"^d: 9007199254740993 cannot be held exactly"):
+        decode(b'{"d": 9007199254740993}')
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_schemaless_json_end_to_end_over_two_batches(spark, broker, state_dir, topic, make_config):
+    broker.create_topic(topic, 2)
+    first = [
+        {"id": 1, "name": "ann", "score": 1, "ratio": 0.5, "ok": True, "tags": ["a", "b"],
+         "address": {"city": "Oslo", "zip": 1234}, "items": [{"sku": "x", "qty": 1}], "mixed": 1, "gone": None},
+        {"id": 2, "name": "bob", "score": 2, "ratio": 2, "ok": False, "tags": [],
+         "address": {"city": "Rome"}, "items": [], "mixed": "two"},
+        {"id": 3, "name": None, "score": -3, "ratio": -1.25e3, "ok": None, "tags": ["ñ"],
+         "address": None, "items": [{"sku": "y", "qty": 2}, {"sku": "z"}], "mixed": {"k": [1, None]}},
+    ]  # fmt: skip
+    produce(broker.bootstrap_servers, topic, [{"key": b"k%d" % r["id"], "value": json.dumps(r).encode(),
+                                              "partition": r["id"] % 2} for r in first] + [{"value": None, "partition": 0}])  # fmt: skip
+    config = make_config({"topic": topic, "format": "json", "errors": "dlq"})
+    table = config.tables[0]
+
+    result = run_table(spark, config, table, state_dir)
+    assert result.rows_written == 4 and result.records_failed == 0 and result.read_path == "python"
+    rows = sorted(read_pyiceberg(state_dir, result.identifier), key=lambda r: (r["id"] is None, r["id"]))
+    values = [{k: v for k, v in r.items() if not k.startswith("kafka_")} for r in rows]
+    # The tombstone's null list of structs reads back as [] (pyiceberg and DuckDB; Spark's frame holds null):
+    # not specific to schemaless JSON, left to the lead (see the branch report).
+    assert values[3]["items"] in (None, [])
+    values[3]["items"] = None
+    assert values == [
+        {"id": 1, "name": "ann", "score": 1, "ratio": 0.5, "ok": True, "tags": ["a", "b"],
+         "address": {"city": "Oslo", "zip": 1234}, "items": [{"sku": "x", "qty": 1}], "mixed": "1"},
+        {"id": 2, "name": "bob", "score": 2, "ratio": 2.0, "ok": False, "tags": [],
+         "address": {"city": "Rome", "zip": None}, "items": [], "mixed": "two"},
+        {"id": 3, "name": None, "score": -3, "ratio": -1250.0, "ok": None, "tags": ["ñ"], "address": None,
+         "items": [{"sku": "y", "qty": 2}, {"sku": "z", "qty": None}], "mixed": '{"k":[1,null]}'},
+        {"id": None, "name": None, "score": None, "ratio": None, "ok": None, "tags": None, "address": None,
+         "items": None, "mixed": None},  # the tombstone keeps its row
+    ]  # fmt: skip
+    duck = sorted(read_duckdb(result.metadata_location), key=lambda r: (r["id"] is None, r["id"]))
+    duck_values = [{k: v for k, v in r.items() if not k.startswith("kafka_")} for r in duck]
+    assert duck_values[:3] == values[:3] and {**duck_values[3], "items": None} == values[3]
+    schema = {f.name: str(f.field_type) for f in _table(state_dir, result.identifier).schema().fields}
+    assert schema["score"] == "int" and schema["ratio"] == "double" and "gone" not in schema
+
+    second = [
+        {"id": 4, "score": 2**40, "mixed": 5, "address": {"city": "Lima", "zone": "c"}, "items": [{"sku": "w", "note": "n"}],
+         "fresh": 7},
+        {"id": 5, "name": "fits", "ratio": 3},
+        {"id": 2.5, "name": "a fraction in a long column"},
+        {"id": 6, "ok": "yes"},
+        {"id": 7, "address": [1]},
+    ]  # fmt: skip
+    positions = produce(broker.bootstrap_servers, topic, [{"value": json.dumps(r).encode(), "partition": 0} for r in second])
+    again = run_table(spark, config, table, state_dir)
+    assert again.rows_written == 2 and again.records_failed == 3
+    schema = {f.name: str(f.field_type) for f in _table(state_dir, result.identifier).schema().fields}
+    assert schema["score"] == "long", "int widened to long"
+    assert schema["fresh"] == "int" and "zone" in schema["address"] and "note" in schema["items"]
+    rows = by_position(read_pyiceberg(state_dir, result.identifier))
+    row = rows[positions[0]]
+    assert (row["score"], row["mixed"], row["address"], row["items"], row["fresh"]) == (
+        2**40, "5", {"city": "Lima", "zip": None, "zone": "c"}, [{"sku": "w", "qty": None, "note": "n"}], 7
+    )
+    assert rows[positions[1]]["ratio"] == 3.0 and rows[positions[1]]["fresh"] is None
+    dead = by_position(read_pyiceberg(state_dir, result.identifier + "_dlq"))
+    assert {p: (r["error_class"], r["error_message"].split(":")[0]) for p, r in dead.items()} == {
+        positions[2]: ("ConversionError", "id"), positions[3]: ("ConversionError", "ok"),
+        positions[4]: ("ConversionError", "address"),
+    }, "values that do not fit the table's columns are bad records naming the field"
+
+
+def _table(state_dir, identifier):
+    from icefloe_dev.readers import pyiceberg_catalog
+
+    return pyiceberg_catalog(state_dir).load_table(identifier)
