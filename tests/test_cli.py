@@ -73,31 +73,85 @@ def test_sigkill_midway_then_rerun_is_exactly_once(broker, registry, spark, stat
     for _ in range(2):  # a second try only if the first run finished before the kill landed
         if kills:
             break
-        process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
-        reading = threading.Event()
-
-        def watch(stream=process.stderr, seen=reading) -> None:  # drain stderr so the run never blocks on it
-            for line in stream:
-                if "reading" in line and "records from" in line:
-                    seen.set()
-
-        threading.Thread(target=watch, daemon=True).start()
+        process, reading = start_run(command, env)
         assert reading.wait(120), "the run never started reading"
         time.sleep(rng.uniform(0.0, 4.0))
-        if process.poll() is None:
-            process.send_signal(signal.SIGKILL)
-            kills += 1
+        kills += kill_if_running(process)
         process.wait(timeout=120)
     assert kills >= 1, "the run finished before it could be killed; the test did not test a crash"
 
-    # Rerun to the end (two batches of at most 40k records) and check every record landed exactly once.
-    for _ in range(3):
+    run_to_the_end(command, env)
+    assert_exactly_once(state_dir, f"local.{topic}", records)
+
+
+# A writer that takes no local lock: on AWS nothing serializes two runs of one table.
+UNLOCKED = [sys.executable, "-c", "import contextlib, sys; from icefloe import cli, runner; "
+            "runner.table_lock = lambda *args: contextlib.nullcontext(); sys.exit(cli.main())"]  # fmt: skip
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_two_overlapping_writers_one_killed_at_random_is_exactly_once(broker, registry, spark, state_dir, topic, tmp_path):
+    """Two runs of one table overlap (no lock between them); one of them, chosen at random, is SIGKILLed at a random
+    point while the other goes on to commit. Each trial overlaps the next batch of the same table."""
+    records = 30_000
+    broker.create_topic(topic, 3)
+    produce_avro(broker.bootstrap_servers, registry.url, topic, stock_trades.SCHEMA, stock_trades.trades(records))
+    path = stack_file(tmp_path / "Pulumi.crash2.yaml", broker.bootstrap_servers, registry.url,
+                      [{"topic": topic, "partitionBy": ["hour(event_time)"], "maxRecordsPerRun": 6_000}])  # fmt: skip
+    env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[1]"}
+    arguments = ["run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)]
+    seed = int(os.environ.get("ICEFLOE_CRASH_SEED", time.time()))
+    rng = random.Random(seed)
+    kills = 0
+    for trial in range(2):
+        first, first_reading = start_run([*UNLOCKED, *arguments], env)
+        time.sleep(rng.uniform(0.0, 3.0))  # the second writer starts while the first plans, reads or commits
+        second, second_reading = start_run([*UNLOCKED, *arguments], env)
+        victim, victim_reading, survivor = (first, first_reading, second) if rng.random() < 0.5 else (second, second_reading, first)
+        victim_reading.wait(180)
+        time.sleep(rng.uniform(0.0, 5.0))
+        kills += kill_if_running(victim)
+        victim.wait(timeout=120)
+        assert survivor.wait(timeout=600) in (0, 1), f"trial {trial} (seed {seed}): the surviving writer crashed"
+    assert kills >= 1, f"seed {seed}: no writer was still running when killed; the test did not test a crash"
+    run_to_the_end(command=[*ICEFLOE, *arguments], env=env)
+    assert_exactly_once(state_dir, f"local.{topic}", records)
+
+
+def start_run(command: list[str], env: dict) -> tuple[subprocess.Popen, threading.Event]:
+    """Start a run; the event is set once it logs that it reads its planned records."""
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    reading = threading.Event()
+
+    def watch(stream=process.stderr, seen=reading) -> None:  # drain stderr so the run never blocks on it
+        for line in stream:
+            if "reading" in line and "records from" in line:
+                seen.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    return process, reading
+
+
+def kill_if_running(process: subprocess.Popen) -> int:
+    if process.poll() is None:
+        process.send_signal(signal.SIGKILL)
+        return 1
+    return 0
+
+
+def run_to_the_end(command: list[str], env: dict) -> None:
+    for _ in range(8):
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         if json.loads(done.stdout.strip().splitlines()[-1])["status"] == "up-to-date":
-            break
-    rows = read_pyiceberg(state_dir, f"local.{topic}")
-    keyed = by_position(rows)  # fails on any duplicate (partition, offset)
+            return
+    raise AssertionError("the table never caught up")
+
+
+def assert_exactly_once(state_dir: Path, identifier: str, records: int) -> None:
+    """Every (partition, offset) of the topic is in the table exactly once, with no gaps."""
+    keyed = by_position(read_pyiceberg(state_dir, identifier))  # fails on any duplicate (partition, offset)
     assert len(keyed) == records
     per_partition = {}
     for partition, offset in keyed:

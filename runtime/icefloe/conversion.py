@@ -268,6 +268,27 @@ def _primitive(dtype: T.DataType, path: str, strict: bool) -> Convert:
     raise TypeError(f"{path}: no converter for {dtype.simpleString()}")
 
 
+def from_text(dtype: T.DataType, path: str) -> Convert:
+    """Parses text (a string Kafka key) into a value of `dtype` for its check; strings, decimals, dates and
+    timestamps take text as they are."""
+    if isinstance(dtype, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
+        kind, parse = "an integer", int
+    elif isinstance(dtype, (T.FloatType, T.DoubleType)):
+        kind, parse = "a number", float
+    elif isinstance(dtype, T.BooleanType):
+        kind, parse = "true or false", {"true": True, "false": False}.__getitem__
+    else:
+        return _same
+
+    def parsed(text: str) -> Any:
+        try:
+            return parse(text.strip())
+        except (ValueError, KeyError):
+            raise ValueError(f"{path}: the text is not {kind}") from None  # the text itself is payload: not quoted
+
+    return parsed
+
+
 def arrow_schema(table: T.StructType) -> pa.Schema:
     """The Arrow schema Spark expects from `mapInArrow` for this table (Spark's own mapping, no drift)."""
     return to_arrow_schema(table)

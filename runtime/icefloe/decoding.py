@@ -135,13 +135,15 @@ def build_key_decoder(spec: DecoderSpec) -> Callable[[bytes], dict]:
             raise ConfigError(f"{spec.topic}: keyFormat avro needs a schema registry")
         decode = _registry_avro_decoder(spec, None, key=True)
     else:
-        decode = _decode_json
+        decode = _parse_json  # an object, or for one key field its value alone
 
     def keyed(data: bytes) -> dict:
         value = decode(data)
-        if not isinstance(value, dict):
-            raise ValueError(f"key must decode to an object with fields {list(spec.key_fields)}")
-        return value
+        if isinstance(value, dict):
+            return value
+        if len(spec.key_fields) == 1 and not isinstance(value, list):  # a primitive key gives the one key field
+            return {spec.key_fields[0]: value}
+        raise ValueError(f"key must decode to an object with fields {list(spec.key_fields)}")
 
     return keyed
 
@@ -151,6 +153,13 @@ def _reject_constant(name: str) -> Any:
 
 
 def _decode_json(data: bytes) -> Any:
+    value = _parse_json(data)
+    if not isinstance(value, dict):
+        raise ValueError(f"JSON value must be an object, got {type(value).__name__}")
+    return value
+
+
+def _parse_json(data: bytes) -> Any:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -159,8 +168,6 @@ def _decode_json(data: bytes) -> Any:
         value = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as error:
         raise ValueError(f"value is not valid JSON: {error.msg} at position {error.pos}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"JSON value must be an object, got {type(value).__name__}")
     return value
 
 
