@@ -158,3 +158,34 @@ def assert_exactly_once(state_dir: Path, identifier: str, records: int) -> None:
         per_partition.setdefault(partition, []).append(offset)
     for partition, offsets in per_partition.items():
         assert sorted(offsets) == list(range(len(offsets))), f"partition {partition} has gaps"
+
+
+MARKER = "PAYLOAD-MARKER-7c1e"
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_logs_errors_and_json_never_carry_a_bad_records_values(broker, registry, spark, state_dir, topic, tmp_path):
+    """Values that do not fit the table, each holding a marker string: the error, the logs (verbose) and the --json
+    output name partition, offset and field but never the value; the DLQ table keeps the raw payload."""
+    from support import produce
+
+    broker.create_topic(topic, 1)
+    schema = {"fields": [{"name": "n", "type": "long"}, {"name": "at", "type": "timestamptz"},
+                         {"name": "day", "type": "date"}, {"name": "price", "type": "decimal(9,2)"}]}  # fmt: skip
+    bad = [{"at": f"{MARKER}-at"}, {"day": f"{MARKER}-day"}, {"price": f"{MARKER}-price"}]
+    values = [{"n": 1}, *bad, {"n": 2}]
+    produce(broker.bootstrap_servers, topic, [{"value": json.dumps(v).encode()} for v in values])
+    path = stack_file(tmp_path / "Pulumi.marker.yaml", broker.bootstrap_servers, registry.url, [
+        {"topic": topic, "table": "marker_fail", "format": "json", "schema": schema, "errors": "fail"},
+        {"topic": topic, "table": "marker_skip", "format": "json", "schema": schema, "errors": "skip"},
+        {"topic": topic, "table": "marker_dlq", "format": "json", "schema": schema, "errors": "dlq"},
+    ])  # fmt: skip
+    done = subprocess.run([*ICEFLOE, "-v", "run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)],
+                          capture_output=True, text=True, env={**os.environ, "ICEFLOE_SPARK_MASTER": "local[1]"}, timeout=600)  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]  # the fail table stopped at its first bad record
+    assert "partition 0 offset 1" in done.stderr and "at: not an ISO-8601 timestamp" in done.stderr
+    assert MARKER not in done.stdout and MARKER not in done.stderr
+    dead = read_pyiceberg(state_dir, "local.marker_dlq_dlq")
+    assert [json.loads(row["raw_value"]) for row in sorted(dead, key=lambda r: r["kafka_offset"])] == bad, "raw payloads kept"
+    assert not any(MARKER in row["error_message"] for row in dead)
