@@ -84,8 +84,8 @@ def test_continuous_rows_visible_within_interval_and_sigterm_restart_is_exactly_
 
 def test_maintenance_compacts_expires_and_removes_orphans_without_changing_content(spark, broker, state_dir, topic, make_config):
     broker.create_topic(topic, 2)
-    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "maintenance": {
-        "enabled": False, "snapshotRetention": "1s", "minSnapshotsToKeep": 1, "orphanFileAge": "1s"}})  # fmt: skip
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "runTimeout": "1m", "maintenance": {
+        "enabled": False, "snapshotRetention": "1s", "minSnapshotsToKeep": 1, "orphanFileAge": "1m"}})  # fmt: skip
     table_spec = config.tables[0]
     for batch in range(6):  # six small commits: at least six small files per partition
         produce(broker.bootstrap_servers, topic, records(batch * 20, 20))
@@ -95,7 +95,7 @@ def test_maintenance_compacts_expires_and_removes_orphans_without_changing_conte
     data_dir = Path(table.metadata_location().removeprefix("file:")).parent.parent / "data"
     orphan = data_dir / "left-by-a-crashed-run.parquet"
     orphan.write_bytes(b"PAR1 not referenced by any snapshot")
-    old = time.time() - 60
+    old = time.time() - 600  # older than orphanFileAge (at least runTimeout: no run in flight can still own it)
     os.utime(orphan, (old, old))
     time.sleep(1.5)
 

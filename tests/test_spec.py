@@ -51,6 +51,8 @@ def test_partition_transforms_parse_to_spark_ddl():
             "names unknown field 'b'",
         ),
         ({"mode": "append", "key": ["a"]}, "key is only used with mode: upsert"),
+        ({"maintenance": {"orphanFileAge": "1h"}}, "maintenance.orphanFileAge 1h is shorter than runTimeout 12h"),
+        ({"runTimeout": "1m", "maintenance": {"orphanFileAge": "30s"}}, "orphanFileAge 30s is shorter than runTimeout 1m"),
     ],
 )
 def test_config_errors_name_the_table_and_field(table, expected):

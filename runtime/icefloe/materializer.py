@@ -38,7 +38,7 @@ from .executor_tasks import ReadPlan, read_batches, unmark
 from .jvm_source import source_failure
 from .schema_mapping import avro_value_fields, batch_struct, inline_value_fields, required_paths, table_struct
 from .spec import IcefloeConfig, TableSpec
-from .upsert import merge_batch
+from .upsert import key_columns, merge_batch
 
 log = logging.getLogger(__name__)
 # Split long partitions so both cores (or many executors) share the work; each split is one Spark task.
@@ -132,6 +132,7 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     else:
         value_fields = inline_value_fields(table.inline_schema)
     struct = table_struct(value_fields)
+    keys = key_columns(table.key, value_fields, f"table {identifier}") if table.mode == "upsert" else []
 
     iceberg = IcebergTable(spark, identifier)
     first = Checkpoint(table.topic).to_summary()  # a first, empty checkpoint: the base of the first commit
@@ -167,7 +168,7 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
         needs_key=table.mode == "upsert" and not table.key,
         max_record_bytes=table.max_record_bytes,
     )
-    write = _upsert_writer(table, struct) if table.mode == "upsert" else _append_writer(struct)
+    write = _upsert_writer(struct, keys) if table.mode == "upsert" else _append_writer(struct)
 
     checkpoint = Checkpoint(table.topic, next_offsets, run_id, planned.topic_id, tuple(planned.lost))
     outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, path)
@@ -322,10 +323,8 @@ def _append_writer(struct: StructType) -> Writer:
     return append
 
 
-def _upsert_writer(table: TableSpec, struct: StructType) -> Writer:
-    key_columns = list(table.key) if table.key else ["kafka_key"]
-
+def _upsert_writer(struct: StructType, keys: list[str]) -> Writer:
     def upsert(frame: DataFrame, branch: Branch) -> int:
-        return merge_batch(frame, branch, struct, key_columns)
+        return merge_batch(frame, branch, struct, keys)
 
     return upsert

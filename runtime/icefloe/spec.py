@@ -272,6 +272,13 @@ class TableSpec(Model):
                 raise ValueError(f"key names unknown fields {missing}")
         if self.key_format and not self.key:
             raise ValueError("keyFormat only applies with key: [fields] (the default key is the raw Kafka key)")
+        # A file younger than runTimeout may belong to a run that has not published yet (on AWS nothing serializes
+        # runs and maintenance); removing it as an orphan would break that run's commit.
+        if duration_seconds(self.maintenance.orphan_file_age) < self.run_timeout_seconds:
+            raise ValueError(
+                f"maintenance.orphanFileAge {self.maintenance.orphan_file_age} is shorter than runTimeout "
+                f"{self.run_timeout}: files of a run still in flight would be removed as orphans"
+            )
         return self
 
     @property
