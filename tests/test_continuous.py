@@ -166,3 +166,27 @@ def test_continuous_mode_rides_out_a_broker_outage(spark, state_dir, topic, tmp_
         assert sorted(r["n"] for r in rows.values()) == list(range(100))
     finally:
         broker.stop()
+
+
+def test_maintenance_also_compacts_and_expires_the_dead_letter_table(spark, broker, state_dir, topic, make_config):
+    broker.create_topic(topic, 1)
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "errors": "dlq", "maintenance": {
+        "enabled": False, "snapshotRetention": "1s", "minSnapshotsToKeep": 1}})  # fmt: skip
+    table_spec = config.tables[0]
+    for batch in range(4):  # four batches with a bad record each: four small DLQ files and snapshots
+        produce(broker.bootstrap_servers, topic, [*records(batch * 2, 1, 1), {"value": b"not json"}])
+        run_table(spark, config, table_spec, state_dir)
+    table = IcebergTable(spark, config.identifier(table_spec))
+    dead_before = sorted(by_position(read_pyiceberg(state_dir, table.identifier + "_dlq")))
+    time.sleep(1.5)
+
+    result = maintain(table, table_spec)
+
+    assert result.dead_letters is not None
+    assert result.dead_letters.data_files_before >= 4 and result.dead_letters.data_files_after == 1
+    assert result.dead_letters.expired_snapshots >= 3
+    assert sorted(by_position(read_pyiceberg(state_dir, table.identifier + "_dlq"))) == dead_before
+    # The DLQ's own checkpoint survives its expiry: a bad record after maintenance is added exactly once.
+    produce(broker.bootstrap_servers, topic, [{"value": b"not json either"}])
+    run_table(spark, config, table_spec, state_dir)
+    assert len(by_position(read_pyiceberg(state_dir, table.identifier + "_dlq"))) == len(dead_before) + 1

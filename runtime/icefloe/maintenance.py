@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from .catalog import CATALOG
 from .commit_state import committed_state
+from .dead_letter import dead_letter_identifier
 from .iceberg_table import IcebergTable
 from .spec import TableSpec, duration_seconds
 
@@ -35,6 +36,7 @@ class MaintenanceResult:
     snapshots_after: int = 0
     seconds: float = 0.0
     steps: list[str] = field(default_factory=list)
+    dead_letters: "MaintenanceResult | None" = None  # the `<table>_dlq` table's, when there is one
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -44,7 +46,7 @@ class MaintenanceResult:
             f"{self.identifier}: data files {self.data_files_before} -> {self.data_files_after}, delete files "
             f"{self.delete_files_before} -> {self.delete_files_after}, expired {self.expired_snapshots} snapshots, "
             f"removed {self.orphan_files_removed} orphan files, TTL deleted {self.rows_expired_by_ttl} rows "
-            f"({self.seconds:.1f}s)"
+            f"({self.seconds:.1f}s)" + (f"; {self.dead_letters}" if self.dead_letters else "")
         )
 
 
@@ -67,6 +69,19 @@ def is_due(table: IcebergTable, spec: TableSpec) -> bool:
 
 
 def maintain(table: IcebergTable, spec: TableSpec) -> MaintenanceResult:
+    """Maintain the table, then its dead-letter table if it has one (same settings: retention, compaction,
+    expiry, orphans), and record when."""
+    result = _maintain_one(table, spec)
+    dead_letters = IcebergTable(table.spark, dead_letter_identifier(table.identifier))
+    if dead_letters.exists():
+        result.dead_letters = _maintain_one(dead_letters, spec)
+    table.spark.sql(
+        f"ALTER TABLE {table.full_name} SET TBLPROPERTIES ('{LAST_MAINTENANCE_PROPERTY}' = '{int(time.time() * 1000)}')"
+    )
+    return result
+
+
+def _maintain_one(table: IcebergTable, spec: TableSpec) -> MaintenanceResult:
     started = time.monotonic()
     spark, name, settings = table.spark, table.full_name, spec.maintenance
     result = MaintenanceResult(table.identifier)
@@ -109,7 +124,6 @@ def maintain(table: IcebergTable, spec: TableSpec) -> MaintenanceResult:
     result.orphan_files_removed = _remove_orphans(table, now - dt.timedelta(seconds=duration_seconds(settings.orphan_file_age)))
     result.steps.append("orphans")
 
-    spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('{LAST_MAINTENANCE_PROPERTY}' = '{int(time.time() * 1000)}')")
     result.data_files_after, result.delete_files_after = _file_counts(table)
     result.snapshots_after = spark.sql(f"SELECT count(*) AS n FROM {name}.snapshots").collect()[0].n
     result.expired_snapshots = snapshots_before - result.snapshots_after
