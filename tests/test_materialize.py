@@ -268,3 +268,21 @@ def test_added_columns_quote_nested_field_names(spark, state_dir):
     wanted = T.StructType([T.StructField("id", T.LongType()), T.StructField("price info", nested)])
     table.evolve(wanted)
     assert spark.table(table.full_name).schema["price info"].dataType == nested
+
+
+def test_without_max_records_per_run_a_backlog_is_read_in_batches_that_fit_the_run_timeout(
+    spark, broker, state_dir, topic, make_config, monkeypatch
+):  # fmt: skip
+    from icefloe import spec
+
+    monkeypatch.setattr(spec, "BUDGET_RECORDS_PER_SECOND", 1)  # so runTimeout 1m allows 30 records per batch
+    broker.create_topic(topic, 2)
+    positions = produce(broker.bootstrap_servers, topic, [{"value": json.dumps({"n": n}).encode(), "partition": n % 2}
+                                                          for n in range(100)])  # fmt: skip
+    config = make_config({"topic": topic, "format": "json", "schema": {"fields": [{"name": "n", "type": "long"}]},
+                          "runTimeout": "1m", "maintenance": {"enabled": False, "orphanFileAge": "1m"}})  # fmt: skip
+    written = []
+    while (result := run_table(spark, config, config.tables[0], state_dir)).status == "committed":
+        written.append(result.rows_written)
+    assert written == [30, 30, 30, 10]
+    assert sorted(by_position(read_pyiceberg(state_dir, result.identifier))) == sorted(positions)

@@ -33,7 +33,8 @@ class ReadPlan:
     required: frozenset[str] = frozenset()  # inline fields declared `optional: false`
     needs_key: bool = False  # upsert keyed by the Kafka key: a record without one cannot be placed
     max_record_bytes: int = 8 * 1024 * 1024
-    batch_rows: int = 20_000
+    batch_rows: int = 20_000  # an Arrow batch is emitted at this many rows or at `batch_bytes`, whichever is first
+    batch_bytes: int = 64 * 1024 * 1024  # of raw keys and values: large records must not pile up 20,000 deep
 
     def __repr__(self) -> str:  # the Kafka config may hold credentials
         return f"ReadPlan(decoder={self.decoder!r})"
@@ -104,6 +105,7 @@ class _Records:
         self.decode = build_decoder(plan.decoder)
         self.decode_key = _key_decoder(plan, values) if plan.decoder.key_fields else None
         self.builder = BatchBuilder(batch, list(plan.value_fields))
+        self.bytes = 0  # raw bytes of the records in the builder
 
     def add(self, payload: bytes | None, key: bytes | None, topic: str, partition: int, offset: int,
             timestamp_ms: int | None, timestamp_type: str | None, headers) -> Iterator[pa.RecordBatch]:  # fmt: skip
@@ -116,11 +118,13 @@ class _Records:
             value, topic, partition, offset, timestamp_ms, timestamp_type, key, headers,
             tombstone=payload is None and failure is None, error=failure, payload=payload,
         )  # fmt: skip
-        if len(self.builder) >= self.plan.batch_rows:
-            yield _build(self.builder)
+        self.bytes += len(payload or b"") + len(key or b"")
+        if len(self.builder) >= self.plan.batch_rows or self.bytes >= self.plan.batch_bytes:
+            yield from self.flush()
 
     def flush(self) -> Iterator[pa.RecordBatch]:
         if len(self.builder):
+            self.bytes = 0
             yield _build(self.builder)
 
 

@@ -143,7 +143,7 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     drop_stale_branches(iceberg, table.run_timeout_seconds)
     state = committed_state(iceberg, table.topic)
     planned = plan_ranges(
-        kafka_conf, table.topic, state.offsets, table.starting_offsets, table.max_records_per_run,
+        kafka_conf, table.topic, state.offsets, table.starting_offsets, table.record_budget,
         table.on_data_loss, state.topic_id,
     )  # fmt: skip
     ranges, next_offsets = planned.ranges, planned.next_offsets
