@@ -1,8 +1,10 @@
 """Table maintenance: compaction, delete-file folding, retention TTL, snapshot expiry, orphan cleanup, manifests.
 
-Runs between the table's own commits (the runner serializes them per table), so it never races icefloe's writes.
-A maintenance commit carries no offsets: `commit_state.committed_state` walks past it to the newest snapshot that
-does, and snapshot expiry always keeps that snapshot, so the offsets are never expired away.
+Locally it runs between the table's own commits (the runner serializes them per table); on AWS a batch of another
+run may commit while it runs. Its rewrites carry no offsets; after them it commits a copy of the checkpoint on
+main's head (`commit_state.carry_checkpoint`), so the checkpoint stays reachable from the head whatever expiry
+removes below; a batch committing meanwhile cannot move offsets backwards (the walk takes the furthest checkpoint).
+Snapshot expiry keeps the snapshot the walk finds.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from .catalog import CATALOG
-from .commit_state import committed_state
+from .commit_state import carry_checkpoint, committed_state
 from .dead_letter import dead_letter_identifier
 from .iceberg_table import IcebergTable
 from .spec import TableSpec, duration_seconds
@@ -106,6 +108,7 @@ def _maintain_one(table: IcebergTable, spec: TableSpec) -> MaintenanceResult:
         spark.sql(f"CALL {CATALOG}.system.rewrite_position_delete_files(table => '{table.identifier}')").collect()
     spark.sql(f"CALL {CATALOG}.system.rewrite_manifests(table => '{table.identifier}')").collect()
     result.steps += ["compaction", "manifests"]
+    carry_checkpoint(table, spec.topic)  # the checkpoint on main's head: expiry below may remove where it was written
 
     # Expire old snapshots, but never the one carrying the offsets the next run resumes from (the one main's history
     # leads to, not the newest on any branch: an abandoned run's branch may hold a newer one).
