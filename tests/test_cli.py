@@ -62,10 +62,7 @@ def test_unreachable_broker_is_a_clear_source_error(spark, state_dir, make_confi
 @pytest.mark.broker
 def test_sigkill_midway_then_rerun_is_exactly_once(broker, registry, spark, state_dir, topic, tmp_path):
     records = 60_000
-    broker.create_topic(topic, 3)
-    produce_avro(broker.bootstrap_servers, registry.url, topic, stock_trades.SCHEMA, stock_trades.trades(records))
-    path = stack_file(tmp_path / "Pulumi.crash.yaml", broker.bootstrap_servers, registry.url,
-                      [{"topic": topic, "partitionBy": ["hour(event_time)"], "maxRecordsPerRun": 40_000}])  # fmt: skip
+    path = trades_stack(tmp_path / "Pulumi.crash.yaml", broker, registry, topic, records, max_records=40_000)
     env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[2]"}
     command = [*ICEFLOE, "run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)]
     rng = random.Random(int(os.environ.get("ICEFLOE_CRASH_SEED", time.time())))
@@ -95,10 +92,7 @@ def test_two_overlapping_writers_one_killed_at_random_is_exactly_once(broker, re
     """Two runs of one table overlap (no lock between them); one of them, chosen at random, is SIGKILLed at a random
     point while the other goes on to commit. Each trial overlaps the next batch of the same table."""
     records = 30_000
-    broker.create_topic(topic, 3)
-    produce_avro(broker.bootstrap_servers, registry.url, topic, stock_trades.SCHEMA, stock_trades.trades(records))
-    path = stack_file(tmp_path / "Pulumi.crash2.yaml", broker.bootstrap_servers, registry.url,
-                      [{"topic": topic, "partitionBy": ["hour(event_time)"], "maxRecordsPerRun": 6_000}])  # fmt: skip
+    path = trades_stack(tmp_path / "Pulumi.crash2.yaml", broker, registry, topic, records, max_records=6_000)
     env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[1]"}
     arguments = ["run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)]
     seed = int(os.environ.get("ICEFLOE_CRASH_SEED", time.time()))
@@ -117,6 +111,14 @@ def test_two_overlapping_writers_one_killed_at_random_is_exactly_once(broker, re
     assert kills >= 1, f"seed {seed}: no writer was still running when killed; the test did not test a crash"
     run_to_the_end(command=[*ICEFLOE, *arguments], env=env)
     assert_exactly_once(state_dir, f"local.{topic}", records)
+
+
+def trades_stack(path: Path, broker, registry, topic: str, records: int, max_records: int) -> Path:
+    """A 3-partition topic of `records` Avro stock trades, and a stack file reading it `max_records` per batch."""
+    broker.create_topic(topic, 3)
+    produce_avro(broker.bootstrap_servers, registry.url, topic, stock_trades.SCHEMA, stock_trades.trades(records))
+    return stack_file(path, broker.bootstrap_servers, registry.url,
+                      [{"topic": topic, "partitionBy": ["hour(event_time)"], "maxRecordsPerRun": max_records}])  # fmt: skip
 
 
 def start_run(command: list[str], env: dict) -> tuple[subprocess.Popen, threading.Event]:
