@@ -136,7 +136,9 @@ def _maintain_one(table: IcebergTable, spec: TableSpec) -> MaintenanceResult:
 
 
 def _remove_orphans(table: IcebergTable, older_than: dt.datetime) -> int:
-    """Iceberg's action API (the SQL procedure refuses ages under 24 h; icefloe's own writes are serialized with it)."""
+    """Iceberg's action API (the SQL procedure refuses ages under 24 h). Safe without that check: the spec holds
+    `orphanFileAge` at or above `runTimeout`, and a run older than that never publishes, so no unreferenced file
+    this old can still become part of the table, even where runs and maintenance overlap (Glue)."""
     spark = table.spark
     jvm = spark._jvm
     java_table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table.full_name)
