@@ -103,7 +103,8 @@ def test_maintenance_compacts_expires_and_removes_orphans_without_changing_conte
 
     assert result.data_files_before >= 6 and result.data_files_after <= 2
     assert sorted(r["n"] for r in read_pyiceberg(state_dir, table.identifier)) == before
-    assert result.snapshots_after <= 3 and result.expired_snapshots >= 5
+    # Left: what maintenance itself committed within the last second (rewrites, manifests, the carried checkpoint).
+    assert result.snapshots_after <= 4 and result.expired_snapshots >= 5
     assert not orphan.exists() and result.orphan_files_removed >= 1
     # Offsets survive the expiry: the next run adds only what is new.
     produce(broker.bootstrap_servers, topic, records(120, 10))
