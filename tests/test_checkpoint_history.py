@@ -100,3 +100,47 @@ def test_a_table_whose_first_commit_failed_recovers(spark, broker, state_dir, to
     result = materialize_once(spark, config, table_spec)
     assert result.rows_written == 6
     assert len(by_position(read_pyiceberg(state_dir, table.identifier))) == 6
+
+
+def test_maintenance_carries_the_checkpoint_and_a_batch_committing_meanwhile_never_moves_offsets_back(
+    spark, broker, state_dir, topic, make_config, monkeypatch
+):  # fmt: skip
+    """Maintenance copies the checkpoint it read onto main's head; a batch commits between that read and the copy's
+    commit (on AWS nothing serializes them), so the copy lands on top of a newer checkpoint. Offsets must not go
+    back, and once everything below the head is expired the table still resumes exactly where it was."""
+    from icefloe import commit_state
+    from icefloe.commit_state import CARRIED_KEY, OFFSETS_KEY, committed_state
+
+    broker.create_topic(topic, 2)
+    produce(broker.bootstrap_servers, topic, records(0, 10))
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "maintenance": {"enabled": False}})
+    table_spec = config.tables[0]
+    first = materialize_once(spark, config, table_spec)
+    table = IcebergTable(spark, first.identifier)
+    produce(broker.bootstrap_servers, topic, records(10, 6))
+    original = commit_state.append_with_properties
+    batches = []
+
+    def batch_then_append(frame, target, properties):
+        if target == table.full_name and CARRIED_KEY in properties and not batches:
+            batches.append(materialize_once(spark, config, table_spec))  # commits while maintenance runs
+        original(frame, target, properties)
+
+    monkeypatch.setattr(commit_state, "append_with_properties", batch_then_append)
+    maintain(table, table_spec)
+    monkeypatch.undo()
+
+    assert batches and batches[0].rows_written == 6
+    head = spark.sql(f"SELECT summary FROM {table.full_name}.snapshots WHERE snapshot_id = {table.main_snapshot_id()}").collect()
+    assert OFFSETS_KEY in head[0].summary and CARRIED_KEY in head[0].summary, "main's head carries the checkpoint"
+    assert committed_state(table, topic).offsets == batches[0].offsets == {0: 8, 1: 8}, "offsets never move back"
+
+    # Expire everything below the head (a Glue optimizer or VACUUM may): the carried checkpoint still says where to resume.
+    maintain(table, table_spec)  # now nothing commits meanwhile: the copy carries the newest checkpoint
+    below = [row.snapshot_id for row in spark.sql(f"SELECT snapshot_id FROM {table.full_name}.snapshots").collect()
+             if row.snapshot_id != table.main_snapshot_id()]  # fmt: skip
+    ids = ", ".join(str(i) for i in below)
+    spark.sql(f"CALL {CATALOG}.system.expire_snapshots(table => '{table.identifier}', snapshot_ids => array({ids}))").collect()
+    produce(broker.bootstrap_servers, topic, records(16, 4))
+    assert materialize_once(spark, config, table_spec).rows_written == 4
+    assert sorted(by_position(read_pyiceberg(state_dir, table.identifier))) == sorted((i % 2, i // 2) for i in range(20))

@@ -62,10 +62,7 @@ def test_unreachable_broker_is_a_clear_source_error(spark, state_dir, make_confi
 @pytest.mark.broker
 def test_sigkill_midway_then_rerun_is_exactly_once(broker, registry, spark, state_dir, topic, tmp_path):
     records = 60_000
-    broker.create_topic(topic, 3)
-    produce_avro(broker.bootstrap_servers, registry.url, topic, stock_trades.SCHEMA, stock_trades.trades(records))
-    path = stack_file(tmp_path / "Pulumi.crash.yaml", broker.bootstrap_servers, registry.url,
-                      [{"topic": topic, "partitionBy": ["hour(event_time)"], "maxRecordsPerRun": 40_000}])  # fmt: skip
+    path = trades_stack(tmp_path / "Pulumi.crash.yaml", broker, registry, topic, records, max_records=40_000)
     env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[2]"}
     command = [*ICEFLOE, "run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)]
     rng = random.Random(int(os.environ.get("ICEFLOE_CRASH_SEED", time.time())))
@@ -73,34 +70,124 @@ def test_sigkill_midway_then_rerun_is_exactly_once(broker, registry, spark, stat
     for _ in range(2):  # a second try only if the first run finished before the kill landed
         if kills:
             break
-        process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
-        reading = threading.Event()
-
-        def watch(stream=process.stderr, seen=reading) -> None:  # drain stderr so the run never blocks on it
-            for line in stream:
-                if "reading" in line and "records from" in line:
-                    seen.set()
-
-        threading.Thread(target=watch, daemon=True).start()
+        process, reading = start_run(command, env)
         assert reading.wait(120), "the run never started reading"
         time.sleep(rng.uniform(0.0, 4.0))
-        if process.poll() is None:
-            process.send_signal(signal.SIGKILL)
-            kills += 1
+        kills += kill_if_running(process)
         process.wait(timeout=120)
     assert kills >= 1, "the run finished before it could be killed; the test did not test a crash"
 
-    # Rerun to the end (two batches of at most 40k records) and check every record landed exactly once.
-    for _ in range(3):
+    run_to_the_end(command, env)
+    assert_exactly_once(state_dir, f"local.{topic}", records)
+
+
+# A writer that takes no local lock: on AWS nothing serializes two runs of one table.
+UNLOCKED = [sys.executable, "-c", "import contextlib, sys; from icefloe import cli, runner; "
+            "runner.table_lock = lambda *args: contextlib.nullcontext(); sys.exit(cli.main())"]  # fmt: skip
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_two_overlapping_writers_one_killed_at_random_is_exactly_once(broker, registry, spark, state_dir, topic, tmp_path):
+    """Two runs of one table overlap (no lock between them); one of them, chosen at random, is SIGKILLed at a random
+    point while the other goes on to commit. Each trial overlaps the next batch of the same table."""
+    records = 30_000
+    path = trades_stack(tmp_path / "Pulumi.crash2.yaml", broker, registry, topic, records, max_records=6_000)
+    env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[1]"}
+    arguments = ["run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)]
+    seed = int(os.environ.get("ICEFLOE_CRASH_SEED", time.time()))
+    rng = random.Random(seed)
+    kills = 0
+    for trial in range(2):
+        first, first_reading = start_run([*UNLOCKED, *arguments], env)
+        time.sleep(rng.uniform(0.0, 3.0))  # the second writer starts while the first plans, reads or commits
+        second, second_reading = start_run([*UNLOCKED, *arguments], env)
+        victim, victim_reading, survivor = (first, first_reading, second) if rng.random() < 0.5 else (second, second_reading, first)
+        victim_reading.wait(180)
+        time.sleep(rng.uniform(0.0, 5.0))
+        kills += kill_if_running(victim)
+        victim.wait(timeout=120)
+        assert survivor.wait(timeout=600) in (0, 1), f"trial {trial} (seed {seed}): the surviving writer crashed"
+    assert kills >= 1, f"seed {seed}: no writer was still running when killed; the test did not test a crash"
+    run_to_the_end(command=[*ICEFLOE, *arguments], env=env)
+    assert_exactly_once(state_dir, f"local.{topic}", records)
+
+
+def trades_stack(path: Path, broker, registry, topic: str, records: int, max_records: int) -> Path:
+    """A 3-partition topic of `records` Avro stock trades, and a stack file reading it `max_records` per batch."""
+    broker.create_topic(topic, 3)
+    produce_avro(broker.bootstrap_servers, registry.url, topic, stock_trades.SCHEMA, stock_trades.trades(records))
+    return stack_file(path, broker.bootstrap_servers, registry.url,
+                      [{"topic": topic, "partitionBy": ["hour(event_time)"], "maxRecordsPerRun": max_records}])  # fmt: skip
+
+
+def start_run(command: list[str], env: dict) -> tuple[subprocess.Popen, threading.Event]:
+    """Start a run; the event is set once it logs that it reads its planned records."""
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    reading = threading.Event()
+
+    def watch(stream=process.stderr, seen=reading) -> None:  # drain stderr so the run never blocks on it
+        for line in stream:
+            if "reading" in line and "records from" in line:
+                seen.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    return process, reading
+
+
+def kill_if_running(process: subprocess.Popen) -> int:
+    if process.poll() is None:
+        process.send_signal(signal.SIGKILL)
+        return 1
+    return 0
+
+
+def run_to_the_end(command: list[str], env: dict) -> None:
+    for _ in range(8):
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         if json.loads(done.stdout.strip().splitlines()[-1])["status"] == "up-to-date":
-            break
-    rows = read_pyiceberg(state_dir, f"local.{topic}")
-    keyed = by_position(rows)  # fails on any duplicate (partition, offset)
+            return
+    raise AssertionError("the table never caught up")
+
+
+def assert_exactly_once(state_dir: Path, identifier: str, records: int) -> None:
+    """Every (partition, offset) of the topic is in the table exactly once, with no gaps."""
+    keyed = by_position(read_pyiceberg(state_dir, identifier))  # fails on any duplicate (partition, offset)
     assert len(keyed) == records
     per_partition = {}
     for partition, offset in keyed:
         per_partition.setdefault(partition, []).append(offset)
     for partition, offsets in per_partition.items():
         assert sorted(offsets) == list(range(len(offsets))), f"partition {partition} has gaps"
+
+
+MARKER = "PAYLOAD-MARKER-7c1e"
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_logs_errors_and_json_never_carry_a_bad_records_values(broker, registry, spark, state_dir, topic, tmp_path):
+    """Values that do not fit the table, each holding a marker string: the error, the logs (verbose) and the --json
+    output name partition, offset and field but never the value; the DLQ table keeps the raw payload."""
+    from support import produce
+
+    broker.create_topic(topic, 1)
+    schema = {"fields": [{"name": "n", "type": "long"}, {"name": "at", "type": "timestamptz"},
+                         {"name": "day", "type": "date"}, {"name": "price", "type": "decimal(9,2)"}]}  # fmt: skip
+    bad = [{"at": f"{MARKER}-at"}, {"day": f"{MARKER}-day"}, {"price": f"{MARKER}-price"}]
+    values = [{"n": 1}, *bad, {"n": 2}]
+    produce(broker.bootstrap_servers, topic, [{"value": json.dumps(v).encode()} for v in values])
+    path = stack_file(tmp_path / "Pulumi.marker.yaml", broker.bootstrap_servers, registry.url, [
+        {"topic": topic, "table": "marker_fail", "format": "json", "schema": schema, "errors": "fail"},
+        {"topic": topic, "table": "marker_skip", "format": "json", "schema": schema, "errors": "skip"},
+        {"topic": topic, "table": "marker_dlq", "format": "json", "schema": schema, "errors": "dlq"},
+    ])  # fmt: skip
+    done = subprocess.run([*ICEFLOE, "-v", "run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)],
+                          capture_output=True, text=True, env={**os.environ, "ICEFLOE_SPARK_MASTER": "local[1]"}, timeout=600)  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]  # the fail table stopped at its first bad record
+    assert "partition 0 offset 1" in done.stderr and "at: not an ISO-8601 timestamp" in done.stderr
+    assert MARKER not in done.stdout and MARKER not in done.stderr
+    dead = read_pyiceberg(state_dir, "local.marker_dlq_dlq")
+    assert [json.loads(row["raw_value"]) for row in sorted(dead, key=lambda r: r["kafka_offset"])] == bad, "raw payloads kept"
+    assert not any(MARKER in row["error_message"] for row in dead)

@@ -83,11 +83,12 @@ def test_continuous_rows_visible_within_interval_and_sigterm_restart_is_exactly_
 
 
 def plant_orphan(table: IcebergTable) -> Path:
-    """A data file no snapshot references, older than the tests' orphanFileAge (1s)."""
+    """A data file no snapshot references, older than the tests' orphanFileAge (at least runTimeout: no run in
+    flight can still own it)."""
     data_dir = Path(table.metadata_location().removeprefix("file:")).parent.parent / "data"
     orphan = data_dir / "left-by-a-crashed-run.parquet"
     orphan.write_bytes(b"PAR1 not referenced by any snapshot")
-    old = time.time() - 60
+    old = time.time() - 600
     os.utime(orphan, (old, old))
     time.sleep(1.5)
     return orphan
@@ -95,8 +96,8 @@ def plant_orphan(table: IcebergTable) -> Path:
 
 def test_maintenance_compacts_expires_and_removes_orphans_without_changing_content(spark, broker, state_dir, topic, make_config):
     broker.create_topic(topic, 2)
-    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "maintenance": {
-        "enabled": False, "snapshotRetention": "1s", "minSnapshotsToKeep": 1, "orphanFileAge": "1s"}})  # fmt: skip
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "runTimeout": "1m", "maintenance": {
+        "enabled": False, "snapshotRetention": "1s", "minSnapshotsToKeep": 1, "orphanFileAge": "1m"}})  # fmt: skip
     table_spec = config.tables[0]
     for batch in range(6):  # six small commits: at least six small files per partition
         produce(broker.bootstrap_servers, topic, records(batch * 20, 20))
@@ -109,7 +110,8 @@ def test_maintenance_compacts_expires_and_removes_orphans_without_changing_conte
 
     assert result.data_files_before >= 6 and result.data_files_after <= 2
     assert sorted(r["n"] for r in read_pyiceberg(state_dir, table.identifier)) == before
-    assert result.snapshots_after <= 3 and result.expired_snapshots >= 5
+    # Left: what maintenance itself committed within the last second (rewrites, manifests, the carried checkpoint).
+    assert result.snapshots_after <= 4 and result.expired_snapshots >= 5
     assert not orphan.exists() and result.orphan_files_removed >= 1
     # Offsets survive the expiry: the next run adds only what is new.
     produce(broker.bootstrap_servers, topic, records(120, 10))
@@ -122,8 +124,8 @@ def test_managed_maintenance_leaves_compaction_expiry_and_orphans_to_the_catalog
     """S3 Tables maintain their tables themselves (`catalog.type: s3tables`): icefloe's maintenance then compacts,
     expires and removes nothing; run here on the local catalog with the flag S3 Tables sets."""
     broker.create_topic(topic, 1)
-    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "maintenance": {
-        "enabled": False, "snapshotRetention": "1s", "minSnapshotsToKeep": 1, "orphanFileAge": "1s"}})  # fmt: skip
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "runTimeout": "1m", "maintenance": {
+        "enabled": False, "snapshotRetention": "1s", "minSnapshotsToKeep": 1, "orphanFileAge": "1m"}})  # fmt: skip
     table_spec = config.tables[0]
     for batch in range(3):
         produce(broker.bootstrap_servers, topic, records(batch * 10, 10, 1))
@@ -195,3 +197,27 @@ def test_continuous_mode_rides_out_a_broker_outage(spark, state_dir, topic, tmp_
         assert sorted(r["n"] for r in rows.values()) == list(range(100))
     finally:
         broker.stop()
+
+
+def test_maintenance_also_compacts_and_expires_the_dead_letter_table(spark, broker, state_dir, topic, make_config):
+    broker.create_topic(topic, 1)
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "errors": "dlq", "maintenance": {
+        "enabled": False, "snapshotRetention": "1s", "minSnapshotsToKeep": 1}})  # fmt: skip
+    table_spec = config.tables[0]
+    for batch in range(4):  # four batches with a bad record each: four small DLQ files and snapshots
+        produce(broker.bootstrap_servers, topic, [*records(batch * 2, 1, 1), {"value": b"not json"}])
+        run_table(spark, config, table_spec, state_dir)
+    table = IcebergTable(spark, config.identifier(table_spec))
+    dead_before = sorted(by_position(read_pyiceberg(state_dir, table.identifier + "_dlq")))
+    time.sleep(1.5)
+
+    result = maintain(table, table_spec)
+
+    assert result.dead_letters is not None
+    assert result.dead_letters.data_files_before >= 4 and result.dead_letters.data_files_after == 1
+    assert result.dead_letters.expired_snapshots >= 3
+    assert sorted(by_position(read_pyiceberg(state_dir, table.identifier + "_dlq"))) == dead_before
+    # The DLQ's own checkpoint survives its expiry: a bad record after maintenance is added exactly once.
+    produce(broker.bootstrap_servers, topic, [{"value": b"not json either"}])
+    run_table(spark, config, table_spec, state_dir)
+    assert len(by_position(read_pyiceberg(state_dir, table.identifier + "_dlq"))) == len(dead_before) + 1

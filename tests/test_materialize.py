@@ -240,3 +240,49 @@ def test_schema_evolution_adds_a_column(spark, broker, registry, state_dir, topi
     assert result.rows_written == 1
     rows = sorted(read_pyiceberg(state_dir, result.identifier), key=lambda r: r["id"])
     assert [(r["id"], r["age"], r["email"]) for r in rows] == [(0, 30, None), (1, 31, None), (2, 32, None), (9, 50, "a@b.c")]
+
+
+def test_a_key_field_the_registry_schema_lacks_is_a_config_error(spark, broker, registry, state_dir, topic, make_config):
+    from icefloe.errors import ConfigError
+
+    broker.create_topic(topic, 1)
+    schema = {"type": "record", "name": "User", "fields": [{"name": "id", "type": "long"}]}
+    produce(broker.bootstrap_servers, topic, [{"value": avro_serializer(registry.url, topic, json.dumps(schema))({"id": 1})}])
+    config = make_config({"topic": topic, "mode": "upsert", "key": ["user_id"]})
+    with pytest.raises(ConfigError, match=r"key names field\(s\) \['user_id'\] that the value schema does not have"):
+        materialize_once(spark, config, config.tables[0])
+    assert not IcebergTable(spark, config.identifier(config.tables[0])).exists()
+
+
+def test_added_columns_quote_nested_field_names(spark, state_dir):
+    """A new struct column whose nested names Spark SQL only reads quoted (`simpleString` leaves them bare)."""
+    from pyspark.sql import types as T
+
+    from icefloe.catalog import CATALOG
+
+    table = IcebergTable(spark, "local.quoted_names")
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.local")
+    spark.sql(f"CREATE TABLE {table.full_name} (id bigint) USING iceberg")
+    nested = T.StructType([T.StructField("unit price", T.DoubleType()), T.StructField("a`b", T.LongType()),
+                           T.StructField("tags", T.ArrayType(T.StructType([T.StructField("x-y", T.StringType())])))])  # fmt: skip
+    wanted = T.StructType([T.StructField("id", T.LongType()), T.StructField("price info", nested)])
+    table.evolve(wanted)
+    assert spark.table(table.full_name).schema["price info"].dataType == nested
+
+
+def test_without_max_records_per_run_a_backlog_is_read_in_batches_that_fit_the_run_timeout(
+    spark, broker, state_dir, topic, make_config, monkeypatch
+):  # fmt: skip
+    from icefloe import spec
+
+    monkeypatch.setattr(spec, "BUDGET_RECORDS_PER_SECOND", 1)  # so runTimeout 1m allows 30 records per batch
+    broker.create_topic(topic, 2)
+    positions = produce(broker.bootstrap_servers, topic, [{"value": json.dumps({"n": n}).encode(), "partition": n % 2}
+                                                          for n in range(100)])  # fmt: skip
+    config = make_config({"topic": topic, "format": "json", "schema": {"fields": [{"name": "n", "type": "long"}]},
+                          "runTimeout": "1m", "maintenance": {"enabled": False, "orphanFileAge": "1m"}})  # fmt: skip
+    written = []
+    while (result := run_table(spark, config, config.tables[0], state_dir)).status == "committed":
+        written.append(result.rows_written)
+    assert written == [30, 30, 30, 10]
+    assert sorted(by_position(read_pyiceberg(state_dir, result.identifier))) == sorted(positions)

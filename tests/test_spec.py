@@ -57,6 +57,8 @@ def test_partition_transforms_parse_to_spark_ddl():
             "names unknown field 'b'",
         ),
         ({"mode": "append", "key": ["a"]}, "key is only used with mode: upsert"),
+        ({"maintenance": {"orphanFileAge": "1h"}}, "maintenance.orphanFileAge 1h is shorter than runTimeout 12h"),
+        ({"runTimeout": "1m", "maintenance": {"orphanFileAge": "30s"}}, "orphanFileAge 30s is shorter than runTimeout 1m"),
     ],
 )
 def test_config_errors_name_the_table_and_field(table, expected):
@@ -131,3 +133,13 @@ def test_one_stack_file_reader_and_one_error_format_for_every_model(tmp_path: Pa
 def test_glue_safe_name():
     assert glue_safe_name("Orders.EU-West") == "orders_eu_west"
     assert glue_safe_name("123abc") == "t_123abc"
+
+
+def test_the_default_record_budget_fits_the_run_timeout():
+    from icefloe.spec import BUDGET_RECORDS_PER_SECOND
+
+    default = parse_config(config()).tables[0]
+    assert default.record_budget == 12 * 3600 / 2 * BUDGET_RECORDS_PER_SECOND
+    short = parse_config(config(runTimeout="10m")).tables[0]
+    assert short.record_budget == 600 / 2 * BUDGET_RECORDS_PER_SECOND
+    assert parse_config(config(runTimeout="10m", maxRecordsPerRun=7)).tables[0].record_budget == 7

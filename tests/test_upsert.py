@@ -137,3 +137,50 @@ def test_sigkill_at_random_points_then_rerun_gives_the_last_value_per_key(broker
         if json.loads(done.stdout.strip().splitlines()[-1])["status"] == "up-to-date":
             break
     assert table_state(read_pyiceberg(state_dir, f"local.{topic}")) == expected_state(sent)
+
+
+def avro_bytes(registry_url: str, topic: str, schema: str, value, field: str):
+    """`value` in Confluent wire format, registered under `<topic>-<field>` (field: key or value)."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    serializer = AvroSerializer(SchemaRegistryClient({"url": registry_url}), schema)
+    return serializer(value, SerializationContext(topic, MessageField.KEY if field == "key" else MessageField.VALUE))
+
+
+REQUIRED = {"fields": [{"name": "id", "type": "long", "optional": False},
+                       {"name": "name", "type": "string", "optional": False}]}  # fmt: skip
+ACCOUNT = json.dumps({"type": "record", "name": "Account", "fields": [{"name": "id", "type": "string"},
+                                                                     {"name": "name", "type": "string"}]})  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ["json key, optional: false fields", "string key of a long field", "avro primitive key"])
+def test_tombstones_of_key_field_tables_delete(spark, broker, registry, state_dir, topic, make_config, case):
+    """A tombstone carries only the key: `optional: false` value fields must not refuse it, and a key given as a
+    string or as a primitive Avro key names the row as well as a JSON object would."""
+    broker.create_topic(topic, 1)
+    if case == "avro primitive key":
+        spec = {"topic": topic, "format": "avro", "mode": "upsert", "key": ["id"], "keyFormat": "avro"}
+
+        def upsert(ident, name):
+            return {"key": avro_bytes(registry.url, topic, '"string"', str(ident), "key"),
+                    "value": avro_bytes(registry.url, topic, ACCOUNT, {"id": str(ident), "name": name}, "value")}  # fmt: skip
+
+        tombstone = {"key": avro_bytes(registry.url, topic, '"string"', "2", "key"), "value": None}
+    else:
+        string_key = case == "string key of a long field"
+        spec = {"topic": topic, "format": "json", "schema": REQUIRED, "mode": "upsert", "key": ["id"],
+                **({"keyFormat": "string"} if string_key else {})}  # fmt: skip
+
+        def upsert(ident, name):
+            key = str(ident).encode() if string_key else json.dumps({"id": ident}).encode()
+            return {"key": key, "value": json.dumps({"id": ident, "name": name}).encode()}
+
+        tombstone = {"key": b"2" if string_key else json.dumps({"id": 2}).encode(), "value": None}
+    produce(broker.bootstrap_servers, topic, [upsert(1, "one"), upsert(2, "two"), tombstone, upsert(3, "three")])
+    config = make_config(spec)
+    result = run_table(spark, config, config.tables[0], state_dir)
+    assert result.status == "committed" and result.records_failed == 0
+    rows = read_pyiceberg(state_dir, result.identifier)
+    assert sorted((str(r["id"]), r["name"]) for r in rows) == [("1", "one"), ("3", "three")]

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass, field
-from typing import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Mapping, TypeVar
 
 from pyspark.sql import DataFrame
 
@@ -28,7 +28,9 @@ TOPIC_KEY = "icefloe.topic"
 RUN_ID_KEY = "icefloe.run-id"
 TOPIC_ID_KEY = "icefloe.topic-id"  # the Kafka topic id the offsets belong to (a recreated topic has a new one)
 DATA_LOSS_KEY = "icefloe.data-loss"  # ranges deleted before they were read (onDataLoss: warn), as JSON
-SUMMARY_KEYS = (OFFSETS_KEY, TOPIC_KEY, RUN_ID_KEY, TOPIC_ID_KEY, DATA_LOSS_KEY)
+CARRIED_KEY = "icefloe.carried-from"  # on a maintenance commit: the snapshot whose checkpoint it carries forward
+Found = TypeVar("Found")
+SUMMARY_KEYS = (OFFSETS_KEY, TOPIC_KEY, RUN_ID_KEY, TOPIC_ID_KEY, DATA_LOSS_KEY, CARRIED_KEY)
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class Checkpoint:
     run_id: str | None = None  # None on the table's first, empty snapshot
     topic_id: str | None = None  # None where the broker reports none
     lost: tuple[LostRange, ...] = ()
+    carried_from: int | None = None  # a copy carried forward by maintenance: the snapshot a batch wrote it in
 
     def to_summary(self) -> dict[str, str]:
         summary = {OFFSETS_KEY: json.dumps({str(p): o for p, o in self.offsets.items()})}
@@ -52,6 +55,8 @@ class Checkpoint:
             summary[TOPIC_ID_KEY] = self.topic_id
         if self.lost:
             summary[DATA_LOSS_KEY] = json.dumps(lost_as_json(self.lost))
+        if self.carried_from is not None:
+            summary[CARRIED_KEY] = str(self.carried_from)
         return summary
 
     @classmethod
@@ -66,7 +71,21 @@ class Checkpoint:
             run_id=summary.get(RUN_ID_KEY),
             topic_id=summary.get(TOPIC_ID_KEY),
             lost=tuple(LostRange(**r) for r in json.loads(summary.get(DATA_LOSS_KEY) or "[]")),
+            carried_from=int(summary[CARRIED_KEY]) if summary.get(CARRIED_KEY) else None,
         )
+
+    def carried(self, snapshot_id: int) -> "Checkpoint":
+        """This checkpoint (found in `snapshot_id`) as a maintenance commit carries it: the same position, without
+        the run and the lost ranges, which belong to the batch that wrote it."""
+        return replace(self, run_id=None, lost=(), carried_from=snapshot_id if self.carried_from is None else self.carried_from)
+
+
+def furthest(found: list[tuple[Checkpoint, Found]]) -> tuple[Checkpoint, Found]:
+    """Of the checkpoints a walk of main's history met, from the head down to the first one a batch wrote (copies
+    carried by maintenance above it), the one furthest into the topic. Offsets only grow along main's history, and
+    a copy may be older than its parent: maintenance read the checkpoint, then a batch committed, then maintenance
+    committed on top. The batch's own checkpoint wins a tie."""
+    return max(reversed(found), key=lambda item: sum(item[0].offsets.values()))
 
 
 def lost_as_json(lost: tuple[LostRange, ...]) -> list[dict[str, int]]:
@@ -103,10 +122,13 @@ def committed_state(table: IcebergTable, topic: str) -> CommittedState:
         f"SELECT snapshot_id, parent_id, committed_at, summary['total-records'], {keys} FROM {table.full_name}.snapshots"
     ).collect()
     by_id = {row.snapshot_id: row for row in rows}
+    found: list[tuple[Checkpoint, tuple[int, dt.datetime]]] = []
     snapshot = current
     while snapshot is not None:
         row = by_id.get(snapshot)
         if row is None:
+            if found:  # a carried copy stands for the history below it
+                break
             raise CheckpointLost(
                 f"table {table.identifier}: snapshot {snapshot} in main's history was expired before a snapshot "
                 "carrying icefloe's offsets was found; where to resume reading is unknown, so nothing is read "
@@ -114,10 +136,13 @@ def committed_state(table: IcebergTable, topic: str) -> CommittedState:
             )
         checkpoint = Checkpoint.from_summary(dict(zip(SUMMARY_KEYS, row[4:])))
         if checkpoint is not None:
-            return CommittedState(
-                current, for_topic(checkpoint, table.identifier, topic), snapshot, _utc(row.committed_at)
-            )
+            found.append((checkpoint, (snapshot, _utc(row.committed_at))))
+            if checkpoint.carried_from is None:
+                break
         snapshot = row.parent_id
+    if found:
+        checkpoint, (snapshot, committed_at) = furthest(found)
+        return CommittedState(current, for_topic(checkpoint, table.identifier, topic), snapshot, committed_at)
     if current is not None and int(by_id[current][3] or 0) > 0:
         raise CheckpointLost(
             f"table {table.identifier} holds rows but no snapshot in main's history carries icefloe's offsets; "
@@ -138,6 +163,17 @@ def for_topic(checkpoint: Checkpoint, identifier: str, topic: str) -> Checkpoint
             "declare a new table for a different topic"
         )
     return checkpoint
+
+
+def carry_checkpoint(table: IcebergTable, topic: str) -> None:
+    """Put a copy of the table's checkpoint on main's head (an empty commit), so that it stays reachable from the head
+    whatever maintenance expires below. A batch that commits meanwhile is safe: the walk takes the furthest
+    checkpoint (`furthest`), never the copy's older one."""
+    state = committed_state(table, topic)
+    if state.checkpoint is None or state.checkpoint_snapshot_id == state.snapshot_id:
+        return
+    empty = table.spark.createDataFrame([], table.spark.table(table.full_name).schema)
+    append_with_checkpoint(empty, table.full_name, state.checkpoint.carried(state.checkpoint_snapshot_id))
 
 
 def append_with_checkpoint(frame: DataFrame, target: str, checkpoint: Checkpoint) -> None:

@@ -128,7 +128,7 @@ def _check_int(bounds: tuple[int, int], path: str, strict: bool) -> Convert:
             else:
                 raise ValueError(f"{path}: expected an integer, got {type(value).__name__}")
         if not low <= value <= high:
-            raise ValueError(f"{path}: {value} is out of range")
+            raise ValueError(f"{path}: out of range for a {(high + 1).bit_length()}-bit integer")
         return value
 
     return integer
@@ -140,7 +140,7 @@ def _check_float(path: str, single: bool) -> Convert:
             raise ValueError(f"{path}: expected a number, got {type(value).__name__}")
         value = float(value)
         if single and math.isfinite(value) and abs(value) > 3.4028234663852886e38:
-            raise ValueError(f"{path}: {value} does not fit a float")
+            raise ValueError(f"{path}: out of range for a float")
         return value
 
     return floating
@@ -170,9 +170,9 @@ def _check_decimal(dtype: T.DecimalType, path: str) -> Convert:
             number = value if isinstance(value, Decimal) else Decimal(str(value))
             scaled = number.quantize(quantum)
         except (InvalidOperation, ValueError):
-            raise ValueError(f"{path}: {str(value)[:40]!r} is not a decimal({dtype.precision},{dtype.scale})") from None
+            raise ValueError(f"{path}: not a decimal({dtype.precision},{dtype.scale})") from None
         if not scaled.is_finite() or abs(scaled) >= limit or scaled != number:
-            raise ValueError(f"{path}: {value} does not fit decimal({dtype.precision},{dtype.scale})")
+            raise ValueError(f"{path}: does not fit decimal({dtype.precision},{dtype.scale})")
         return scaled
 
     return decimal
@@ -186,12 +186,12 @@ def _check_timestamp(path: str, with_zone: bool) -> Convert:
             try:
                 moment = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
             except ValueError:
-                raise ValueError(f"{path}: {value[:40]!r} is not an ISO-8601 timestamp") from None
+                raise ValueError(f"{path}: not an ISO-8601 timestamp") from None
         elif isinstance(value, int) and not isinstance(value, bool):
             try:  # JSON epoch milliseconds
                 moment = _EPOCH + dt.timedelta(milliseconds=value)
             except OverflowError:
-                raise ValueError(f"{path}: {value} ms is out of the timestamp range") from None
+                raise ValueError(f"{path}: epoch milliseconds out of the timestamp range") from None
         else:
             raise ValueError(f"{path}: expected a timestamp, got {type(value).__name__}")
         if with_zone:
@@ -199,7 +199,7 @@ def _check_timestamp(path: str, with_zone: bool) -> Convert:
         elif moment.tzinfo:
             moment = moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
         if moment.year < 1 or (moment.tzinfo and moment > _MAX_TS):
-            raise ValueError(f"{path}: {value} is out of the timestamp range")
+            raise ValueError(f"{path}: out of the timestamp range")
         return moment
 
     return timestamp
@@ -215,7 +215,7 @@ def _check_date(path: str) -> Convert:
             try:
                 return dt.date.fromisoformat(value)
             except ValueError:
-                raise ValueError(f"{path}: {value[:40]!r} is not an ISO-8601 date") from None
+                raise ValueError(f"{path}: not an ISO-8601 date") from None
         raise ValueError(f"{path}: expected a date, got {type(value).__name__}")
 
     return date
@@ -266,6 +266,27 @@ def _primitive(dtype: T.DataType, path: str, strict: bool) -> Convert:
     if isinstance(dtype, T.BinaryType):
         return _check_binary(path, strict)
     raise TypeError(f"{path}: no converter for {dtype.simpleString()}")
+
+
+def from_text(dtype: T.DataType, path: str) -> Convert:
+    """Parses text (a string Kafka key) into a value of `dtype` for its check; strings, decimals, dates and
+    timestamps take text as they are."""
+    if isinstance(dtype, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
+        kind, parse = "an integer", int
+    elif isinstance(dtype, (T.FloatType, T.DoubleType)):
+        kind, parse = "a number", float
+    elif isinstance(dtype, T.BooleanType):
+        kind, parse = "true or false", {"true": True, "false": False}.__getitem__
+    else:
+        return _same
+
+    def parsed(text: str) -> Any:
+        try:
+            return parse(text.strip())
+        except (ValueError, KeyError):
+            raise ValueError(f"{path}: the text is not {kind}") from None  # the text itself is payload: not quoted
+
+    return parsed
 
 
 def arrow_schema(table: T.StructType) -> pa.Schema:
@@ -323,14 +344,22 @@ class BatchBuilder:
         self.rows[index] = self.rows[index][: -len(status)] + status
 
     def row_error(self, index: int) -> str | None:
-        """Why Arrow refuses row `index` (None if it does not), to pinpoint a bad record in a failed batch."""
+        """Why Arrow refuses row `index` (None if it does not), to pinpoint a bad record in a failed batch: the
+        field and the Arrow type, never Arrow's own message (it quotes the value)."""
+        value = self.values[index]
         try:
-            pa.array([self.values[index]], type=self.value_type)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as error:
-            return str(error)
+            pa.array([value], type=self.value_type)
+        except _ARROW_REFUSALS as error:
+            for field in self.value_type:
+                try:
+                    pa.array([value.get(field.name)], type=field.type)
+                except _ARROW_REFUSALS:
+                    return f"{field.name}: Arrow cannot store the value as {field.type} ({type(error).__name__})"
+            return f"Arrow cannot store the value ({type(error).__name__})"
         return None
 
 
+_ARROW_REFUSALS = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError)
 # (error class, message, raw value bytes, schema id)
 RecordFailure = tuple[str, str, "bytes | None", "int | None"]
 _ROW_COLUMNS = (*KAFKA_COLUMNS, *STATUS_COLUMNS)

@@ -249,13 +249,15 @@ def build_key_decoder(spec: DecoderSpec) -> Callable[[bytes], dict]:
 
         decode = _registry_checked(spec, JsonSchemaDecoder(_registry_client(spec.registry_conf), None))
     else:
-        decode = _decode_json
+        decode = _parse_json  # an object, or for one key field its value alone
 
     def keyed(data: bytes) -> dict:
         value = decode(data)
-        if not isinstance(value, dict):
-            raise ValueError(f"key must decode to an object with fields {list(spec.key_fields)}")
-        return value
+        if isinstance(value, dict):
+            return value
+        if len(spec.key_fields) == 1 and not isinstance(value, list):  # a primitive key gives the one key field
+            return {spec.key_fields[0]: value}
+        raise ValueError(f"key must decode to an object with fields {list(spec.key_fields)}")
 
     return keyed
 
@@ -265,6 +267,13 @@ def _reject_constant(name: str) -> Any:
 
 
 def _decode_json(data: bytes) -> Any:
+    value = _parse_json(data)
+    if not isinstance(value, dict):
+        raise ValueError(f"JSON value must be an object, got {type(value).__name__}")
+    return value
+
+
+def _parse_json(data: bytes) -> Any:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -273,8 +282,6 @@ def _decode_json(data: bytes) -> Any:
         value = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as error:
         raise ValueError(f"value is not valid JSON: {error.msg} at position {error.pos}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"JSON value must be an object, got {type(value).__name__}")
     return value
 
 
@@ -292,7 +299,7 @@ def _inline_avro_decoder(schema_str: str) -> Decoder:
         try:
             value = fastavro.schemaless_reader(buffer, schema, None)
         except Exception as error:  # fastavro raises many types on corrupt input
-            raise ValueError(f"Avro payload does not match the inline schema: {type(error).__name__}: {error}") from None
+            raise ValueError(f"Avro payload does not match the inline schema ({type(error).__name__})") from None  # its text may quote data
         if buffer.tell() != len(data) - 5:
             raise ValueError("Avro payload has trailing bytes: written with another schema?")
         return value
@@ -346,6 +353,6 @@ def _registry_checked(spec: DecoderSpec, decode: Decoder, what: str | None = Non
         except Exception as error:
             if type(error).__module__.split(".")[0].rstrip("0123456789") in ("httpx", "httpcore", "requests", "urllib3"):
                 raise SourceError(f"schema registry {spec.registry_conf['url']} unreachable: {error}") from None
-            raise ValueError(f"{what} payload cannot be decoded: {type(error).__name__}: {error}") from None
+            raise ValueError(f"{what} payload cannot be decoded ({type(error).__name__})") from None  # its text may quote data
 
     return checked

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pyarrow as pa
 
@@ -35,7 +35,8 @@ class ReadPlan:
     required: frozenset[str] = frozenset()  # inline fields declared `optional: false`
     needs_key: bool = False  # upsert keyed by the Kafka key: a record without one cannot be placed
     max_record_bytes: int = 8 * 1024 * 1024
-    batch_rows: int = 20_000
+    batch_rows: int = 20_000  # an Arrow batch is emitted at this many rows or at `batch_bytes`, whichever is first
+    batch_bytes: int = 64 * 1024 * 1024  # of raw keys and values: large records must not pile up 20,000 deep
 
     def __repr__(self) -> str:  # the Kafka config may hold credentials
         return f"ReadPlan(decoder={self.decoder!r})"
@@ -105,10 +106,11 @@ class _Records:
         self.plan = plan
         self.convert = ValueConverter(values, strict=plan.strict, required=plan.required)
         self.decode = build_decoder(plan.decoder)
-        self.decode_key = build_key_decoder(plan.decoder) if plan.decoder.key_fields else None
+        self.decode_key = _key_decoder(plan, values) if plan.decoder.key_fields else None
         self.builder = BatchBuilder(batch, list(plan.value_fields))
         # values in Confluent wire format carry a schema id
         self.framed = plan.decoder.format.startswith("avro") or plan.decoder.format in ("protobuf", "json-schema")
+        self.bytes = 0  # raw bytes of the records in the builder
 
     def add(self, payload: bytes | None, key: bytes | None, topic: str, partition: int, offset: int,
             timestamp_ms: int | None, timestamp_type: str | None, headers) -> Iterator[pa.RecordBatch]:  # fmt: skip
@@ -124,11 +126,13 @@ class _Records:
             value, topic, partition, offset, timestamp_ms, timestamp_type, key, headers,
             tombstone=payload is None and failure is None, error=failure, payload=payload,
         )  # fmt: skip
-        if len(self.builder) >= self.plan.batch_rows:
-            yield _build(self.builder)
+        self.bytes += len(payload or b"") + len(key or b"")
+        if len(self.builder) >= self.plan.batch_rows or self.bytes >= self.plan.batch_bytes:
+            yield from self.flush()
 
     def flush(self) -> Iterator[pa.RecordBatch]:
         if len(self.builder):
+            self.bytes = 0
             yield _build(self.builder)
 
 
@@ -153,7 +157,7 @@ def _value(plan: ReadPlan, decode, decode_key, convert, payload: bytes | None, k
         if not key_fields:
             return None  # a tombstone
         try:  # a tombstone of a table keyed by value fields: its Kafka key names the row
-            decoded = {name: decode_key(key).get(name) for name in key_fields}
+            value = decode_key(key)
         except ValueError as error:
             raise _Bad("InvalidKey", f"tombstone key: {error}") from None
     else:
@@ -163,14 +167,39 @@ def _value(plan: ReadPlan, decode, decode_key, convert, payload: bytes | None, k
             decoded = decode(payload)
         except ValueError as error:
             raise _Bad("DecodeError", str(error)) from None
-    try:
-        value = convert(decoded)
-    except ValueError as error:
-        raise _Bad("ConversionError", str(error)) from None
+        try:
+            value = convert(decoded)
+        except ValueError as error:
+            raise _Bad("ConversionError", str(error)) from None
     missing = [name for name in key_fields if value.get(name) is None]
     if missing:
         raise _Bad("InvalidKey", f"key field(s) {missing} are null")
     return value
+
+
+def _key_decoder(plan: ReadPlan, values) -> Callable[[bytes], dict]:
+    """A tombstone's Kafka key as the values of the key fields, of their table types. Only the key fields are
+    converted: the tombstone has no other field, so `optional: false` fields cannot refuse it. A string key is
+    text for any type of its field (a long key field keyed by "42")."""
+    from pyspark.sql import types as T
+
+    from .conversion import ValueConverter, from_text
+
+    key_fields = plan.decoder.key_fields
+    struct = T.StructType([values[name] for name in key_fields])
+    decode = build_key_decoder(plan.decoder)
+    text = plan.decoder.key_format == "string"
+    parse = from_text(struct[0].dataType, key_fields[0]) if text else None
+    convert = ValueConverter(struct, strict=plan.strict or text)
+
+    def decode_key(key: bytes) -> dict:
+        fields = decode(key)
+        decoded = {name: fields.get(name) for name in key_fields}
+        if parse is not None:
+            decoded = {name: parse(item) for name, item in decoded.items()}
+        return convert(decoded)
+
+    return decode_key
 
 
 def _build(builder) -> pa.RecordBatch:

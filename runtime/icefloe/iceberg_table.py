@@ -143,10 +143,10 @@ def schema_changes(current: T.StructType, desired: T.StructType, path: str = "")
     changes = []
     have = {f.name.lower(): f for f in current.fields}
     for field in desired.fields:
-        name = f"{path}`{field.name}`"
+        name = f"{path}{quoted(field.name)}"
         old = have.get(field.name.lower())
         if old is None:
-            changes.append(f"ADD COLUMN {name} {field.dataType.simpleString()}")
+            changes.append(f"ADD COLUMN {name} {sql_type(field.dataType)}")
         else:
             changes.extend(_type_changes(old.dataType, field.dataType, name))
     return changes
@@ -199,3 +199,19 @@ def _fit(column: Column, source: T.DataType, target: T.DataType) -> Column:
     if isinstance(source, T.MapType) and isinstance(target, T.MapType):
         return F.transform_values(column, lambda _, item: _fit(item, source.valueType, target.valueType))
     return column.cast(target)
+
+
+def quoted(name: str) -> str:
+    """A column or nested field name as Spark SQL reads it, whatever characters it holds."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def sql_type(dtype: T.DataType) -> str:
+    """`dtype` in Spark SQL with every nested field name quoted (`simpleString` leaves them bare)."""
+    if isinstance(dtype, T.StructType):
+        return "struct<" + ", ".join(f"{quoted(f.name)}: {sql_type(f.dataType)}" for f in dtype.fields) + ">"
+    if isinstance(dtype, T.ArrayType):
+        return f"array<{sql_type(dtype.elementType)}>"
+    if isinstance(dtype, T.MapType):
+        return f"map<{sql_type(dtype.keyType)}, {sql_type(dtype.valueType)}>"
+    return dtype.simpleString()

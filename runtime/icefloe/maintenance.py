@@ -1,8 +1,10 @@
 """Table maintenance: compaction, delete-file folding, retention TTL, snapshot expiry, orphan cleanup, manifests.
 
-Runs between the table's own commits (the runner serializes them per table), so it never races icefloe's writes.
-A maintenance commit carries no offsets: `commit_state.committed_state` walks past it to the newest snapshot that
-does, and snapshot expiry always keeps that snapshot, so the offsets are never expired away.
+Locally it runs between the table's own commits (the runner serializes them per table); on AWS a batch of another
+run may commit while it runs. Its rewrites carry no offsets; after them it commits a copy of the checkpoint on
+main's head (`commit_state.carry_checkpoint`), so the checkpoint stays reachable from the head whatever expiry
+removes below; a batch committing meanwhile cannot move offsets backwards (the walk takes the furthest checkpoint).
+Snapshot expiry keeps the snapshot the walk finds.
 In an S3 table bucket (`catalog.type: s3tables`) S3 Tables compact, expire snapshots and remove unreferenced files
 themselves; icefloe then runs only retention TTL, delete-file and manifest rewrites (see `maintain`).
 """
@@ -15,7 +17,8 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from .catalog import CATALOG
-from .commit_state import committed_state
+from .commit_state import carry_checkpoint, committed_state
+from .dead_letter import dead_letter_identifier
 from .iceberg_table import IcebergTable
 from .spec import TableSpec, duration_seconds
 
@@ -37,6 +40,7 @@ class MaintenanceResult:
     snapshots_after: int = 0
     seconds: float = 0.0
     steps: list[str] = field(default_factory=list)
+    dead_letters: "MaintenanceResult | None" = None  # the `<table>_dlq` table's, when there is one
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -46,7 +50,7 @@ class MaintenanceResult:
             f"{self.identifier}: data files {self.data_files_before} -> {self.data_files_after}, delete files "
             f"{self.delete_files_before} -> {self.delete_files_after}, expired {self.expired_snapshots} snapshots, "
             f"removed {self.orphan_files_removed} orphan files, TTL deleted {self.rows_expired_by_ttl} rows "
-            f"({self.seconds:.1f}s)"
+            f"({self.seconds:.1f}s)" + (f"; {self.dead_letters}" if self.dead_letters else "")
         )
 
 
@@ -69,9 +73,21 @@ def is_due(table: IcebergTable, spec: TableSpec) -> bool:
 
 
 def maintain(table: IcebergTable, spec: TableSpec, managed: bool = False) -> MaintenanceResult:
-    """Maintenance now. `managed`: the catalog maintains the table's files itself (S3 Tables: compaction, snapshot
-    expiry, unreferenced file removal), so only the steps it does not do run here (retention TTL, delete files,
-    manifests); a second compactor and expirer would only race it."""
+    """Maintain the table, then its dead-letter table if it has one (same settings: retention, compaction,
+    expiry, orphans), and record when. `managed`: the catalog maintains the tables' files itself (S3 Tables:
+    compaction, snapshot expiry, unreferenced file removal), so only the steps it does not do run here (retention
+    TTL, delete files, manifests); a second compactor and expirer would only race it."""
+    result = _maintain_one(table, spec, managed)
+    dead_letters = IcebergTable(table.spark, dead_letter_identifier(table.identifier))
+    if dead_letters.exists():
+        result.dead_letters = _maintain_one(dead_letters, spec, managed)
+    table.spark.sql(
+        f"ALTER TABLE {table.full_name} SET TBLPROPERTIES ('{LAST_MAINTENANCE_PROPERTY}' = '{int(time.time() * 1000)}')"
+    )
+    return result
+
+
+def _maintain_one(table: IcebergTable, spec: TableSpec, managed: bool) -> MaintenanceResult:
     started = time.monotonic()
     spark, name, settings = table.spark, table.full_name, spec.maintenance
     result = MaintenanceResult(table.identifier)
@@ -98,6 +114,7 @@ def maintain(table: IcebergTable, spec: TableSpec, managed: bool = False) -> Mai
         spark.sql(f"CALL {CATALOG}.system.rewrite_position_delete_files(table => '{table.identifier}')").collect()
     spark.sql(f"CALL {CATALOG}.system.rewrite_manifests(table => '{table.identifier}')").collect()
     result.steps.append("manifests")
+    carry_checkpoint(table, spec.topic)  # the checkpoint on main's head: expiry below may remove where it was written
     if managed:
         result.steps.append("managed-by-catalog")
         return _finish(table, result, started)
@@ -121,10 +138,10 @@ def maintain(table: IcebergTable, spec: TableSpec, managed: bool = False) -> Mai
     return _finish(table, result, started, snapshots_before)
 
 
+
 def _finish(table: IcebergTable, result: MaintenanceResult, started: float,
             snapshots_before: int | None = None) -> MaintenanceResult:
     spark, name = table.spark, table.full_name
-    spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('{LAST_MAINTENANCE_PROPERTY}' = '{int(time.time() * 1000)}')")
     result.data_files_after, result.delete_files_after = _file_counts(table)
     result.snapshots_after = spark.sql(f"SELECT count(*) AS n FROM {name}.snapshots").collect()[0].n
     if snapshots_before is not None:
@@ -135,7 +152,9 @@ def _finish(table: IcebergTable, result: MaintenanceResult, started: float,
 
 
 def _remove_orphans(table: IcebergTable, older_than: dt.datetime) -> int:
-    """Iceberg's action API (the SQL procedure refuses ages under 24 h; icefloe's own writes are serialized with it)."""
+    """Iceberg's action API (the SQL procedure refuses ages under 24 h). Safe without that check: the spec holds
+    `orphanFileAge` at or above `runTimeout`, and a run older than that never publishes, so no unreferenced file
+    this old can still become part of the table, even where runs and maintenance overlap (Glue)."""
     spark = table.spark
     jvm = spark._jvm
     java_table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table.full_name)

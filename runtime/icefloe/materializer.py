@@ -40,7 +40,7 @@ from .schema_mapping import (
     avro_value_fields, batch_struct, inline_value_fields, registry_value_fields, required_paths, table_struct,
 )  # fmt: skip
 from .spec import IcefloeConfig, TableSpec
-from .upsert import merge_batch
+from .upsert import key_columns, merge_batch
 
 log = logging.getLogger(__name__)
 # Split long partitions so both cores (or many executors) share the work; each split is one Spark task.
@@ -131,6 +131,8 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     decoder = decoder_spec(table, cluster)
     schemaless = table.format == "json" and table.inline_schema is None  # columns inferred per batch
     value_fields = _value_fields(decoder, table, identifier)
+    if table.mode == "upsert" and not schemaless:  # a key field the schema lacks fails before the table is created
+        key_columns(table.key, value_fields, f"table {identifier}")
 
     iceberg = IcebergTable(spark, identifier)
     first = Checkpoint(table.topic).to_summary()  # a first, empty checkpoint: the base of the first commit
@@ -139,7 +141,7 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     drop_stale_branches(iceberg, table.run_timeout_seconds)
     state = committed_state(iceberg, table.topic)
     planned = plan_ranges(
-        kafka_conf, table.topic, state.offsets, table.starting_offsets, table.max_records_per_run,
+        kafka_conf, table.topic, state.offsets, table.starting_offsets, table.record_budget,
         table.on_data_loss, state.topic_id,
     )  # fmt: skip
     ranges, next_offsets = planned.ranges, planned.next_offsets
@@ -176,7 +178,10 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
         needs_key=table.mode == "upsert" and not table.key,
         max_record_bytes=table.max_record_bytes,
     )
-    write = _upsert_writer(table, iceberg.schema()) if table.mode == "upsert" else _append_writer(struct)
+    if table.mode == "upsert":
+        write = _upsert_writer(iceberg.schema(), key_columns(table.key, value_fields, f"table {identifier}"))
+    else:
+        write = _append_writer(struct)
 
     checkpoint = Checkpoint(table.topic, next_offsets, run_id, planned.topic_id, tuple(planned.lost))
     try:
@@ -374,11 +379,10 @@ def _append_writer(struct: StructType) -> Writer:
     return append
 
 
-def _upsert_writer(table: TableSpec, columns: StructType) -> Writer:
+def _upsert_writer(columns: StructType, keys: list[str]) -> Writer:
     """`columns`: the table's, which may hold fields the batch's schema removed (they are set to null)."""
-    key_columns = list(table.key) if table.key else ["kafka_key"]
 
     def upsert(frame: DataFrame, branch: Branch) -> int:
-        return merge_batch(conformed(frame, columns, keep=(TOMBSTONE,)), branch, columns, key_columns)
+        return merge_batch(conformed(frame, columns, keep=(TOMBSTONE,)), branch, columns, keys)
 
     return upsert

@@ -266,6 +266,12 @@ class AlarmSpec(Model):
         return value
 
 
+# The default `maxRecordsPerRun` assumes a batch reads, decodes and writes at least this many records per second:
+# the slowest path, Python decoding on one core, does ~220k/s Avro decoding and ~250k/s Arrow building
+# (PLATFORM.md); 5k/s leaves ample room for large records, slow sinks and small jobs.
+BUDGET_RECORDS_PER_SECOND = 5_000
+
+
 class TableSpec(Model):
     source_cluster: str
     topic: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,249}$")]
@@ -354,6 +360,13 @@ class TableSpec(Model):
                 raise ValueError(f"key names unknown fields {missing}")
         if self.key_format and not self.key:
             raise ValueError("keyFormat only applies with key: [fields] (the default key is the raw Kafka key)")
+        # A file younger than runTimeout may belong to a run that has not published yet (on AWS nothing serializes
+        # runs and maintenance); removing it as an orphan would break that run's commit.
+        if duration_seconds(self.maintenance.orphan_file_age) < self.run_timeout_seconds:
+            raise ValueError(
+                f"maintenance.orphanFileAge {self.maintenance.orphan_file_age} is shorter than runTimeout "
+                f"{self.run_timeout}: files of a run still in flight would be removed as orphans"
+            )
         return self
 
     @property
@@ -380,6 +393,15 @@ class TableSpec(Model):
     @property
     def run_timeout_seconds(self) -> float:
         return duration_seconds(self.run_timeout)
+
+    @property
+    def record_budget(self) -> int:
+        """The most records one batch reads: `maxRecordsPerRun`, by default what a batch reads in half its
+        `runTimeout` at a conservative `BUDGET_RECORDS_PER_SECOND` (so a large backlog is taken in batches that
+        publish in time, never in one batch that always runs out of time)."""
+        if self.max_records_per_run is not None:
+            return self.max_records_per_run
+        return int(self.run_timeout_seconds / 2 * BUDGET_RECORDS_PER_SECOND)
 
     @property
     def lag_alarm_seconds(self) -> float:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .catalog import pyiceberg_catalog
-from .commit_state import Checkpoint, for_topic, lost_as_json
+from .commit_state import Checkpoint, for_topic, furthest, lost_as_json
 from .dead_letter import dead_letter_identifier
 from .errors import ConfigError, IcefloeError
 from .heartbeat import FAILED, RUNNING, STOPPED, Heartbeat, read_heartbeat
@@ -141,15 +141,24 @@ def read_table_facts(catalog, identifier: str, topic: str) -> TableFacts:
     summary = current.summary or {}
     facts.rows = int(summary.get("total-records", 0)) - int(summary.get("total-position-deletes", 0))
     facts.files, facts.delete_files = int(summary.get("total-data-files", 0)), int(summary.get("total-delete-files", 0))
+    newest: list[tuple[Checkpoint, float]] = []  # down to the first checkpoint a batch wrote (`furthest`)
     for snapshot in ancestors_of(current, table.metadata):  # newest first
         checkpoint = Checkpoint.from_summary(snapshot.summary or {})
         if checkpoint is None:
             continue  # a maintenance commit
         if facts.last_commit is None:
-            facts.offsets = for_topic(checkpoint, identifier, topic).offsets
-            facts.last_commit = snapshot.timestamp_ms / 1000
+            newest.append((checkpoint, snapshot.timestamp_ms / 1000))
+            if checkpoint.carried_from is None:
+                facts.offsets, facts.last_commit = _furthest(newest, identifier, topic)
         facts.data_lost[:0] = lost_as_json(checkpoint.lost)  # oldest first
+    if facts.last_commit is None and newest:  # only carried copies left in the history
+        facts.offsets, facts.last_commit = _furthest(newest, identifier, topic)
     return facts
+
+
+def _furthest(found: list[tuple[Checkpoint, float]], identifier: str, topic: str) -> tuple[dict[int, int], float]:
+    checkpoint, at = furthest(found)
+    return for_topic(checkpoint, identifier, topic).offsets, at
 
 
 def dlq_rows(catalog, identifier: str) -> int | None:

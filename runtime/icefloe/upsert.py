@@ -17,6 +17,19 @@ from pyspark.sql import types as T
 
 from .batch_columns import TOMBSTONE
 from .commit import Branch
+from .errors import ConfigError
+
+
+def key_columns(key: tuple[str, ...] | None, value_fields: list[T.StructField], where: str) -> list[str]:
+    """The columns an upsert matches rows on: the `key:` value fields, else the raw Kafka key. A key field the
+    value schema lacks (a registry schema is only known at run time) is a config error."""
+    if not key:
+        return ["kafka_key"]
+    names = [f.name for f in value_fields]
+    missing = [name for name in key if name not in names]
+    if missing:
+        raise ConfigError(f"{where}: key names field(s) {missing} that the value schema does not have (fields: {names})")
+    return list(key)
 
 
 def merge_batch(frame: DataFrame, branch: Branch, struct: T.StructType, key_columns: list[str]) -> int:
