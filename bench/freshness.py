@@ -26,6 +26,7 @@ from confluent_kafka import Producer
 
 from icefloe_dev.kafka_broker import KafkaBroker
 from icefloe_dev.readers import pyiceberg_catalog
+from process_stats import tree_rss_kib
 
 RESULTS = Path(__file__).parent / "results"
 TOPIC = "bench_fresh"
@@ -33,25 +34,7 @@ TOPIC = "bench_fresh"
 
 def tree_rss_mib(pid: int) -> float:
     """Resident memory of a process and all its descendants (the Python driver and Spark's JVM)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    total, todo = 0, [pid]
-    while todo:
-        current = todo.pop()
-        try:
-            for line in Path(f"/proc/{current}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-        todo.extend(children.get(current, []))
-    return total / 1024
+    return tree_rss_kib(pid) / 1024
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -48,6 +48,7 @@ from icefloe_dev import stock_trades
 from icefloe_dev.kafka_broker import KafkaBroker
 from icefloe_dev.processes import start_together
 from icefloe_dev.schema_registry import SchemaRegistry
+from process_stats import cpu_seconds, status_kib, tree_rss_kib
 
 RESULTS = Path(__file__).parent / "results"
 PARTITIONS = 4
@@ -155,39 +156,6 @@ def consume_all(bootstrap: str, topic: str) -> tuple[int, int]:
     return count, size
 
 
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            tree.setdefault(parent, []).append(int(entry.name))
-    return tree
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) of a process and its live descendants."""
-    tree, total, todo = _children(), 0, [pid]
-    while todo:
-        current = todo.pop()
-        try:
-            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
-            pass
-        todo.extend(tree.get(current, []))
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def status_kib(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
-
-
 class Stage:
     """Times one stage: wall seconds, CPU seconds of the Spark JVM tree and of the broker, machine load."""
 
@@ -274,14 +242,7 @@ class RssSampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.wait(0.25):
-            tree, total, todo = _children(), 0, list(_children().get(self.jvm_pid, []))
-            while todo:
-                current = todo.pop()
-                try:
-                    total += status_kib(current, "VmRSS")
-                except OSError:
-                    pass
-                todo.extend(tree.get(current, []))
+            total = tree_rss_kib(self.jvm_pid, include_self=False)
             self.peak_kib = max(self.peak_kib, total)
 
 
