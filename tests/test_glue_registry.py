@@ -1,16 +1,19 @@
 """The AWS Glue Schema Registry as a registry kind, against moto's Glue schema-registry API (a moto server, not AWS):
 records serialized by the PyPI `aws-glue-schema-registry` library (the real wire format: header 3, compression,
-version UUID), materialized through the real broker and read back with pyiceberg and DuckDB; poisons in every mode."""
+version UUID), Avro and JSON Schema, materialized through the real broker and read back with pyiceberg and DuckDB;
+poisons in every mode."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 import zlib
 from decimal import Decimal
 
 import pytest
 
+from icefloe.decoding import decoder_spec
 from icefloe.errors import ConfigError
 from icefloe.glue_registry import split
 from icefloe.materializer import materialize_once
@@ -74,11 +77,14 @@ class Glue:
         self.serializer = KafkaSerializer(self.registry)
 
     def serialize(self, topic: str, schema: dict, value: dict, compressed: bool = False) -> bytes:
+        """With the library's AvroSchema, or its JsonSchema for a JSON Schema (one with `$schema`)."""
         from aws_schema_registry import DataAndSchema
         from aws_schema_registry.avro import AvroSchema
         from aws_schema_registry.codec import decode, encode
+        from aws_schema_registry.jsonschema import JsonSchema
 
-        data = self.serializer.serialize(topic, DataAndSchema(value, AvroSchema(schema)))
+        kind = JsonSchema if "$schema" in schema else AvroSchema
+        data = self.serializer.serialize(topic, DataAndSchema(value, kind(schema)))
         if not compressed:
             return data
         payload, version = decode(data)
@@ -154,3 +160,116 @@ def test_glue_poison_catalogue(spark, broker, moto_aws, aws_env, state_dir, topi
     goods, bads = lay_out(broker, topic, poisons, lambda i: glue.serialize(topic, V1, payment(i)))
     config = _parsed(glue.config(topic, errors=mode, maxRecordBytes=MAX_BYTES), broker)
     check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
+
+
+# --- JSON Schema through Glue ---------------------------------------------------------------------------------------
+J1 = {
+    "$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "required": ["id", "amount"],
+    "properties": {
+        "id": {"type": "integer"},
+        "payer": {"type": ["string", "null"]},
+        "amount": {"type": "number", "minimum": 0},
+        "at": {"type": "string", "format": "date-time"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "meta": {"type": "object", "properties": {"source": {"type": "string"}}},
+        "attrs": {"type": "object"},
+    },
+}  # fmt: skip
+J2 = {**J1, "properties": {**J1["properties"], "note": {"type": "string"}}}
+
+
+def json_payment(i: int, note: bool = False) -> dict:
+    value = {"id": i, "payer": None if i % 3 == 0 else f"p{i}", "amount": i / 4, "at": f"2026-01-01T00:00:{i:02d}Z",
+             "tags": [f"t{i}"] * (i % 3), "meta": {"source": f"s{i}"}, "attrs": {"k": i}}  # fmt: skip
+    return {**value, "note": f"n{i}"} if note else value
+
+
+def json_row(value: dict) -> dict:
+    """A JSON payment as its table row: date-time as a timestamp, the free-form object as its JSON text."""
+    at = dt.datetime(2026, 1, 1, tzinfo=UTC) + dt.timedelta(seconds=value["id"])
+    return {"note": None, **value, "at": at, "attrs": json.dumps(value["attrs"], separators=(",", ":"))}
+
+
+def test_a_glue_schema_of_another_data_format_than_the_table_reads_is_a_config_error(moto_aws, monkeypatch, topic):
+    for key, value in moto_aws.aws_env().items():
+        monkeypatch.setenv(key, value)
+    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+    glue.serialize(f"{topic}-a", V1, payment(1))
+    glue.serialize(f"{topic}-j", J1, json_payment(1))
+    def parsed(name: str, fmt: str):
+        raw = glue.config(name, format=fmt)
+        raw["sourceClusters"][0]["bootstrapServers"] = "b:9092"  # not reached: the decoder asks only the registry
+        return parse_config(raw)
+
+    for name, fmt, data_format in [(f"{topic}-a", "json-schema", "AVRO"), (f"{topic}-j", "avro", "JSON")]:
+        config = parsed(name, fmt)
+        with pytest.raises(ConfigError, match=f"Glue schema '{name}-value' is {data_format}, not .* \\(format {fmt}\\)"):
+            decoder_spec(config.tables[0], config.source_clusters[0])
+    config = parsed(f"{topic}-j", "json-schema")
+    spec = decoder_spec(config.tables[0], config.source_clusters[0])
+    assert (spec.format, spec.registry_conf["data_format"], json.loads(spec.schema_str)) == ("glue", "JSON", J1)
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_glue_json_schema_end_to_end_with_evolution_and_zlib(spark, broker, moto_aws, aws_env, state_dir, topic):
+    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+    broker.create_topic(topic, 2)
+    values = [(json_payment(i), glue.serialize(topic, J1, json_payment(i), compressed=i % 4 == 0)) for i in range(20)]
+    values += [(json_payment(i, note=True), glue.serialize(topic, J2, json_payment(i, note=True), compressed=i % 2 == 0))
+               for i in range(20, 26)]  # fmt: skip
+    positions = produce(broker.bootstrap_servers, topic, [{"key": b"%d" % v["id"], "value": data, "partition": v["id"] % 2}
+                                                          for v, data in values])  # fmt: skip
+    config = _parsed(glue.config(topic, format="json-schema"), broker)
+
+    result = materialize_once(spark, config, config.tables[0])
+
+    assert result.rows_written == len(values) and result.records_failed == 0 and result.read_path == "python"
+    expected = {p: json_row(v) for p, (v, _) in zip(positions, values)}
+    rows = by_position(read_pyiceberg(state_dir, result.identifier))
+    assert {p: {k: r[k] for k in expected[p]} for p, r in rows.items()} == expected, "J1 records read with J2's columns"
+    duck = by_position(read_duckdb(result.metadata_location))
+    assert {p: {k: r[k] for k in expected[p]} for p, r in duck.items()} == expected
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+@pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
+def test_glue_json_schema_poison_catalogue(spark, broker, moto_aws, aws_env, state_dir, topic, mode):
+    from aws_schema_registry.codec import decode, encode
+
+    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+    # Written with J1 (which does not declare `note`), valid for it; the table's J2 makes `note` a string.
+    clash = glue.serialize(topic, J1, {**json_payment(1), "note": 5})
+    version = decode(clash)[1]
+
+    def raw(value) -> bytes:  # a payload the library's serializer would refuse, framed with J1's version
+        return encode(value if isinstance(value, bytes) else json.dumps(value).encode(), version)
+
+    secret = json_payment(2)
+    poisons = [
+        ("fails minimum", "DecodeError", b"k", raw({**secret, "amount": -987654.5})),
+        ("required property missing", "DecodeError", b"k", raw({k: v for k, v in secret.items() if k != "id"})),
+        ("wrong type", "DecodeError", b"k", raw({**secret, "id": "SECRET-id"})),
+        ("nested wrong type", "DecodeError", b"k", raw({**secret, "tags": ["a", 7]})),
+        ("not an object", "DecodeError", b"k", raw([1, 2])),
+        ("not json", "DecodeError", b"k", raw(b'{"id": 1,')),
+        ("an avro version on a json table", "DecodeError", b"k", glue.serialize(f"{topic}-avro", V1, payment(1))),
+        ("unknown schema version", "DecodeError", b"k", clash[:2] + uuid.uuid4().bytes + clash[18:]),
+        ("valid for its writer, not the table's type", "ConversionError", b"k", clash),
+        ("oversized record", "RecordTooLarge", b"k", raw({**secret, "payer": "x" * MAX_BYTES})),
+    ]
+    goods, bads = lay_out(broker, topic, poisons, lambda i: glue.serialize(topic, J2, json_payment(i, note=True)))
+    config = _parsed(glue.config(topic, format="json-schema", errors=mode, maxRecordBytes=MAX_BYTES), broker)
+    result = check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
+    if mode != "dlq":
+        return
+    dead = by_position(read_pyiceberg(state_dir, result.identifier + "_dlq"))
+    messages = {bads[p][0]: row["error_message"] for p, row in dead.items()}
+    assert "value.amount: fails minimum 0" in messages["fails minimum"]
+    assert "required property 'id' is missing" in messages["required property missing"]
+    assert 'value.id: fails type "integer"' in messages["wrong type"]
+    assert 'value.tags[1]: fails type "string"' in messages["nested wrong type"]
+    assert "is AVRO; the table reads JSON" in messages["an avro version on a json table"]
+    assert "note" in messages["valid for its writer, not the table's type"]
+    assert not [m for m in messages.values() if "987654" in m or "SECRET" in m], "errors name the rule, never the value"

@@ -82,7 +82,7 @@ def decoder_spec(table: TableSpec, cluster: SourceCluster) -> DecoderSpec:
     from .schema_mapping import inline_to_avro
 
     keys = {"key_fields": table.key or (), "key_format": table.effective_key_format if table.key else None}
-    if cluster.schema_registry is not None and cluster.schema_registry.type == "glue" and table.format == "avro":
+    if cluster.schema_registry is not None and cluster.schema_registry.type == "glue" and table.format in ("avro", "json-schema"):
         return _glue_spec(table, cluster, keys)
     registry = registry_config(cluster.schema_registry, cluster.name) if _confluent(cluster) else None
     if table.format in ("json", "raw", "string"):
@@ -140,6 +140,10 @@ def _glue_spec(table: TableSpec, cluster: SourceCluster, keys: dict) -> DecoderS
                           "schema registry; use json, string or raw")  # fmt: skip
     conf = glue_registry.registry_conf(cluster.schema_registry, table.topic)
     data_format, definition = glue_registry.latest_version(conf)
+    expected = glue_registry.DATA_FORMATS[table.format]
+    if data_format != expected:
+        raise ConfigError(f"table {table.table_name}: the Glue schema {conf['schema']!r} is {data_format}, not {expected} "
+                          f"(format {table.format})")  # fmt: skip
     return DecoderSpec(glue_registry.FORMAT, table.topic, definition, conf | {"data_format": data_format}, **keys)
 
 

@@ -6,10 +6,12 @@ version's data format writes it. The table's schema is the latest version of the
 registry (default `{topic}-value`, the Python serializer's naming; the Java serializer names a schema after the
 topic: `schemaName: "{topic}"`). Executors fetch each writer version by its UUID (GetSchemaVersion) once.
 
-The payload decoder is chosen by the version's DataFormat from `PAYLOAD_DECODERS`: Avro is here; a decoder for
-JSON Schema or Protobuf registers itself there (and its type mapping in `VALUE_FIELDS`). A record whose header is
-not Glue's, whose version is unknown, or whose payload does not decode is a bad record; a registry that cannot be
-reached or refuses access is the environment's failure (`SourceError`), never a bad record.
+The payload decoder is chosen by the version's DataFormat from `PAYLOAD_DECODERS` (and the table's columns by the
+latest version's from `VALUE_FIELDS`): Avro is here, JSON Schema is json_schema_format's (each record validated
+against its writer version). Protobuf is not: the Python library has no Protobuf. The table's `format` names the
+data format it reads (avro: AVRO, json-schema: JSON); a record written with a version of another data format, a
+header that is not Glue's, a version that is unknown, or a payload that does not decode is a bad record; a
+registry that cannot be reached or refuses access is the environment's failure (`SourceError`), never a bad record.
 """
 
 from __future__ import annotations
@@ -26,18 +28,19 @@ FORMAT = "glue"  # DecoderSpec.format of a table whose values are framed for the
 HEADER = 0x03
 COMPRESSION = {0x00: None, 0x05: "zlib"}
 PREFIX = 18  # header, compression, UUID
+DATA_FORMATS = {"avro": "AVRO", "json-schema": "JSON"}  # the table's `format` -> the Glue DataFormat it reads
 Decoder = Callable[[bytes], Any]
-# DataFormat -> factory(writer schema definition, the table's schema definition) -> payload decoder
-PayloadFactory = Callable[[str, str], Decoder]
-PAYLOAD_DECODERS: dict[str, PayloadFactory] = {}
-# DataFormat -> function(the table's schema definition, what to name in errors) -> the table's value fields
-VALUE_FIELDS: dict[str, Callable[[str, str], list]] = {}
 
 
 def registry_conf(registry, topic: str) -> dict[str, str]:
     """What executors need to reach the registry (no credential: AWS clients take them from the environment)."""
     return {"type": "glue", "registry": registry.registry_name, "region": registry.region,
             "endpoint": registry.endpoint or "", "schema": registry.schema_name.format(topic=topic)}  # fmt: skip
+
+
+def is_json(conf: dict[str, str] | None) -> bool:
+    """Whether a table reads JSON Schema values through Glue (their types are checked by hand, as for json-schema)."""
+    return bool(conf) and conf.get("type") == "glue" and conf.get("data_format") == "JSON"
 
 
 def glue_client(conf: dict[str, str]):
@@ -69,13 +72,9 @@ def latest_version(conf: dict[str, str]) -> tuple[str, str]:
 
 
 def value_fields(data_format: str, definition: str, subject: str) -> list:
-    if data_format == "AVRO":
-        from .schema_mapping import avro_value_fields
-
-        return avro_value_fields(definition, subject)
-    if data_format in VALUE_FIELDS:
-        return VALUE_FIELDS[data_format](definition, subject)
-    raise ConfigError(f"{subject}: the Glue schema's data format {data_format} has no decoder in icefloe yet")
+    if data_format not in VALUE_FIELDS:
+        raise ConfigError(f"{subject}: the Glue schema's data format {data_format} has no decoder in icefloe")
+    return VALUE_FIELDS[data_format](definition, subject)
 
 
 def split(data: bytes) -> tuple[UUID, bytes]:
@@ -110,10 +109,9 @@ def decoder(conf: dict[str, str], table_schema: str) -> Decoder:
         except BotoCoreError as error:
             raise SourceError(f"{_where(conf)} unreachable: {error}") from None
         data_format = found["DataFormat"]
-        factory = avro_payload if data_format == "AVRO" else PAYLOAD_DECODERS.get(data_format)
-        if factory is None:
-            raise ValueError(f"schema version {version} is {data_format}, which icefloe cannot decode yet")
-        return factory(found["SchemaDefinition"], table_schema)
+        if data_format != conf["data_format"]:  # the table's columns come from a schema of another format
+            raise ValueError(f"schema version {version} is {data_format}; the table reads {conf['data_format']}")
+        return PAYLOAD_DECODERS[data_format](found["SchemaDefinition"], table_schema)
 
     def decode(data: bytes) -> Any:
         version, payload = split(data)
@@ -142,3 +140,27 @@ def avro_payload(writer: str, reader: str) -> Decoder:
         return rewrite(value)
 
     return decode
+
+
+def _avro_fields(definition: str, subject: str) -> list:
+    from .schema_mapping import avro_value_fields
+
+    return avro_value_fields(definition, subject)
+
+
+def _json_payload(writer: str, table: str) -> Decoder:
+    from .json_schema_format import glue_payload_decoder
+
+    return glue_payload_decoder(writer, table)
+
+
+def _json_fields(definition: str, subject: str) -> list:
+    from .json_schema_format import glue_value_fields
+
+    return glue_value_fields(definition, subject)
+
+
+# DataFormat -> factory(writer version's definition, the table's definition) -> payload decoder
+PAYLOAD_DECODERS: dict[str, Callable[[str, str], Decoder]] = {"AVRO": avro_payload, "JSON": _json_payload}
+# DataFormat -> function(the table's definition, what to name in errors) -> the table's value fields
+VALUE_FIELDS: dict[str, Callable[[str, str], list]] = {"AVRO": _avro_fields, "JSON": _json_fields}

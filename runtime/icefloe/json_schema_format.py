@@ -1,4 +1,8 @@
-"""JSON Schema values through a Confluent-compatible registry: schemas to table types, records validated and shaped.
+"""JSON Schema values through a schema registry: schemas to table types, records validated and shaped.
+
+Two framings carry them: a Confluent-compatible registry's (`JsonSchemaDecoder`, schema ids, references resolved
+through the registry) and the AWS Glue Schema Registry's (`glue_payload_decoder` and `glue_value_fields`, called by
+glue_registry for versions whose DataFormat is JSON; Glue's JSON schemas have no registry references).
 
 Mapping (the table's columns are the top-level object's `properties`):
   string -> string (`format: date-time` -> timestamp with zone, `date` -> date, `uuid` -> string), integer -> long,
@@ -10,14 +14,14 @@ Mapping (the table's columns are the top-level object's `properties`):
   is given and not false gets a string column `additional_properties` holding the properties it does not declare,
   as a JSON object (null when there are none). Every column is nullable; `required` is enforced by validation.
 
-Each record is validated against its writer's schema (by schema id, references resolved through the registry). A
+Each record is validated against its writer's schema (the version it was written with, not the table's). A
 record that fails is a bad record; the error names the rule and where it failed, never the value.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 from pyspark.sql import types as T
 
@@ -203,28 +207,57 @@ class JsonSchemaDecoder:
         if len(data) < 5 or data[0] != 0:
             raise ValueError("not Confluent wire format (magic byte 0 and a schema id expected)")
         schema_id = int.from_bytes(data[1:5], "big")
-        validator = self._validator(schema_id)
-        try:
-            value = json.loads(data[5:].decode("utf-8"), parse_constant=_reject_constant)
-        except UnicodeDecodeError as error:
-            raise ValueError(f"value is not valid UTF-8 ({error.reason} at byte {error.start + 5})") from None
-        except json.JSONDecodeError as error:
-            raise ValueError(f"value is not valid JSON: {error.msg} at position {error.pos}") from None
-        error = next(iter(sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))), None)
-        if error is not None:
-            raise ValueError(f"JSON Schema (schema id {schema_id}) {failed_rule(error)}")
-        if not isinstance(value, dict):
-            raise ValueError(f"JSON value must be an object, got {type(value).__name__}")
+        value = _checked(data[5:], self._validator(schema_id), f"schema id {schema_id}", 5)
         return shaped(self.shape, value) if self.shape else value
 
     def _validator(self, schema_id: int):
         if schema_id not in self._validators:
             schema = self.client.get_schema(schema_id)
-            self._validators[schema_id] = validator_for_bundle(json.loads(resolve_schema(self.client, schema)), schema_id)
+            bundle = json.loads(resolve_schema(self.client, schema))
+            self._validators[schema_id] = validator_for_bundle(bundle, f"schema id {schema_id}")
         return self._validators[schema_id]
 
 
-def validator_for_bundle(bundle: dict, schema_id: int | None = None):
+def _checked(payload: bytes, validator, writer: str, offset: int) -> dict[str, Any]:
+    """A JSON payload parsed and validated against its writer's schema; `offset` is where it starts in the value."""
+    try:
+        value = json.loads(payload.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"value is not valid UTF-8 ({error.reason} at byte {error.start + offset})") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"value is not valid JSON: {error.msg} at position {error.pos}") from None
+    error = next(iter(sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))), None)
+    if error is not None:
+        raise ValueError(f"JSON Schema ({writer}) {failed_rule(error)}")
+    if not isinstance(value, dict):
+        raise ValueError(f"JSON value must be an object, got {type(value).__name__}")
+    return value
+
+
+# --- the AWS Glue Schema Registry (glue_registry calls these for versions whose DataFormat is JSON) ---------------
+
+
+def _glue_bundle(definition: str, what: str) -> dict:
+    """A Glue JSON schema definition as a resolved bundle (Glue has no registry references)."""
+    return {"schema": _parse(definition, what), "references": {}}
+
+
+def glue_value_fields(definition: str, subject: str) -> list[T.StructField]:
+    try:
+        bundle = _glue_bundle(definition, f"of {subject}")
+    except ValueError as error:
+        raise ConfigError(f"{subject}: {error}") from None
+    return value_fields(json.dumps(bundle), subject)
+
+
+def glue_payload_decoder(writer: str, table: str) -> Callable[[bytes], dict[str, Any]]:
+    """A Glue JSON payload validated against its writer's version, shaped for the table's (latest) version."""
+    validator = validator_for_bundle(_glue_bundle(writer, "writer version"), "the Glue writer version")
+    shape = _table_shape(json.dumps(_glue_bundle(table, "table version")), "value")
+    return lambda payload: shaped(shape, _checked(payload, validator, "Glue writer version", 0))
+
+
+def validator_for_bundle(bundle: dict, what: str = "the schema"):
     """A jsonschema validator for a resolved schema, its registry references reachable by name."""
     import jsonschema
     from referencing import Registry, Resource
@@ -236,7 +269,7 @@ def validator_for_bundle(bundle: dict, schema_id: int | None = None):
     try:
         cls.check_schema(main)
     except jsonschema.SchemaError as error:
-        raise ValueError(f"schema id {schema_id} is not a valid JSON Schema: {error.message[:200]}") from None
+        raise ValueError(f"{what} is not a valid JSON Schema: {error.message[:200]}") from None
     # Every format jsonschema knows, whatever the draft: draft 7's own checker does not know `uuid`.
     return cls(main, registry=Registry().with_resources(resources), format_checker=jsonschema.FormatChecker())
 
