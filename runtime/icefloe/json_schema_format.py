@@ -244,7 +244,7 @@ def _glue_bundle(definition: str, what: str) -> dict:
 
 def glue_value_fields(definition: str, subject: str) -> list[T.StructField]:
     try:
-        bundle = _glue_bundle(definition, f"of {subject}")
+        bundle = _glue_bundle(definition, "definition")
     except ValueError as error:
         raise ConfigError(f"{subject}: {error}") from None
     return value_fields(json.dumps(bundle), subject)
