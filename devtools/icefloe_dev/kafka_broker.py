@@ -16,7 +16,7 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
-from .processes import JvmService, ServiceError, free_port, java, lib_dir, retry
+from .processes import JvmService, ServiceError, free_ports, java, lib_dir, retry
 
 LOG4J2 = """\
 status = warn
@@ -100,7 +100,7 @@ class KafkaBroker(JvmService):
         log4j = self.state_dir / "log4j2.properties"
         base = [java(), f"-Dlog4j2.configurationFile={log4j}", "-cp", f"{libs}/*"]
         if self.port is None:
-            self.port, self.controller_port = free_port(), free_port()
+            self.port, self.controller_port = free_ports(2)
             self.state_dir.mkdir(parents=True, exist_ok=True)
             data_dir = self.state_dir / f"data-{self.cluster_id}"
             config.write_text(self._properties(data_dir))

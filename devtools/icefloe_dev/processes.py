@@ -34,10 +34,21 @@ class ServiceError(IcefloeError):
     """A local service could not be found, started or used."""
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free loopback ports: the sockets stay bound until all are chosen, so no port repeats (two
+    calls in a row may get the same port back, and Kafka refuses one port for two listeners)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def java() -> str:
