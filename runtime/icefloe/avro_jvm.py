@@ -254,9 +254,10 @@ def _joined(parts: list[str]) -> str:
 
 def _utf8(parts: list[str]) -> str:
     """True where all the strings are valid UTF-8, checked once per record over their concatenation: Spark keeps
-    Avro's string bytes as they are; `encode` goes through a Java String, which replaces bad UTF-8."""
-    # (a one-element array binds the concatenation to a variable: it is built once, not once per use)
-    return f"forall(array({_joined(parts)}), s -> encode(s, 'UTF-8') = CAST(s AS BINARY))"
+    Avro's string bytes as they are; `encode` goes through a Java String, which replaces bad UTF-8. (No lambda:
+    Spark generates code for this form; the concatenation is one common subexpression, built once.)"""
+    joined = _joined(parts)
+    return f"(encode({joined}, 'UTF-8') = CAST({joined} AS BINARY))"
 
 
 def _conform(schema: Any, expr: str, names: _Names, ids: count, namespace: str) -> str | None:

@@ -24,8 +24,7 @@ from typing import Callable, TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
 
-from .catalog import CATALOG
-from .commit_state import Checkpoint, append_with_checkpoint, rows_added_by_run
+from .commit_state import Checkpoint, append_with_checkpoint, rows_added
 from .errors import CommitConflict
 from .iceberg_table import IcebergTable, conformed
 
@@ -86,8 +85,8 @@ class Branch:
         self.written.append(head)
 
     def rows_appended(self) -> int:
-        """The rows `append` added."""
-        return rows_added_by_run(self.table, self.checkpoint.run_id)
+        """The rows the last `append` added."""
+        return rows_added(self.table, self.written[-1])
 
 
 def drop_stale_branches(table: IcebergTable, run_timeout_s: float, now: float | None = None) -> None:
@@ -100,7 +99,7 @@ def drop_stale_branches(table: IcebergTable, run_timeout_s: float, now: float | 
         if started is None or now - started <= run_timeout_s:
             continue
         log.info("%s: dropping branch %s left by a run that started %.0fs ago", table.identifier, branch, now - started)
-        table.spark.sql(f"ALTER TABLE {table.full_name} DROP BRANCH IF EXISTS `{branch}`")
+        table.drop_branch(branch)
 
 
 def verify_publishable(branch: Branch, base_snapshot_id: int, run_timeout_s: float) -> None:
@@ -142,17 +141,14 @@ def commit_on_branch(
     if checkpoint.run_id is None:
         raise ValueError("a commit's checkpoint names the run that writes it")
     branch = Branch(table, branch_name(checkpoint.run_id), checkpoint)
-    spark = table.spark
-    spark.sql(f"ALTER TABLE {table.full_name} CREATE BRANCH `{branch.name}` AS OF VERSION {int(base_snapshot_id)}")
+    table.create_branch(branch.name, base_snapshot_id)
     try:
         written = write(branch)
         if not branch.checkpointed:  # e.g. after a MERGE: the checkpoint rides on an empty append
-            branch.append(spark.createDataFrame([], spark.table(table.full_name).schema))
+            branch.append(table.spark.createDataFrame([], table.schema()))
         verify_publishable(branch, base_snapshot_id, run_timeout_s)
         try:
-            result = spark.sql(
-                f"CALL {CATALOG}.system.fast_forward('{table.identifier}', 'main', '{branch.name}')"
-            ).collect()
+            return table.fast_forward("main", branch.name), written
         except Exception as error:
             if "not an ancestor" in str(error):
                 raise CommitConflict(
@@ -160,9 +156,8 @@ def commit_on_branch(
                     "nothing was committed, the batch will be re-planned"
                 ) from None
             raise
-        return result[0].updated_ref, written
     finally:
         try:
-            spark.sql(f"ALTER TABLE {table.full_name} DROP BRANCH IF EXISTS `{branch.name}`")
+            table.drop_branch(branch.name)
         except Exception as error:  # best effort: a leftover branch is dropped by the next run
             log.warning("%s: could not drop branch %s: %s", table.identifier, branch.name, error)

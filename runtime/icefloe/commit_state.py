@@ -116,16 +116,13 @@ class CommittedState:
 def committed_state(table: IcebergTable, topic: str) -> CommittedState:
     """Walk main's ancestry to the newest snapshot carrying a checkpoint, which must be for `topic`. Raises
     `CheckpointLost` when the walk breaks at an expired snapshot, or ends without a checkpoint on a table with data."""
-    current = table.main_snapshot_id()
-    keys = ", ".join(f"summary['{key}']" for key in SUMMARY_KEYS)
-    rows = table.spark.sql(
-        f"SELECT snapshot_id, parent_id, committed_at, summary['total-records'], {keys} FROM {table.full_name}.snapshots"
-    ).collect()
-    by_id = {row.snapshot_id: row for row in rows}
+    java = table.java()
+    main = java.refs().get("main")
+    current = main.snapshotId() if main is not None else None
     found: list[tuple[Checkpoint, tuple[int, dt.datetime]]] = []
-    snapshot = current
+    snapshot, head_records = current, 0
     while snapshot is not None:
-        row = by_id.get(snapshot)
+        row = java.snapshot(snapshot)
         if row is None:
             if found:  # a carried copy stands for the history below it
                 break
@@ -134,25 +131,25 @@ def committed_state(table: IcebergTable, topic: str) -> CommittedState:
                 "carrying icefloe's offsets was found; where to resume reading is unknown, so nothing is read "
                 "(restore the table's history, or recreate the table)"
             )
-        checkpoint = Checkpoint.from_summary(dict(zip(SUMMARY_KEYS, row[4:])))
+        summary = row.summary()
+        if snapshot == current:
+            head_records = int(summary.get("total-records") or 0)
+        checkpoint = Checkpoint.from_summary({key: summary.get(key) for key in SUMMARY_KEYS})
         if checkpoint is not None:
-            found.append((checkpoint, (snapshot, _utc(row.committed_at))))
+            committed_at = dt.datetime.fromtimestamp(row.timestampMillis() / 1000, dt.timezone.utc)
+            found.append((checkpoint, (snapshot, committed_at)))
             if checkpoint.carried_from is None:
                 break
-        snapshot = row.parent_id
+        snapshot = row.parentId()
     if found:
         checkpoint, (snapshot, committed_at) = furthest(found)
         return CommittedState(current, for_topic(checkpoint, table.identifier, topic), snapshot, committed_at)
-    if current is not None and int(by_id[current][3] or 0) > 0:
+    if head_records > 0:
         raise CheckpointLost(
             f"table {table.identifier} holds rows but no snapshot in main's history carries icefloe's offsets; "
             "where to resume reading is unknown, so nothing is read"
         )
     return CommittedState(current)
-
-
-def _utc(at: dt.datetime) -> dt.datetime:
-    return at.replace(tzinfo=dt.timezone.utc) if at.tzinfo is None else at
 
 
 def for_topic(checkpoint: Checkpoint, identifier: str, topic: str) -> Checkpoint:
@@ -181,11 +178,6 @@ def append_with_checkpoint(frame: DataFrame, target: str, checkpoint: Checkpoint
     append_with_properties(frame, target, checkpoint.to_summary())
 
 
-def rows_added_by_run(table: IcebergTable, run_id: str) -> int:
-    """Rows added by the snapshot that carries `run_id`'s checkpoint (0 if it added none or does not exist); the
-    newest one if an attempt of the run was discarded before (its snapshot stays until snapshots expire)."""
-    added = table.spark.sql(
-        f"SELECT summary['added-records'] AS added FROM {table.full_name}.snapshots "
-        f"WHERE summary['{RUN_ID_KEY}'] = '{run_id}' ORDER BY committed_at DESC LIMIT 1"
-    ).collect()
-    return int(added[0].added or 0) if added else 0
+def rows_added(table: IcebergTable, snapshot_id: int) -> int:
+    """Rows the snapshot added (0 if it added none or does not exist)."""
+    return int(table.snapshot_summary(snapshot_id).get("added-records") or 0)

@@ -46,11 +46,14 @@ class IcebergTable:
         self.full_name = f"{CATALOG}.{identifier}"
 
     def exists(self) -> bool:
-        namespaces = self.spark.sql(f"SHOW NAMESPACES IN {CATALOG} LIKE '{self.database}'").collect()
-        if not namespaces:  # Iceberg 1.10 raises for SHOW TABLES in a namespace that does not exist
-            return False
-        found = self.spark.sql(f"SHOW TABLES IN {CATALOG}.`{self.database}` LIKE '{self.name}'").collect()
-        return bool(found)
+        catalog = self.spark._jsparkSession.sessionState().catalogManager().catalog(CATALOG).icebergCatalog()
+        return catalog.tableExists(self.spark._jvm.org.apache.iceberg.catalog.TableIdentifier.parse(self.identifier))
+
+    def java(self):
+        """The table through Iceberg's Java API, loaded from the catalog now (other writers commit: never cached).
+        Reading refs, snapshots and their summaries here is a few calls, where a query of a metadata table would be
+        a Spark job."""
+        return self.spark._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(self.spark._jsparkSession, self.full_name)
 
     def ensure(
         self,
@@ -62,12 +65,12 @@ class IcebergTable:
         """Create the table (and its database) on first use, with a first, empty snapshot whose summary carries
         `first_summary`; True if it was created now. A table created by a run that died before that first snapshot
         gets it now."""
-        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.`{self.database}`")
         if self.exists():
             if self.main_snapshot_id() is None:
                 append_with_properties(self.spark.createDataFrame([], self.spark.table(self.full_name).schema),
                                        self.full_name, first_summary)  # fmt: skip
             return False
+        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.`{self.database}`")
         jvm_type = self.spark._jvm.org.apache.spark.sql.types.DataType.fromJson(struct.json())
         properties = DEFAULT_PROPERTIES | {"write.target-file-size-bytes": str(target_file_size_mb * 1024 * 1024)}
         props = ", ".join(f"'{k}'='{v}'" for k, v in properties.items())
@@ -97,40 +100,56 @@ class IcebergTable:
 
     def ref_snapshot_id(self, ref: str) -> int | None:
         """The snapshot a branch or tag points at; None if there is no such ref."""
-        rows = self.spark.sql(f"SELECT snapshot_id FROM {self.full_name}.refs WHERE name = '{ref}'").collect()
-        return rows[0].snapshot_id if rows else None
+        return _ref_snapshot_id(self.java(), ref)
 
     def lineage(self, ref: str, base_snapshot_id: int) -> list[int] | None:
         """The snapshots from `ref`'s head down to `base_snapshot_id` (both included), or None when `ref` is gone
         or does not descend from that base."""
-        snapshot = self.ref_snapshot_id(ref)
-        parents = {
-            row.snapshot_id: row.parent_id
-            for row in self.spark.sql(f"SELECT snapshot_id, parent_id FROM {self.full_name}.snapshots").collect()
-        }
-        chain = []
+        table = self.java()
+        snapshot, chain = _ref_snapshot_id(table, ref), []
         while snapshot is not None:
             chain.append(snapshot)
             if snapshot == base_snapshot_id:
                 return chain
-            snapshot = parents.get(snapshot)
+            found = table.snapshot(snapshot)
+            snapshot = found.parentId() if found is not None else None
         return None
 
     def snapshot_summary(self, snapshot_id: int) -> dict[str, str]:
-        rows = self.spark.sql(
-            f"SELECT summary FROM {self.full_name}.snapshots WHERE snapshot_id = {int(snapshot_id)}"
-        ).collect()
-        return dict(rows[0].summary) if rows else {}
+        snapshot = self.java().snapshot(int(snapshot_id))
+        return dict(snapshot.summary()) if snapshot is not None else {}
 
     def metadata_location(self) -> str:
-        row = self.spark.sql(
-            f"SELECT file FROM {self.full_name}.metadata_log_entries ORDER BY timestamp DESC LIMIT 1"
-        ).collect()
-        return row[0].file
+        return self.java().operations().current().metadataFileLocation()
 
     def branches(self, prefix: str) -> list[str]:
-        rows = self.spark.sql(f"SELECT name FROM {self.full_name}.refs WHERE type = 'BRANCH'").collect()
-        return [row.name for row in rows if row.name.startswith(prefix)]
+        refs = self.java().refs()
+        return [name for name in refs.keySet() if name.startswith(prefix) and refs.get(name).isBranch()]
+
+    def create_branch(self, name: str, snapshot_id: int) -> None:
+        self.java().manageSnapshots().createBranch(name, int(snapshot_id)).commit()
+
+    def drop_branch(self, name: str) -> None:
+        """Drop the branch if it exists (another run may have dropped it already)."""
+        table = self.java()
+        if table.refs().containsKey(name):
+            try:
+                table.manageSnapshots().removeBranch(name).commit()
+            except Exception as error:  # dropped meanwhile
+                if "does not exist" not in str(error):
+                    raise
+
+    def fast_forward(self, target: str, source: str) -> int:
+        """Move branch `target` to `source`'s head, which must descend from it (Iceberg refuses otherwise, also when
+        another writer moved `target` meanwhile: the commit re-checks after a refresh); returns `target`'s new head."""
+        table = self.java()
+        table.manageSnapshots().fastForwardBranch(target, source).commit()
+        return _ref_snapshot_id(table, target)
+
+
+def _ref_snapshot_id(table, ref: str) -> int | None:
+    found = table.refs().get(ref)
+    return found.snapshotId() if found is not None else None
 
 
 _WIDENINGS = {("int", "bigint"), ("float", "double")}

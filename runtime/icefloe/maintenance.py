@@ -65,8 +65,7 @@ def _file_counts(table: IcebergTable) -> tuple[int, int]:
 
 
 def is_due(table: IcebergTable, spec: TableSpec) -> bool:
-    rows = table.spark.sql(f"SHOW TBLPROPERTIES {table.full_name} ('{LAST_MAINTENANCE_PROPERTY}')").collect()
-    last = rows[0].value if rows else None
+    last = table.java().properties().get(LAST_MAINTENANCE_PROPERTY)
     if last is None or not str(last).isdigit():
         return True
     return time.time() * 1000 - int(last) >= duration_seconds(spec.maintenance.interval) * 1000
