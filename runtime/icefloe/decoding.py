@@ -82,7 +82,7 @@ def decoder_spec(table: TableSpec, cluster: SourceCluster) -> DecoderSpec:
     from .schema_mapping import inline_to_avro
 
     keys = {"key_fields": table.key or (), "key_format": table.effective_key_format if table.key else None}
-    if cluster.schema_registry is not None and cluster.schema_registry.type == "glue" and table.format in ("avro", "json-schema"):
+    if cluster.schema_registry is not None and cluster.schema_registry.type == "glue" and table.format in ("avro", "json-schema", "protobuf"):
         return _glue_spec(table, cluster, keys)
     registry = registry_config(cluster.schema_registry, cluster.name) if _confluent(cluster) else None
     if table.format in ("json", "raw", "string"):
@@ -144,7 +144,13 @@ def _glue_spec(table: TableSpec, cluster: SourceCluster, keys: dict) -> DecoderS
     if data_format != expected:
         raise ConfigError(f"table {table.table_name}: the Glue schema {conf['schema']!r} is {data_format}, not {expected} "
                           f"(format {table.format})")  # fmt: skip
-    return DecoderSpec(glue_registry.FORMAT, table.topic, definition, conf | {"data_format": data_format}, **keys)
+    message = None
+    if data_format == "PROTOBUF":
+        from .glue_protobuf import table_message
+
+        message = table_message(definition, table.message_type, f"table {table.table_name} (Glue schema {conf['schema']!r})")
+    return DecoderSpec(glue_registry.FORMAT, table.topic, definition, conf | {"data_format": data_format},
+                       message_type=message, **keys)  # fmt: skip
 
 
 def _latest_schema(conf: dict[str, str], subject: str) -> str:
@@ -198,7 +204,7 @@ def build_decoder(spec: DecoderSpec) -> Decoder:
     if spec.format == "glue":
         from . import glue_registry
 
-        return glue_registry.decoder(spec.registry_conf, spec.schema_str)
+        return glue_registry.decoder(spec.registry_conf, spec.schema_str, spec.message_type)
     if spec.format == "json-inferred":  # schemaless JSON, shaped for the types inferred for the batch
         from . import json_inference
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import os
 import subprocess
 import sys
@@ -29,8 +30,10 @@ from google.protobuf.message import DecodeError
 MAIN_FILE = "icefloe_schema_{}.proto"  # a registered schema has no file name of its own
 
 
-def _builtin_files() -> dict[str, descriptor_pb2.FileDescriptorProto]:
-    """The files confluent-kafka never registers (google/protobuf/*, google/type/*, confluent/*), by import name."""
+@functools.cache
+def builtin_files() -> dict[str, descriptor_pb2.FileDescriptorProto]:
+    """The files confluent-kafka never registers (google/protobuf/*, google/type/*, confluent/*), by import name
+    (the AWS Glue serde's built-ins too: the well-known types and google/type/*)."""
     from confluent_kafka.schema_registry.common.protobuf import _init_pool
 
     pool = DescriptorPool()
@@ -103,7 +106,7 @@ class ProtobufSchemas:
 
     def __init__(self, client):
         self.client = client
-        self.builtins = _builtin_files()
+        self.builtins = builtin_files()
         self._files: dict[int, FileDescriptor | ValueError] = {}
         self._references: dict[tuple[str, int], descriptor_pb2.FileDescriptorProto] = {}
 
@@ -124,24 +127,7 @@ class ProtobufSchemas:
         """A registered schema (`Schema` with references) as a file in its own pool."""
         files: dict[str, descriptor_pb2.FileDescriptorProto] = {}
         main = self._with_imports(schema, name, files, ())
-        pool = DescriptorPool()
-        added: set[str] = set()
-
-        def add(proto: descriptor_pb2.FileDescriptorProto) -> None:
-            if proto.name in added:
-                return
-            for dependency in proto.dependency:
-                add(files.get(dependency) or self._builtin(dependency, proto.name))
-            pool.Add(proto)
-            added.add(proto.name)
-
-        add(main)
-        return pool.FindFileByName(main.name)
-
-    def _builtin(self, name: str, importer: str) -> descriptor_pb2.FileDescriptorProto:
-        if name not in self.builtins:
-            raise ValueError(f"Protobuf schema {importer!r} imports {name!r}, which is neither a registry reference nor a well-known type")
-        return self.builtins[name]
+        return in_pool(main, {**self.builtins, **files})
 
     def _with_imports(self, schema, name: str, files: dict, chain: tuple[str, ...]) -> descriptor_pb2.FileDescriptorProto:
         """Resolve `schema`'s references into `files` (depth first), then parse `schema` itself with them."""
@@ -157,6 +143,26 @@ class ProtobufSchemas:
             files[ref.name] = self._references[key]
         deps = list(self.builtins.values()) + list(files.values())
         return parse_file(name, schema.schema_str, deps)
+
+
+def in_pool(main: descriptor_pb2.FileDescriptorProto, files: dict[str, descriptor_pb2.FileDescriptorProto]) -> FileDescriptor:
+    """`main` in a pool of its own with what it imports (from `files`, by import name), imports added first."""
+    pool = DescriptorPool()
+    added: set[str] = set()
+
+    def add(proto: descriptor_pb2.FileDescriptorProto) -> None:
+        if proto.name in added:
+            return
+        for dependency in proto.dependency:
+            if dependency not in files:
+                raise ValueError(f"Protobuf schema {proto.name!r} imports {dependency!r}, which is neither a registry "
+                                 "reference nor a well-known type")  # fmt: skip
+            add(files[dependency])
+        pool.Add(proto)
+        added.add(proto.name)
+
+    add(main)
+    return pool.FindFileByName(main.name)
 
 
 def message_at(file: FileDescriptor, indexes: list[int]) -> Descriptor:

@@ -478,10 +478,6 @@ class IcefloeConfig(Model):
                 raise ValueError(
                     f"tables[{index}] ({table.topic}): sourceCluster {table.source_cluster!r} is not one of {names}"
                 )
-            registry = self.cluster(table.source_cluster).schema_registry
-            if table.format == "protobuf" and registry is not None and registry.type == "glue":
-                raise ValueError(f"tables[{index}] ({table.topic}): format protobuf is not supported with a Glue "
-                                 "schema registry (the AWS Python library has no Protobuf); use avro or json-schema")  # fmt: skip
             ident = self.identifier(table)
             if ident in seen:
                 raise ValueError(f"tables[{index}] ({table.topic}): table {ident} is also declared by {seen[ident]}")
