@@ -1,11 +1,11 @@
 // Glue-framed Protobuf values made by the AWS library itself (software.amazon.glue:schema-registry-serde's
 // GlueSchemaRegistryKafkaSerializer, dataFormat PROTOBUF), for tests/test_glue_protobuf.py.
 //
-//   java -cp 'jvm/test-lib/glue-serde/*' GlueProtobufProducer.java <descriptor set> <message type> <topic> <NONE|ZLIB>
+//   java -cp 'jvm/test-lib/glue-serde/*' GlueProtobufProducer.java <descriptor set> <topic> <NONE|ZLIB>
 //
 // The descriptor set (a binary FileDescriptorSet, imports before importers, the schema's file last) gives the message
-// type; stdin has one base64 message per line, parsed as a DynamicMessage of that type; stdout gets one base64
-// Kafka value per line, as the serializer returned it. On the first value the serializer registers the file (as
+// types; stdin has one message per line, `<full name of its type> <base64 bytes>`, parsed as a DynamicMessage of
+// that type; stdout gets one base64 Kafka value per line, as the serializer returned it. On the first value the serializer registers the file (as
 // the .proto text it generates) under the schema named after the topic, its default naming, or finds the version
 // already registered. Region, endpoint (a moto server) and registry come from GLUE_REGION, GLUE_ENDPOINT and
 // GLUE_REGISTRY; credentials from the AWS SDK's default chain (the environment).
@@ -28,27 +28,29 @@ import java.util.Map;
 
 public class GlueProtobufProducer {
     public static void main(String[] args) throws Exception {
-        Descriptor type = messageType(Path.of(args[0]), args[1]);
+        FileDescriptor file = schemaFile(Path.of(args[0]));
         Map<String, Object> conf = new HashMap<>();
         conf.put("region", System.getenv("GLUE_REGION"));
         conf.put("endpoint", System.getenv("GLUE_ENDPOINT"));
         conf.put("registry.name", System.getenv("GLUE_REGISTRY"));
         conf.put("dataFormat", "PROTOBUF");
         conf.put("schemaAutoRegistrationEnabled", true);
-        conf.put("compression", args[3]);
+        conf.put("compression", args[2]);
         try (GlueSchemaRegistryKafkaSerializer serializer = new GlueSchemaRegistryKafkaSerializer(conf)) {
             BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.US_ASCII));
             Base64.Decoder decoder = Base64.getDecoder();
             Base64.Encoder encoder = Base64.getEncoder();
             for (String line = in.readLine(); line != null; line = in.readLine()) {
-                DynamicMessage message = DynamicMessage.parseFrom(type, decoder.decode(line.trim()));
-                System.out.println(encoder.encodeToString(serializer.serialize(args[2], message)));
+                String[] typeAndBytes = line.trim().split(" ");
+                DynamicMessage message = DynamicMessage.parseFrom(messageType(file, typeAndBytes[0]),
+                        decoder.decode(typeAndBytes[1]));
+                System.out.println(encoder.encodeToString(serializer.serialize(args[1], message)));
             }
         }
     }
 
-    /** The named message type, its file built with the Java runtime's own well-known types as they are imported. */
-    static Descriptor messageType(Path descriptorSet, String fullName) throws Exception {
+    /** The set's last file, built with the Java runtime's own well-known types where it imports them. */
+    static FileDescriptor schemaFile(Path descriptorSet) throws Exception {
         Map<String, FileDescriptor> built = new HashMap<>();
         for (FileDescriptor known : new FileDescriptor[] {
                 com.google.protobuf.TimestampProto.getDescriptor(), com.google.protobuf.DurationProto.getDescriptor(),
@@ -69,9 +71,13 @@ public class GlueProtobufProducer {
             last = FileDescriptor.buildFrom(proto, dependencies.toArray(new FileDescriptor[0]));
             built.put(proto.getName(), last);
         }
-        Descriptor type = last.findMessageTypeByName(fullName.substring(fullName.lastIndexOf('.') + 1));
+        return last;
+    }
+
+    static Descriptor messageType(FileDescriptor file, String fullName) {
+        Descriptor type = file.findMessageTypeByName(fullName.substring(fullName.lastIndexOf('.') + 1));
         if (type == null || !type.getFullName().equals(fullName)) {
-            throw new IllegalArgumentException(fullName + " is not a top-level message of " + last.getName());
+            throw new IllegalArgumentException(fullName + " is not a top-level message of " + file.getName());
         }
         return type;
     }
