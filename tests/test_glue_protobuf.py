@@ -9,6 +9,7 @@ index, message). They go through the real broker, are materialized, and are read
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import uuid
@@ -16,12 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from icefloe.errors import ConfigError
 from icefloe.glue_protobuf import by_index, compile_definition
 from icefloe.materializer import materialize_once
 from icefloe.protobuf_schemas import serialize_file
 from icefloe.spec import parse_config
 from support import by_position, compile_protos, message_class, produce, read_duckdb, read_pyiceberg
-from test_poison import MAX_BYTES, check_mode, lay_out
+from test_poison import MAX_BYTES, check_mode, dead_letter_messages, lay_out
 from test_protobuf import TRADE, check_trades, three_trades
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +41,45 @@ def test_message_indexes_count_every_type_by_full_name():
     """MessageIndexFinder's own documented example (serde 1.1.27): B = 0, B.A = 1, B.A.D = 2, B.C = 3."""
     file = compile_definition('syntax = "proto3"; message B { message C {} message A { message D {} } }')
     assert [d.full_name for d in by_index(file)] == ["B", "B.A", "B.A.D", "B.C"]
+
+
+def test_the_table_message_and_bad_schemas_are_config_errors(moto_aws, monkeypatch, topic):
+    """Driver side, through the registry on moto: `.proto` text as a console or CLI registers it (`map<K, V>`)."""
+    from pyspark.sql import types as T
+
+    from icefloe.decoding import decoder_spec
+    from icefloe.glue_registry import value_fields
+
+    for key, value in moto_aws.aws_env().items():
+        monkeypatch.setenv(key, value)
+    client, registry = moto_aws.client("glue"), f"reg-{topic}"[:60]
+    client.create_registry(RegistryName=registry)
+    texts = {"p": 'syntax = "proto3"; package a; message First { string id = 1; map<string, int64> counts = 2; }\n'
+                  "message Second { int32 n = 1; }",
+             "bad": 'syntax = "proto3"; message Broken { int32 = 1; }',
+             "avro": json.dumps({"type": "record", "name": "R", "fields": [{"name": "x", "type": "long"}]})}  # fmt: skip
+    for name, text in texts.items():
+        client.create_schema(RegistryId={"RegistryName": registry}, SchemaName=name, SchemaDefinition=text,
+                             DataFormat="AVRO" if name == "avro" else "PROTOBUF", Compatibility="NONE")  # fmt: skip
+
+    def spec(schema: str, **table):
+        glue = {"type": "glue", "registryName": registry, "region": "us-east-1", "endpoint": moto_aws.endpoint,
+                "schemaName": schema}  # fmt: skip
+        config = parse_config({"sourceClusters": [{"name": "c", "bootstrapServers": "b:9092", "schemaRegistry": glue}],
+                               "tables": [{"sourceCluster": "c", "topic": topic, "format": "protobuf", **table}]})  # fmt: skip
+        return decoder_spec(config.tables[0], config.source_clusters[0])
+
+    first, second = spec("p"), spec("p", messageType="Second")
+    assert (first.format, first.message_type, second.message_type) == ("glue", "a.First", "a.Second")
+    fields = value_fields("PROTOBUF", first.schema_str, "t", first.message_type)
+    assert [(f.name, f.dataType) for f in fields] == [
+        ("id", T.StringType()), ("counts", T.MapType(T.StringType(), T.LongType(), True))]  # fmt: skip
+    with pytest.raises(ConfigError, match=r"messageType 'Missing' is not in the schema; it declares \['a.First', 'a.Second'\]"):
+        spec("p", messageType="Missing")
+    with pytest.raises(ConfigError, match="Glue schema 'bad'.*does not compile"):
+        spec("bad")
+    with pytest.raises(ConfigError, match="the Glue schema 'avro' is AVRO, not PROTOBUF \\(format protobuf\\)"):
+        spec("avro")
 
 
 class GlueJava:
@@ -168,8 +209,7 @@ def test_glue_protobuf_poison_catalogue(spark, broker, moto_aws, aws_env, state_
     result = check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
     if mode != "dlq":
         return
-    dead = by_position(read_pyiceberg(state_dir, result.identifier + "_dlq"))
-    messages = {bads[p][0]: row["error_message"] for p, row in dead.items()}
+    messages = dead_letter_messages(state_dir, result, bads)
     assert "message index 99 does not exist: the writer version has 6 message type(s)" in messages["message index beyond the file"]
     assert f"record is a {ns}.Money (message index 1), the table reads {ns}.Trade" in messages["another message type of the file"]
     assert "is AVRO; the table reads PROTOBUF" in messages["an avro version"]

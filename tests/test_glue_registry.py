@@ -19,7 +19,7 @@ from icefloe.glue_registry import split
 from icefloe.materializer import materialize_once
 from icefloe.spec import parse_config
 from support import by_position, produce, read_duckdb, read_pyiceberg
-from test_poison import MAX_BYTES, check_mode, lay_out
+from test_poison import MAX_BYTES, check_mode, dead_letter_messages, lay_out
 
 UTC = dt.timezone.utc
 V1 = {
@@ -261,8 +261,7 @@ def test_glue_json_schema_poison_catalogue(spark, broker, moto_aws, aws_env, sta
     result = check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
     if mode != "dlq":
         return
-    dead = by_position(read_pyiceberg(state_dir, result.identifier + "_dlq"))
-    messages = {bads[p][0]: row["error_message"] for p, row in dead.items()}
+    messages = dead_letter_messages(state_dir, result, bads)
     assert "value.amount: fails minimum 0" in messages["fails minimum"]
     assert "required property 'id' is missing" in messages["required property missing"]
     assert 'value.id: fails type "integer"' in messages["wrong type"]

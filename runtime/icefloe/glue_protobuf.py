@@ -21,7 +21,6 @@ import re
 from collections import deque
 from typing import Any, Callable
 
-from google.protobuf import descriptor_pb2
 from google.protobuf.descriptor import Descriptor, FileDescriptor
 from google.protobuf.message import DecodeError
 from google.protobuf.message_factory import GetMessageClass
@@ -62,20 +61,20 @@ def by_index(file: FileDescriptor) -> list[Descriptor]:
     return sorted(found, key=lambda d: d.full_name)
 
 
-def table_message(definition: str, message_type: str | None, subject: str) -> str:
-    """The full name of the message type the table reads (`messageType`, else the file's first message)."""
+def _table_descriptor(definition: str, message_type: str | None, subject: str) -> Descriptor:
+    """The message type the table reads (`messageType`, else the file's first message) in the latest version."""
     try:
-        return find_message(compile_definition(definition), message_type).full_name
+        return find_message(compile_definition(definition), message_type)
     except ValueError as error:
         raise ConfigError(f"{subject}: {error}") from None
+
+
+def table_message(definition: str, message_type: str | None, subject: str) -> str:
+    return _table_descriptor(definition, message_type, subject).full_name
 
 
 def value_fields(definition: str, subject: str, message_type: str | None) -> list:
-    try:
-        file = compile_definition(definition)
-    except ValueError as error:
-        raise ConfigError(f"{subject}: {error}") from None
-    return message_fields(file.pool.FindMessageTypeByName(table_message(definition, message_type, subject)))
+    return message_fields(_table_descriptor(definition, message_type, subject))
 
 
 def _index(payload: bytes) -> tuple[int, int]:

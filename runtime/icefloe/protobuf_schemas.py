@@ -218,7 +218,8 @@ def _all_names(file: FileDescriptor) -> list[str]:
     def walk(descriptor: Descriptor) -> None:
         names.append(descriptor.full_name)
         for nested in descriptor.nested_types:
-            walk(nested)
+            if not nested.GetOptions().map_entry:  # a map field's entry type is no message a table could read
+                walk(nested)
 
     for top in file.message_types_by_name.values():
         walk(top)
