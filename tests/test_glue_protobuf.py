@@ -43,6 +43,20 @@ def test_message_indexes_count_every_type_by_full_name():
     assert [d.full_name for d in by_index(file)] == ["B", "B.A", "B.A.D", "B.C"]
 
 
+def test_a_schema_that_does_not_compile_is_named_first_without_protoc_log_noise():
+    """protoc logs through absl: a warning (no `syntax`) brings absl's preamble line and a log-prefixed line, which
+    must neither come before the error nor push it out of the message."""
+    with pytest.raises(ValueError) as caught:
+        compile_definition("message Broken { int32 = 1; }")
+    message = str(caught.value)
+    assert message.startswith("Protobuf schema text does not compile: icefloe_glue_schema.proto:1:18: Expected "
+                              '"required", "optional", or "repeated".'), message  # fmt: skip
+    assert "absl" not in message and "W0000" not in message and "parser.cc" not in message, message
+    assert message.endswith("(protoc: No syntax specified for the proto file: icefloe_glue_schema.proto. Please use "
+                            """'syntax = "proto2";' or 'syntax = "proto3";' to specify a syntax version. """
+                            "(Defaulted to proto2 syntax.))"), message  # fmt: skip
+
+
 def test_the_table_message_and_bad_schemas_are_config_errors(moto_aws, monkeypatch, topic):
     """Driver side, through the registry on moto: `.proto` text as a console or CLI registers it (`map<K, V>`)."""
     from pyspark.sql import types as T

@@ -17,6 +17,7 @@ import base64
 import binascii
 import functools
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,9 @@ from google.protobuf.descriptor_pool import DescriptorPool
 from google.protobuf.message import DecodeError
 
 MAIN_FILE = "icefloe_schema_{}.proto"  # a registered schema has no file name of its own
+# protoc logs warnings through absl: a preamble line, then lines like `W0000 00:00:1795.239 23992 parser.cc:686] text`.
+_ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog()"
+_ABSL_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:[\d.]+\s+\d+ \S+:\d+\] (.*)$")
 
 
 @functools.cache
@@ -94,11 +98,25 @@ def compile_text(name: str, text: str, deps: list[descriptor_pb2.FileDescriptorP
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
         if result.returncode != 0:
-            detail = result.stderr.strip().replace(str(root / "src") + "/", "")
+            detail = _protoc_errors(result.stderr.replace(str(root / "src") + "/", ""))
             raise ValueError(f"Protobuf schema text does not compile: {detail[:500]}")
         compiled = descriptor_pb2.FileDescriptorSet()
         compiled.ParseFromString(out_file.read_bytes())
     return compiled.file[0]
+
+
+def _protoc_errors(stderr: str) -> str:
+    """protoc's errors first; absl's preamble dropped and its log lines (warnings) after them, without the prefix."""
+    errors, logged = [], []
+    for line in stderr.splitlines():
+        if not line.strip() or line.startswith(_ABSL_PREAMBLE):
+            continue
+        match = _ABSL_LINE.match(line)
+        if match is None:
+            errors.append(line)
+        else:
+            logged.append(f"(protoc: {match.group(1)})")
+    return "\n".join(errors + logged)
 
 
 class ProtobufSchemas:
