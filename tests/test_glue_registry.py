@@ -36,6 +36,9 @@ V1 = {
 V2 = {**V1, "fields": [*V1["fields"], {"name": "note", "type": ["null", "string"], "default": None}]}
 
 
+GLUE = {"type": "glue", "registryName": "r", "region": "eu-west-1"}
+
+
 def _cluster(**registry) -> dict:
     return {"name": "c", "bootstrapServers": "b:9092", "schemaRegistry": registry}
 
@@ -46,10 +49,21 @@ def _cluster(**registry) -> dict:
     ({"registryName": "r", "region": "eu-west-1", "url": "http://x"}, "only apply with type: glue"),
     ({"type": "glue", "registryName": "r", "region": "Ireland"}, "region"),
     ({}, "needs url"),
+    ({"url": "http://x", "keySchemaName": "k"}, "keySchemaName only apply with type: glue"),
+    ({**GLUE, "keySchemaName": "{topc}-key"}, r"keySchemaName '\{topc\}-key': the only placeholder is \{topic\}"),
+    ({**GLUE, "schemaName": "{topic"}, "schemaName '{topic': the only placeholder"),
+    ({**GLUE, "keySchemaNme": "k"}, r"schemaRegistry.keySchemaNme: Extra inputs are not permitted"),
+    ({**GLUE, "schemaName": "{topic}", "keySchemaName": "{topic}"}, "schemaName and keySchemaName are both '{topic}'"),
 ])  # fmt: skip
 def test_glue_registry_settings_are_validated(registry, message):
     with pytest.raises(ConfigError, match=message):
         parse_config({"sourceClusters": [_cluster(**registry)]})
+
+
+def test_glue_schema_names_replace_the_topic():
+    registry = parse_config({"sourceClusters": [_cluster(**GLUE, keySchemaName="keys.{topic}")]}).source_clusters[0]
+    names = registry.schema_registry.glue_schema("orders"), registry.schema_registry.glue_schema("orders", key=True)
+    assert names == ("orders-value", "keys.orders")
 
 
 def test_the_wire_format_is_split_and_refused_naming_the_problem():
@@ -75,8 +89,9 @@ class Glue:
         client.create_registry(RegistryName=name)
         self.registry = SchemaRegistryClient(client, registry_name=name, wait_interval_seconds=0.1)
         self.serializer = KafkaSerializer(self.registry)
+        self.key_serializer = KafkaSerializer(self.registry, is_key=True)  # its schema: `<topic>-key`
 
-    def serialize(self, topic: str, schema: dict, value: dict, compressed: bool = False) -> bytes:
+    def serialize(self, topic: str, schema: dict, value: dict, compressed: bool = False, key: bool = False) -> bytes:
         """With the library's AvroSchema, or its JsonSchema for a JSON Schema (one with `$schema`)."""
         from aws_schema_registry import DataAndSchema
         from aws_schema_registry.avro import AvroSchema
@@ -84,7 +99,8 @@ class Glue:
         from aws_schema_registry.jsonschema import JsonSchema
 
         kind = JsonSchema if "$schema" in schema else AvroSchema
-        data = self.serializer.serialize(topic, DataAndSchema(value, kind(schema)))
+        serializer = self.key_serializer if key else self.serializer
+        data = serializer.serialize(topic, DataAndSchema(value, kind(schema)))
         if not compressed:
             return data
         payload, version = decode(data)
@@ -269,3 +285,67 @@ def test_glue_json_schema_poison_catalogue(spark, broker, moto_aws, aws_env, sta
     assert "is AVRO; the table reads JSON" in messages["an avro version on a json table"]
     assert "note" in messages["valid for its writer, not the table's type"]
     assert not [m for m in messages.values() if "987654" in m or "SECRET" in m], "errors name the rule, never the value"
+
+
+# --- Keys through Glue (upsert keyed by a value field: a tombstone's Glue-framed key names the row) ----------------
+AVRO_KEY = {"type": "record", "name": "PaymentKey", "namespace": "test.glue", "fields": [{"name": "id", "type": "long"}]}
+AVRO_KEY_2 = {**AVRO_KEY, "fields": [*AVRO_KEY["fields"], {"name": "region", "type": ["null", "string"], "default": None}]}
+JSON_KEY = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "required": ["id"],
+            "properties": {"id": {"type": "integer"}}}  # fmt: skip
+JSON_KEY_2 = {**JSON_KEY, "properties": {**JSON_KEY["properties"], "region": {"type": "string"}}}
+KEYED = {"mode": "upsert", "key": ["id"], "errors": "dlq"}
+
+
+def check_glue_keys(spark, broker, state_dir, topic, config, key, value) -> dict[str, str]:
+    """Upsert keyed by the value field `id`: the later value per key wins, a tombstone deletes its row, also with its
+    key written with a second key schema version, zlib-compressed (`key(id, newer)`; `value(id, payer)`). Tombstones
+    with bad keys go to the dead-letter table (errors: dlq) as InvalidKey; returns their messages by name."""
+    sample = key(2, False)
+    bad_keys = {
+        "unknown key schema version": sample[:2] + uuid.uuid4().bytes + sample[18:],
+        "corrupt key payload": sample[:18] + b"\xff" * 10,
+        "not Glue framing": b'{"id": 2}',
+    }
+    broker.create_topic(topic, 2)
+    records = [{"key": key(i, False), "value": value(i, name), "partition": 0}
+               for i, name in [(1, "one"), (2, "two"), (3, "three"), (1, "uno")]]  # fmt: skip
+    records += [{"key": key(2, False), "value": None, "partition": 0}, {"key": key(3, True), "value": None, "partition": 0},
+                {"key": key(4, False), "value": value(4, "four"), "partition": 0}]  # fmt: skip
+    records += [{"key": data, "value": None, "partition": 1} for data in bad_keys.values()]
+    positions = produce(broker.bootstrap_servers, topic, records)
+
+    result = materialize_once(spark, config, config.tables[0])
+
+    assert result.records_failed == len(bad_keys) and result.read_path == "python"
+    for rows in (read_pyiceberg(state_dir, result.identifier), read_duckdb(result.metadata_location)):
+        assert sorted((str(r["id"]), r["payer"]) for r in rows) == [("1", "uno"), ("4", "four")]
+    dead = by_position(read_pyiceberg(state_dir, result.identifier + "_dlq"))
+    assert set(dead) == set(positions[-len(bad_keys):])
+    assert {row["error_class"] for row in dead.values()} == {"InvalidKey"}
+    messages = {name: dead[p]["error_message"] for name, p in zip(bad_keys, positions[-len(bad_keys):])}
+    assert "schema version" in messages["unknown key schema version"]
+    assert "is not in the Glue schema registry" in messages["unknown key schema version"]
+    assert "not AWS Glue Schema Registry wire format" in messages["not Glue framing"]
+    return messages
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+@pytest.mark.parametrize("fmt", ["avro", "json-schema"])
+def test_glue_keys_of_an_upsert_table(spark, broker, moto_aws, aws_env, state_dir, topic, fmt):
+    """Keys and values from the AWS Python serializer: keys under `<topic>-key`, its default naming and icefloe's."""
+    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+    schemas, make = {"avro": ((V1, AVRO_KEY, AVRO_KEY_2), payment), "json-schema": ((J1, JSON_KEY, JSON_KEY_2), json_payment)}[fmt]
+    value_schema, key_v1, key_v2 = schemas
+
+    def key(i: int, newer: bool) -> bytes:
+        return glue.serialize(topic, key_v2 if newer else key_v1, {"id": i, **({"region": "eu"} if newer else {})},
+                              compressed=newer, key=True)  # fmt: skip
+
+    def value(i: int, payer: str) -> bytes:
+        return glue.serialize(topic, value_schema, {**make(i), "payer": payer})
+
+    config = _parsed(glue.config(topic, format=fmt, **KEYED), broker)
+    messages = check_glue_keys(spark, broker, state_dir, topic, config, key, value)
+    corrupt = "Avro payload cannot be decoded" if fmt == "avro" else "value is not valid UTF-8"
+    assert messages["corrupt key payload"].startswith(f"tombstone key: {corrupt}"), messages

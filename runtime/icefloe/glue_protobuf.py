@@ -90,7 +90,8 @@ def _index(payload: bytes) -> tuple[int, int]:
 
 def payload_decoder(writer: str, table: str, message_type: str | None) -> Callable[[bytes], dict[str, Any]]:
     """A Glue Protobuf payload (message index, message) decoded with its writer version's `.proto` text into the
-    values of the table's message type `message_type` (fields the writer lacks are left to the row: null)."""
+    values of the table's message type `message_type` (fields the writer lacks are left to the row: null; None: a
+    key, of whichever type its index names)."""
     try:
         types = by_index(compile_definition(writer))
     except ValueError as error:
@@ -103,7 +104,7 @@ def payload_decoder(writer: str, table: str, message_type: str | None) -> Callab
             if index >= len(types):
                 raise ValueError(f"Glue Protobuf message index {index} does not exist: the writer version has "
                                  f"{len(types)} message type(s)")  # fmt: skip
-            if types[index].full_name != message_type:
+            if message_type is not None and types[index].full_name != message_type:
                 raise ValueError(f"record is a {types[index].full_name} (message index {index}), the table reads {message_type}")
             classes[index] = GetMessageClass(types[index])
         message = classes[index]()

@@ -6,6 +6,11 @@ version's data format writes it. The table's schema is the latest version of the
 registry (default `{topic}-value`, the Python serializer's naming; the Java serializer names a schema after the
 topic: `schemaName: "{topic}"`). Executors fetch each writer version by its UUID (GetSchemaVersion) once.
 
+Keys framed the same way (`keyFormat` avro, json-schema or protobuf on a Glue registry) are decoded as they were
+written, with no reader schema: each key by its own writer version, a Protobuf key as whichever message type its
+index names. Their schema `keySchemaName` (default `{topic}-key`) is only checked on the driver (it exists, of the
+keyFormat's data format): a deserializer finds a version by its UUID, never by a name.
+
 The payload decoder is chosen by the version's DataFormat from `PAYLOAD_DECODERS` (and the table's columns by the
 latest version's from `VALUE_FIELDS`): Avro is here, JSON Schema is json_schema_format's (each record validated
 against its writer version), Protobuf glue_protobuf's (the AWS Python library has none; the framing is the Java
@@ -33,10 +38,21 @@ DATA_FORMATS = {"avro": "AVRO", "json-schema": "JSON", "protobuf": "PROTOBUF"}  
 Decoder = Callable[[bytes], Any]
 
 
-def registry_conf(registry, topic: str) -> dict[str, str]:
+def registry_conf(registry, topic: str, key: bool = False) -> dict[str, str]:
     """What executors need to reach the registry (no credential: AWS clients take them from the environment)."""
     return {"type": "glue", "registry": registry.registry_name, "region": registry.region,
-            "endpoint": registry.endpoint or "", "schema": registry.schema_name.format(topic=topic)}  # fmt: skip
+            "endpoint": registry.endpoint or "", "schema": registry.glue_schema(topic, key)}  # fmt: skip
+
+
+def checked_conf(registry, topic: str, fmt: str, where: str, key: bool = False) -> tuple[dict[str, str], str]:
+    """(conf with the schema's data format, its latest definition) for a value (`format`) or key (`keyFormat`)
+    schema, which must be of the data format `fmt` reads (driver side)."""
+    conf = registry_conf(registry, topic, key)
+    data_format, definition = latest_version(conf)
+    if data_format != DATA_FORMATS[fmt]:
+        raise ConfigError(f"{where}: the Glue {'key ' if key else ''}schema {conf['schema']!r} is {data_format}, not "
+                          f"{DATA_FORMATS[fmt]} ({'keyFormat' if key else 'format'} {fmt})")  # fmt: skip
+    return conf | {"data_format": data_format}, definition
 
 
 def is_json(conf: dict[str, str] | None) -> bool:
@@ -94,9 +110,9 @@ def split(data: bytes) -> tuple[UUID, bytes]:
     return UUID(bytes=bytes(data[2:PREFIX])), payload
 
 
-def decoder(conf: dict[str, str], table_schema: str, message_type: str | None = None) -> Decoder:
-    """Decodes Glue-framed values: writer versions fetched by UUID, payloads by the version's data format.
-    A version that cannot decode (unknown, another data format, a definition that does not parse) is remembered:
+def decoder(conf: dict[str, str], table_schema: str | None = None, message_type: str | None = None) -> Decoder:
+    """Decodes Glue-framed values (or keys: no `table_schema`): writer versions fetched by UUID, payloads by the
+    version's data format. A version that cannot decode (unknown, another data format, a definition that does not parse) is remembered:
     every record written with it fails alike without asking the registry again."""
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -113,7 +129,7 @@ def decoder(conf: dict[str, str], table_schema: str, message_type: str | None = 
         except BotoCoreError as error:
             raise SourceError(f"{_where(conf)} unreachable: {error}") from None
         data_format = found["DataFormat"]
-        if data_format != conf["data_format"]:  # the table's columns come from a schema of another format
+        if data_format != conf["data_format"]:  # the table's columns (or key) come from a schema of another format
             raise ValueError(f"schema version {version} is {data_format}; the table reads {conf['data_format']}")
         try:
             return PAYLOAD_DECODERS[data_format](found["SchemaDefinition"], table_schema, message_type)
@@ -135,12 +151,14 @@ def decoder(conf: dict[str, str], table_schema: str, message_type: str | None = 
     return decode
 
 
-def avro_payload(writer: str, reader: str, message_type: str | None = None) -> Decoder:
-    """An Avro payload written with `writer`, resolved to the table's schema `reader` (unions as member structs)."""
+def avro_payload(writer: str, reader: str | None, message_type: str | None = None) -> Decoder:
+    """An Avro payload written with `writer`, resolved to the table's schema `reader` (unions as member structs;
+    no reader: a key, read as written)."""
     import fastavro
 
     from .avro_unions import needs_record_names, rewriter
 
+    reader = reader or writer
     writer_schema, reader_schema = fastavro.parse_schema(json.loads(writer)), fastavro.parse_schema(json.loads(reader))
     names = needs_record_names(reader)
     rewrite = rewriter(reader, names) or (lambda value: value)
@@ -161,7 +179,7 @@ def _avro_fields(definition: str, subject: str, message_type: str | None) -> lis
     return avro_value_fields(definition, subject)
 
 
-def _json_payload(writer: str, table: str, message_type: str | None) -> Decoder:
+def _json_payload(writer: str, table: str | None, message_type: str | None) -> Decoder:
     from .json_schema_format import glue_payload_decoder
 
     return glue_payload_decoder(writer, table)
@@ -173,7 +191,7 @@ def _json_fields(definition: str, subject: str, message_type: str | None) -> lis
     return glue_value_fields(definition, subject)
 
 
-def _protobuf_payload(writer: str, table: str, message_type: str | None) -> Decoder:
+def _protobuf_payload(writer: str, table: str | None, message_type: str | None) -> Decoder:
     from .glue_protobuf import payload_decoder
 
     return payload_decoder(writer, table, message_type)
@@ -185,8 +203,8 @@ def _protobuf_fields(definition: str, subject: str, message_type: str | None) ->
     return protobuf_fields(definition, subject, message_type)
 
 
-# DataFormat -> factory(writer version's definition, the table's definition, its message type) -> payload decoder
-PAYLOAD_DECODERS: dict[str, Callable[[str, str, str | None], Decoder]] = {
+# DataFormat -> factory(writer version's definition, the table's definition, its message type; None, None for keys)
+PAYLOAD_DECODERS: dict[str, Callable[[str, str | None, str | None], Decoder]] = {
     "AVRO": avro_payload, "JSON": _json_payload, "PROTOBUF": _protobuf_payload,
 }  # fmt: skip
 # DataFormat -> function(the table's definition, what to name in errors, its message type) -> the table's value fields
