@@ -236,6 +236,33 @@ def test_a_glue_schema_of_another_data_format_than_the_table_reads_is_a_config_e
     config = parsed(f"{topic}-j", "json-schema")
     spec = decoder_spec(config.tables[0], config.source_clusters[0])
     assert (spec.format, spec.registry_conf["data_format"], json.loads(spec.schema_str)) == ("glue", "JSON", J1)
+    assert spec.key_conf is None
+
+
+def test_the_key_schema_is_checked_on_the_driver(moto_aws, monkeypatch, topic):
+    """keyFormat avro, json-schema or protobuf on a Glue registry: the key schema (keySchemaName) must exist and be
+    of the keyFormat's data format; keyFormat json, string or raw never asks the registry for it."""
+    for key, value in moto_aws.aws_env().items():
+        monkeypatch.setenv(key, value)
+    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+    glue.serialize(topic, V1, payment(1))
+    glue.serialize(topic, JSON_KEY, {"id": 1}, key=True)
+
+    def spec(**table):
+        raw = glue.config(topic, mode="upsert", key=["id"], **table)
+        raw["sourceClusters"][0]["bootstrapServers"] = "b:9092"  # not reached: the decoder asks only the registry
+        if "keySchemaName" in table:
+            raw["sourceClusters"][0]["schemaRegistry"]["keySchemaName"] = raw["tables"][0].pop("keySchemaName")
+        config = parse_config(raw)
+        return decoder_spec(config.tables[0], config.source_clusters[0])
+
+    with pytest.raises(ConfigError, match=f"the Glue key schema '{topic}-key' is JSON, not AVRO \\(keyFormat avro\\)"):
+        spec()  # the default keyFormat of an Avro table: avro
+    with pytest.raises(ConfigError, match=f"no schema named 'keys-{topic}' in the Glue schema registry"):
+        spec(keyFormat="json-schema", keySchemaName="keys-{topic}")
+    found = spec(keyFormat="json-schema")
+    assert (found.key_format, found.key_conf["schema"], found.key_conf["data_format"]) == ("json-schema", f"{topic}-key", "JSON")
+    assert all(spec(keyFormat=fmt, keySchemaName="missing-{topic}").key_conf is None for fmt in ("json", "string"))
 
 
 @pytest.mark.spark
