@@ -105,15 +105,17 @@ class GlueJava:
         self.moto, self.name, self.workdir = moto_aws, name, workdir
         moto_aws.client("glue").create_registry(RegistryName=name)
 
-    def serialize(self, topic: str, pool, messages: list, compression: str = "NONE") -> list[bytes]:
-        """Each message as the Kafka value the Java serializer makes of it (the schema named after the topic)."""
+    def serialize(self, topic: str, pool, messages: list, compression: str = "NONE", file: str = FILE,
+                  key_schema: str | None = None) -> list[bytes]:  # fmt: skip
+        """Each message (of `file`) as the Kafka value the Java serializer makes of it (the schema named after the
+        topic), or as the Kafka key with `key_schema`, the name of the key's schema."""
         descriptors = self.workdir / f"{uuid.uuid4().hex}.pb"
-        descriptors.write_bytes(base64.standard_b64decode(serialize_file(pool.FindFileByName(FILE))))
+        descriptors.write_bytes(base64.standard_b64decode(serialize_file(pool.FindFileByName(file))))
         lines = "".join(f"{m.DESCRIPTOR.full_name} {base64.b64encode(m.SerializeToString()).decode()}\n" for m in messages)
         env = {**os.environ, **self.moto.aws_env(), "GLUE_REGION": "us-east-1", "GLUE_ENDPOINT": self.moto.endpoint,
                "GLUE_REGISTRY": self.name}  # fmt: skip
         command = ["java", "-cp", f"{SERDE_JARS}/*", str(ROOT / "tests" / "jvm" / "GlueProtobufProducer.java"),
-                   str(descriptors), topic, compression]  # fmt: skip
+                   str(descriptors), topic, compression, *([key_schema] if key_schema else [])]  # fmt: skip
         done = subprocess.run(command, input=lines, capture_output=True, text=True, env=env, timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]
         values = [base64.b64decode(line) for line in done.stdout.split()]
@@ -233,3 +235,38 @@ def test_glue_protobuf_poison_catalogue(spark, broker, moto_aws, aws_env, state_
     rows = by_position(read_pyiceberg(state_dir, result.identifier))
     assert sorted(r["i64"] for r in rows.values()) == list(range(n_goods))
     assert sorted(r["id"] for r in rows.values()) == sorted(f"g{i}" for i in range(n_goods))
+
+
+ENTRY = 'syntax = "proto3";\npackage {ns};\nmessage Entry {{ string id = 1; string payer = 2; }}\n'
+ENTRY_KEY = 'syntax = "proto3";\npackage {ns};\nmessage Audit {{ string by = 1; }}\nmessage EntryKey {{ string id = 1;{extra} }}\n'
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_glue_protobuf_keys_of_an_upsert_table(spark, broker, moto_aws, aws_env, state_dir, topic, tmp_path):
+    """Keys from the AWS Java serde configured as a key serializer, under `<topic>-key`: EntryKey is second by full
+    name in its file (message index 0 is Audit), so the key is read as the type its index names."""
+    from test_glue_registry import check_glue_keys
+
+    glue = GlueJava(moto_aws, f"reg-{topic}"[:60], tmp_path)
+    ns = topic[-40:].strip("_")
+    pool = compile_protos({"entry.proto": ENTRY.format(ns=ns)}, tmp_path / "values")
+    Entry = message_class(pool, f"{ns}.Entry")
+    values = [(1, "one"), (2, "two"), (3, "three"), (1, "uno"), (4, "four")]
+    framed = glue.serialize(topic, pool, [Entry(id=str(i), payer=p) for i, p in values], file="entry.proto")
+    keys = {}
+    for newer, extra in ((False, ""), (True, " string region = 2;")):
+        key_pool = compile_protos({"entry_key.proto": ENTRY_KEY.format(ns=ns, extra=extra)}, tmp_path / f"keys{newer}")
+        EntryKey = message_class(key_pool, f"{ns}.EntryKey")
+        made = glue.serialize(topic, key_pool, [EntryKey(id=str(i), **({"region": "eu"} if newer else {})) for i in (1, 2, 3, 4)],
+                              compression="ZLIB" if newer else "NONE", file="entry_key.proto", key_schema=f"{topic}-key")  # fmt: skip
+        keys |= {(i, newer): data for i, data in zip((1, 2, 3, 4), made)}
+    assert keys[(1, False)][18] == 1 and keys[(3, True)][1] == 5, "EntryKey is message index 1; the newer keys zlib"
+    config = glue.config(broker, topic, messageType="Entry", mode="upsert", key=["id"], errors="dlq")
+
+    messages = check_glue_keys(spark, broker, state_dir, topic, config, lambda i, newer: keys[(i, newer)],
+                               lambda i, payer: framed[values.index((i, payer))])  # fmt: skip
+    assert "message index is truncated" in messages["corrupt key payload"]
+    names = moto_aws.client("glue").get_schema_version(SchemaId={"RegistryName": glue.name, "SchemaName": f"{topic}-key"},
+                                                       SchemaVersionNumber={"LatestVersion": True})  # fmt: skip
+    assert "region" in names["SchemaDefinition"], "the key's versions are under the key schema's name"

@@ -1,7 +1,7 @@
 // Glue-framed Protobuf values made by the AWS library itself (software.amazon.glue:schema-registry-serde's
 // GlueSchemaRegistryKafkaSerializer, dataFormat PROTOBUF), for tests/test_glue_protobuf.py.
 //
-//   java -cp 'jvm/test-lib/glue-serde/*' GlueProtobufProducer.java <descriptor set> <topic> <NONE|ZLIB>
+//   java -cp 'jvm/test-lib/glue-serde/*' GlueProtobufProducer.java <descriptor set> <topic> <NONE|ZLIB> [<key schema>]
 //
 // The descriptor set (a binary FileDescriptorSet, imports before importers, the schema's file last) gives the message
 // types; stdin has one message per line, `<full name of its type> <base64 bytes>`, parsed as a DynamicMessage of
@@ -9,6 +9,8 @@
 // the .proto text it generates) under the schema named after the topic, its default naming, or finds the version
 // already registered. Region, endpoint (a moto server) and registry come from GLUE_REGION, GLUE_ENDPOINT and
 // GLUE_REGISTRY; credentials from the AWS SDK's default chain (the environment).
+// With a fourth argument it writes Kafka keys: configured as a key serializer (isKey true) and with that schema name,
+// as a Java producer must: the serde's default naming gives keys the topic's name too, the very schema of the values.
 import com.amazonaws.services.schemaregistry.serializers.GlueSchemaRegistryKafkaSerializer;
 import com.google.protobuf.DescriptorProtos.FileDescriptorProto;
 import com.google.protobuf.DescriptorProtos.FileDescriptorSet;
@@ -36,7 +38,12 @@ public class GlueProtobufProducer {
         conf.put("dataFormat", "PROTOBUF");
         conf.put("schemaAutoRegistrationEnabled", true);
         conf.put("compression", args[2]);
-        try (GlueSchemaRegistryKafkaSerializer serializer = new GlueSchemaRegistryKafkaSerializer(conf)) {
+        boolean isKey = args.length > 3;
+        if (isKey) {
+            conf.put("schemaName", args[3]);
+        }
+        try (GlueSchemaRegistryKafkaSerializer serializer = new GlueSchemaRegistryKafkaSerializer()) {
+            serializer.configure(conf, isKey);
             BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.US_ASCII));
             Base64.Decoder decoder = Base64.getDecoder();
             Base64.Encoder encoder = Base64.getEncoder();
