@@ -376,3 +376,22 @@ def test_glue_keys_of_an_upsert_table(spark, broker, moto_aws, aws_env, state_di
     messages = check_glue_keys(spark, broker, state_dir, topic, config, key, value)
     corrupt = "Avro payload cannot be decoded" if fmt == "avro" else "value is not valid UTF-8"
     assert messages["corrupt key payload"].startswith(f"tombstone key: {corrupt}"), messages
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+@pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
+def test_glue_bad_keys_in_every_error_mode(spark, broker, moto_aws, aws_env, state_dir, topic, mode):
+    """Tombstones whose Glue key cannot name a row: InvalidKey, handled by the table's error mode like any bad record."""
+    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+    sample = glue.serialize(topic, AVRO_KEY, {"id": 1}, key=True)
+    poisons = [
+        ("unknown key schema version", "InvalidKey", sample[:2] + uuid.uuid4().bytes + sample[18:], None),
+        ("corrupt key payload", "InvalidKey", sample[:18] + b"\xff" * 10, None),
+        ("key of another data format", "InvalidKey", glue.serialize(f"{topic}-j", JSON_KEY, {"id": 1}, key=True), None),
+    ]
+    goods, bads = lay_out(broker, topic, poisons, lambda i: glue.serialize(topic, V1, payment(i)))
+    config = _parsed(glue.config(topic, mode="upsert", key=["id"], errors=mode), broker)
+    result = check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
+    if mode == "dlq":
+        assert "is JSON; the table reads AVRO" in dead_letter_messages(state_dir, result, bads)["key of another data format"]
