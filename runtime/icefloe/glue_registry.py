@@ -112,8 +112,8 @@ def split(data: bytes) -> tuple[UUID, bytes]:
 
 def decoder(conf: dict[str, str], table_schema: str | None = None, message_type: str | None = None) -> Decoder:
     """Decodes Glue-framed values (or keys: no `table_schema`): writer versions fetched by UUID, payloads by the
-    version's data format. A version that cannot decode (unknown, another data format, a definition that does not parse) is remembered:
-    every record written with it fails alike without asking the registry again."""
+    version's data format. A version that cannot decode (unknown, another data format, a definition that does not
+    parse) is remembered: every record written with it fails alike without asking the registry again."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     client = glue_client(conf)
