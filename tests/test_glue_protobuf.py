@@ -57,7 +57,7 @@ def test_a_schema_that_does_not_compile_is_named_first_without_protoc_log_noise(
                             "(Defaulted to proto2 syntax.))"), message  # fmt: skip
 
 
-def test_the_table_message_and_bad_schemas_are_config_errors(moto_aws, monkeypatch, topic):
+def test_the_table_message_and_bad_schemas_are_config_errors(moto_aws, monkeypatch, topic, glue_registry):
     """Driver side, through the registry on moto: `.proto` text as a console or CLI registers it (`map<K, V>`)."""
     from pyspark.sql import types as T
 
@@ -66,8 +66,7 @@ def test_the_table_message_and_bad_schemas_are_config_errors(moto_aws, monkeypat
 
     for key, value in moto_aws.aws_env().items():
         monkeypatch.setenv(key, value)
-    client, registry = moto_aws.client("glue"), f"reg-{topic}"[:60]
-    client.create_registry(RegistryName=registry)
+    client, registry = moto_aws.client("glue"), glue_registry
     texts = {"p": 'syntax = "proto3"; package a; message First { string id = 1; map<string, int64> counts = 2; }\n'
                   "message Second { int32 n = 1; }",
              "bad": 'syntax = "proto3"; message Broken { int32 = 1; }',
@@ -103,7 +102,6 @@ class GlueJava:
         if not any(SERDE_JARS.glob("schema-registry-serde-*.jar")):
             pytest.fail(f"the AWS Glue serde is not in {SERDE_JARS}: run scripts/setup.sh")
         self.moto, self.name, self.workdir = moto_aws, name, workdir
-        moto_aws.client("glue").create_registry(RegistryName=name)
 
     def serialize(self, topic: str, pool, messages: list, compression: str = "NONE", file: str = FILE,
                   key_schema: str | None = None) -> list[bytes]:  # fmt: skip
@@ -148,8 +146,9 @@ def _trades(tmp_path: Path, topic: str, extra: str = ""):
 @pytest.mark.spark
 @pytest.mark.broker
 def test_every_protobuf_type_from_the_aws_java_serde_and_evolution(spark, broker, moto_aws, aws_env, state_dir, topic,
+                                                                   glue_registry,
                                                                    tmp_path):  # fmt: skip
-    glue = GlueJava(moto_aws, f"reg-{topic}"[:60], tmp_path)
+    glue = GlueJava(moto_aws, glue_registry, tmp_path)
     ns, pool, Trade = _trades(tmp_path, topic)
     broker.create_topic(topic, 1)
     values = glue.serialize(topic, pool, three_trades(Trade, pool))
@@ -186,11 +185,11 @@ def test_every_protobuf_type_from_the_aws_java_serde_and_evolution(spark, broker
 @pytest.mark.spark
 @pytest.mark.broker
 @pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
-def test_glue_protobuf_poison_catalogue(spark, broker, moto_aws, aws_env, state_dir, topic, mode, tmp_path):
+def test_glue_protobuf_poison_catalogue(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry, mode, tmp_path):
     from aws_schema_registry import DataAndSchema, KafkaSerializer, SchemaRegistryClient
     from aws_schema_registry.avro import AvroSchema
 
-    glue = GlueJava(moto_aws, f"reg-{topic}"[:60], tmp_path)
+    glue = GlueJava(moto_aws, glue_registry, tmp_path)
     ns, pool, Trade = _trades(tmp_path, topic)
     Money = message_class(pool, f"{ns}.Money")
     n_goods = 2 * 12
@@ -243,12 +242,12 @@ ENTRY_KEY = 'syntax = "proto3";\npackage {ns};\nmessage Audit {{ string by = 1; 
 
 @pytest.mark.spark
 @pytest.mark.broker
-def test_glue_protobuf_keys_of_an_upsert_table(spark, broker, moto_aws, aws_env, state_dir, topic, tmp_path):
+def test_glue_protobuf_keys_of_an_upsert_table(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry, tmp_path):
     """Keys from the AWS Java serde configured as a key serializer, under `<topic>-key`: EntryKey is second by full
     name in its file (message index 0 is Audit), so the key is read as the type its index names."""
     from test_glue_registry import check_glue_keys
 
-    glue = GlueJava(moto_aws, f"reg-{topic}"[:60], tmp_path)
+    glue = GlueJava(moto_aws, glue_registry, tmp_path)
     ns = topic[-40:].strip("_")
     pool = compile_protos({"entry.proto": ENTRY.format(ns=ns)}, tmp_path / "values")
     Entry = message_class(pool, f"{ns}.Entry")

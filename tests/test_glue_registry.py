@@ -85,9 +85,7 @@ class Glue:
         from aws_schema_registry import KafkaSerializer, SchemaRegistryClient
 
         self.moto, self.name = moto_aws, name
-        client = moto_aws.client("glue")
-        client.create_registry(RegistryName=name)
-        self.registry = SchemaRegistryClient(client, registry_name=name, wait_interval_seconds=0.1)
+        self.registry = SchemaRegistryClient(moto_aws.client("glue"), registry_name=name, wait_interval_seconds=0.1)
         self.serializer = KafkaSerializer(self.registry)
         self.key_serializer = KafkaSerializer(self.registry, is_key=True)  # its schema: `<topic>-key`
 
@@ -163,15 +161,15 @@ def check_end_to_end(spark, broker, glue, state_dir, topic, schemas, make_value,
 
 @pytest.mark.spark
 @pytest.mark.broker
-def test_glue_avro_end_to_end_with_evolution_and_zlib(spark, broker, moto_aws, aws_env, state_dir, topic):
-    check_end_to_end(spark, broker, Glue(moto_aws, f"reg-{topic}"[:60]), state_dir, topic, (V1, V2), payment, avro_row)
+def test_glue_avro_end_to_end_with_evolution_and_zlib(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry):
+    check_end_to_end(spark, broker, Glue(moto_aws, glue_registry), state_dir, topic, (V1, V2), payment, avro_row)
 
 
 @pytest.mark.spark
 @pytest.mark.broker
 @pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
-def test_glue_poison_catalogue(spark, broker, moto_aws, aws_env, state_dir, topic, mode):
-    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+def test_glue_poison_catalogue(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry, mode):
+    glue = Glue(moto_aws, glue_registry)
     sample = glue.serialize(topic, V1, payment(1))
     other = {"type": "record", "name": "Other", "fields": [{"name": "x", "type": "boolean"}]}
     foreign = glue.serialize(f"{topic}-other", other, {"x": True})  # a version of another schema: does not resolve
@@ -218,10 +216,11 @@ def json_row(value: dict) -> dict:
     return {"note": None, **value, "at": at, "attrs": json.dumps(value["attrs"], separators=(",", ":"))}
 
 
-def test_a_glue_schema_of_another_data_format_than_the_table_reads_is_a_config_error(moto_aws, monkeypatch, topic):
+def test_a_glue_schema_of_another_data_format_than_the_table_reads_is_a_config_error(moto_aws, monkeypatch, topic,
+                                                                                    glue_registry):
     for key, value in moto_aws.aws_env().items():
         monkeypatch.setenv(key, value)
-    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+    glue = Glue(moto_aws, glue_registry)
     glue.serialize(f"{topic}-a", V1, payment(1))
     glue.serialize(f"{topic}-j", J1, json_payment(1))
     def parsed(name: str, fmt: str):
@@ -239,12 +238,12 @@ def test_a_glue_schema_of_another_data_format_than_the_table_reads_is_a_config_e
     assert spec.key_conf is None
 
 
-def test_the_key_schema_is_checked_on_the_driver(moto_aws, monkeypatch, topic):
+def test_the_key_schema_is_checked_on_the_driver(moto_aws, monkeypatch, topic, glue_registry):
     """keyFormat avro, json-schema or protobuf on a Glue registry: the key schema (keySchemaName) must exist and be
     of the keyFormat's data format; keyFormat json, string or raw never asks the registry for it."""
     for key, value in moto_aws.aws_env().items():
         monkeypatch.setenv(key, value)
-    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+    glue = Glue(moto_aws, glue_registry)
     glue.serialize(topic, V1, payment(1))
     glue.serialize(topic, JSON_KEY, {"id": 1}, key=True)
 
@@ -267,18 +266,18 @@ def test_the_key_schema_is_checked_on_the_driver(moto_aws, monkeypatch, topic):
 
 @pytest.mark.spark
 @pytest.mark.broker
-def test_glue_json_schema_end_to_end_with_evolution_and_zlib(spark, broker, moto_aws, aws_env, state_dir, topic):
-    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+def test_glue_json_schema_end_to_end_with_evolution_and_zlib(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry):
+    glue = Glue(moto_aws, glue_registry)
     check_end_to_end(spark, broker, glue, state_dir, topic, (J1, J2), json_payment, json_row, format="json-schema")
 
 
 @pytest.mark.spark
 @pytest.mark.broker
 @pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
-def test_glue_json_schema_poison_catalogue(spark, broker, moto_aws, aws_env, state_dir, topic, mode):
+def test_glue_json_schema_poison_catalogue(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry, mode):
     from aws_schema_registry.codec import decode, encode
 
-    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+    glue = Glue(moto_aws, glue_registry)
     # Written with J1 (which does not declare `note`), valid for it; the table's J2 makes `note` a string.
     clash = glue.serialize(topic, J1, {**json_payment(1), "note": 5})
     version = decode(clash)[1]
@@ -359,9 +358,9 @@ def check_glue_keys(spark, broker, state_dir, topic, config, key, value) -> dict
 @pytest.mark.spark
 @pytest.mark.broker
 @pytest.mark.parametrize("fmt", ["avro", "json-schema"])
-def test_glue_keys_of_an_upsert_table(spark, broker, moto_aws, aws_env, state_dir, topic, fmt):
+def test_glue_keys_of_an_upsert_table(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry, fmt):
     """Keys and values from the AWS Python serializer: keys under `<topic>-key`, its default naming and icefloe's."""
-    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+    glue = Glue(moto_aws, glue_registry)
     schemas, make = {"avro": ((V1, AVRO_KEY, AVRO_KEY_2), payment), "json-schema": ((J1, JSON_KEY, JSON_KEY_2), json_payment)}[fmt]
     value_schema, key_v1, key_v2 = schemas
 
@@ -381,9 +380,9 @@ def test_glue_keys_of_an_upsert_table(spark, broker, moto_aws, aws_env, state_di
 @pytest.mark.spark
 @pytest.mark.broker
 @pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
-def test_glue_bad_keys_in_every_error_mode(spark, broker, moto_aws, aws_env, state_dir, topic, mode):
+def test_glue_bad_keys_in_every_error_mode(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry, mode):
     """Tombstones whose Glue key cannot name a row: InvalidKey, handled by the table's error mode like any bad record."""
-    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+    glue = Glue(moto_aws, glue_registry)
     sample = glue.serialize(topic, AVRO_KEY, {"id": 1}, key=True)
     poisons = [
         ("unknown key schema version", "InvalidKey", sample[:2] + uuid.uuid4().bytes + sample[18:], None),
