@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine for icefloe: Java and the SQLite JDBC driver (Debian), the pinned JVM parts from Maven
 # (jvm/pom.xml: Iceberg, Spark's Kafka source and Avro, the Apache Kafka broker, Apicurio Registry) into the
-# git-ignored jvm/lib/, a virtualenv, and the project with every extra. Safe to run again.
+# git-ignored jvm/lib/, the test-only ones (jvm/test-pom.xml: the AWS Glue Schema Registry's Java serde) into
+# jvm/test-lib/, a virtualenv, and the project with every extra. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +20,11 @@ fi
 echo "setup: fetching the JVM parts pinned in jvm/pom.xml into jvm/lib/"
 if ! mvn -f jvm/pom.xml -q -B generate-resources; then
   echo "setup: 'mvn -f jvm/pom.xml generate-resources' failed: Maven Central must be reachable" >&2
+  exit 1
+fi
+echo "setup: fetching the test-only JVM parts pinned in jvm/test-pom.xml into jvm/test-lib/"
+if ! mvn -f jvm/test-pom.xml -q -B generate-resources; then
+  echo "setup: 'mvn -f jvm/test-pom.xml generate-resources' failed: Maven Central must be reachable" >&2
   exit 1
 fi
 # Apicurio ships as a tar.gz: unpack it once per version beside the archive.

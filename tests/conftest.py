@@ -83,6 +83,16 @@ def moto_aws(state_dir):
         yield server
 
 
+@pytest.fixture
+def glue_registry(moto_aws, topic):
+    """The name of a Glue schema registry of the test's own on the moto server, deleted after it: moto, like AWS by
+    default, allows only 10 registries."""
+    name, client = f"reg-{topic}"[:60], moto_aws.client("glue")
+    client.create_registry(RegistryName=name)
+    yield name
+    client.delete_registry(RegistryId={"RegistryName": name})
+
+
 @pytest.fixture(params=["jvm", "python"])
 def read_path(request, monkeypatch) -> str:
     """Runs a test on both read paths of an Avro table: the Python path is forced by replacing the path choice; on

@@ -19,7 +19,7 @@ from icefloe.glue_registry import split
 from icefloe.materializer import materialize_once
 from icefloe.spec import parse_config
 from support import by_position, produce, read_duckdb, read_pyiceberg
-from test_poison import MAX_BYTES, check_mode, lay_out
+from test_poison import MAX_BYTES, check_mode, dead_letter_messages, lay_out
 
 UTC = dt.timezone.utc
 V1 = {
@@ -36,6 +36,9 @@ V1 = {
 V2 = {**V1, "fields": [*V1["fields"], {"name": "note", "type": ["null", "string"], "default": None}]}
 
 
+GLUE = {"type": "glue", "registryName": "r", "region": "eu-west-1"}
+
+
 def _cluster(**registry) -> dict:
     return {"name": "c", "bootstrapServers": "b:9092", "schemaRegistry": registry}
 
@@ -46,10 +49,21 @@ def _cluster(**registry) -> dict:
     ({"registryName": "r", "region": "eu-west-1", "url": "http://x"}, "only apply with type: glue"),
     ({"type": "glue", "registryName": "r", "region": "Ireland"}, "region"),
     ({}, "needs url"),
+    ({"url": "http://x", "keySchemaName": "k"}, "keySchemaName only apply with type: glue"),
+    ({**GLUE, "keySchemaName": "{topc}-key"}, r"keySchemaName '\{topc\}-key': the only placeholder is \{topic\}"),
+    ({**GLUE, "schemaName": "{topic"}, "schemaName '{topic': the only placeholder"),
+    ({**GLUE, "keySchemaNme": "k"}, r"schemaRegistry.keySchemaNme: Extra inputs are not permitted"),
+    ({**GLUE, "schemaName": "{topic}", "keySchemaName": "{topic}"}, "schemaName and keySchemaName are both '{topic}'"),
 ])  # fmt: skip
 def test_glue_registry_settings_are_validated(registry, message):
     with pytest.raises(ConfigError, match=message):
         parse_config({"sourceClusters": [_cluster(**registry)]})
+
+
+def test_glue_schema_names_replace_the_topic():
+    registry = parse_config({"sourceClusters": [_cluster(**GLUE, keySchemaName="keys.{topic}")]}).source_clusters[0]
+    names = registry.schema_registry.glue_schema("orders"), registry.schema_registry.glue_schema("orders", key=True)
+    assert names == ("orders-value", "keys.orders")
 
 
 def test_the_wire_format_is_split_and_refused_naming_the_problem():
@@ -71,12 +85,11 @@ class Glue:
         from aws_schema_registry import KafkaSerializer, SchemaRegistryClient
 
         self.moto, self.name = moto_aws, name
-        client = moto_aws.client("glue")
-        client.create_registry(RegistryName=name)
-        self.registry = SchemaRegistryClient(client, registry_name=name, wait_interval_seconds=0.1)
+        self.registry = SchemaRegistryClient(moto_aws.client("glue"), registry_name=name, wait_interval_seconds=0.1)
         self.serializer = KafkaSerializer(self.registry)
+        self.key_serializer = KafkaSerializer(self.registry, is_key=True)  # its schema: `<topic>-key`
 
-    def serialize(self, topic: str, schema: dict, value: dict, compressed: bool = False) -> bytes:
+    def serialize(self, topic: str, schema: dict, value: dict, compressed: bool = False, key: bool = False) -> bytes:
         """With the library's AvroSchema, or its JsonSchema for a JSON Schema (one with `$schema`)."""
         from aws_schema_registry import DataAndSchema
         from aws_schema_registry.avro import AvroSchema
@@ -84,7 +97,8 @@ class Glue:
         from aws_schema_registry.jsonschema import JsonSchema
 
         kind = JsonSchema if "$schema" in schema else AvroSchema
-        data = self.serializer.serialize(topic, DataAndSchema(value, kind(schema)))
+        serializer = self.key_serializer if key else self.serializer
+        data = serializer.serialize(topic, DataAndSchema(value, kind(schema)))
         if not compressed:
             return data
         payload, version = decode(data)
@@ -147,15 +161,15 @@ def check_end_to_end(spark, broker, glue, state_dir, topic, schemas, make_value,
 
 @pytest.mark.spark
 @pytest.mark.broker
-def test_glue_avro_end_to_end_with_evolution_and_zlib(spark, broker, moto_aws, aws_env, state_dir, topic):
-    check_end_to_end(spark, broker, Glue(moto_aws, f"reg-{topic}"[:60]), state_dir, topic, (V1, V2), payment, avro_row)
+def test_glue_avro_end_to_end_with_evolution_and_zlib(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry):
+    check_end_to_end(spark, broker, Glue(moto_aws, glue_registry), state_dir, topic, (V1, V2), payment, avro_row)
 
 
 @pytest.mark.spark
 @pytest.mark.broker
 @pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
-def test_glue_poison_catalogue(spark, broker, moto_aws, aws_env, state_dir, topic, mode):
-    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+def test_glue_poison_catalogue(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry, mode):
+    glue = Glue(moto_aws, glue_registry)
     sample = glue.serialize(topic, V1, payment(1))
     other = {"type": "record", "name": "Other", "fields": [{"name": "x", "type": "boolean"}]}
     foreign = glue.serialize(f"{topic}-other", other, {"x": True})  # a version of another schema: does not resolve
@@ -202,10 +216,11 @@ def json_row(value: dict) -> dict:
     return {"note": None, **value, "at": at, "attrs": json.dumps(value["attrs"], separators=(",", ":"))}
 
 
-def test_a_glue_schema_of_another_data_format_than_the_table_reads_is_a_config_error(moto_aws, monkeypatch, topic):
+def test_a_glue_schema_of_another_data_format_than_the_table_reads_is_a_config_error(moto_aws, monkeypatch, topic,
+                                                                                    glue_registry):
     for key, value in moto_aws.aws_env().items():
         monkeypatch.setenv(key, value)
-    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+    glue = Glue(moto_aws, glue_registry)
     glue.serialize(f"{topic}-a", V1, payment(1))
     glue.serialize(f"{topic}-j", J1, json_payment(1))
     def parsed(name: str, fmt: str):
@@ -220,22 +235,49 @@ def test_a_glue_schema_of_another_data_format_than_the_table_reads_is_a_config_e
     config = parsed(f"{topic}-j", "json-schema")
     spec = decoder_spec(config.tables[0], config.source_clusters[0])
     assert (spec.format, spec.registry_conf["data_format"], json.loads(spec.schema_str)) == ("glue", "JSON", J1)
+    assert spec.key_conf is None
+
+
+def test_the_key_schema_is_checked_on_the_driver(moto_aws, monkeypatch, topic, glue_registry):
+    """keyFormat avro, json-schema or protobuf on a Glue registry: the key schema (keySchemaName) must exist and be
+    of the keyFormat's data format; keyFormat json, string or raw never asks the registry for it."""
+    for key, value in moto_aws.aws_env().items():
+        monkeypatch.setenv(key, value)
+    glue = Glue(moto_aws, glue_registry)
+    glue.serialize(topic, V1, payment(1))
+    glue.serialize(topic, JSON_KEY, {"id": 1}, key=True)
+
+    def spec(**table):
+        raw = glue.config(topic, mode="upsert", key=["id"], **table)
+        raw["sourceClusters"][0]["bootstrapServers"] = "b:9092"  # not reached: the decoder asks only the registry
+        if "keySchemaName" in table:
+            raw["sourceClusters"][0]["schemaRegistry"]["keySchemaName"] = raw["tables"][0].pop("keySchemaName")
+        config = parse_config(raw)
+        return decoder_spec(config.tables[0], config.source_clusters[0])
+
+    with pytest.raises(ConfigError, match=f"the Glue key schema '{topic}-key' is JSON, not AVRO \\(keyFormat avro\\)"):
+        spec()  # the default keyFormat of an Avro table: avro
+    with pytest.raises(ConfigError, match=f"no schema named 'keys-{topic}' in the Glue schema registry"):
+        spec(keyFormat="json-schema", keySchemaName="keys-{topic}")
+    found = spec(keyFormat="json-schema")
+    assert (found.key_format, found.key_conf["schema"], found.key_conf["data_format"]) == ("json-schema", f"{topic}-key", "JSON")
+    assert all(spec(keyFormat=fmt, keySchemaName="missing-{topic}").key_conf is None for fmt in ("json", "string"))
 
 
 @pytest.mark.spark
 @pytest.mark.broker
-def test_glue_json_schema_end_to_end_with_evolution_and_zlib(spark, broker, moto_aws, aws_env, state_dir, topic):
-    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+def test_glue_json_schema_end_to_end_with_evolution_and_zlib(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry):
+    glue = Glue(moto_aws, glue_registry)
     check_end_to_end(spark, broker, glue, state_dir, topic, (J1, J2), json_payment, json_row, format="json-schema")
 
 
 @pytest.mark.spark
 @pytest.mark.broker
 @pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
-def test_glue_json_schema_poison_catalogue(spark, broker, moto_aws, aws_env, state_dir, topic, mode):
+def test_glue_json_schema_poison_catalogue(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry, mode):
     from aws_schema_registry.codec import decode, encode
 
-    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+    glue = Glue(moto_aws, glue_registry)
     # Written with J1 (which does not declare `note`), valid for it; the table's J2 makes `note` a string.
     clash = glue.serialize(topic, J1, {**json_payment(1), "note": 5})
     version = decode(clash)[1]
@@ -261,8 +303,7 @@ def test_glue_json_schema_poison_catalogue(spark, broker, moto_aws, aws_env, sta
     result = check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
     if mode != "dlq":
         return
-    dead = by_position(read_pyiceberg(state_dir, result.identifier + "_dlq"))
-    messages = {bads[p][0]: row["error_message"] for p, row in dead.items()}
+    messages = dead_letter_messages(state_dir, result, bads)
     assert "value.amount: fails minimum 0" in messages["fails minimum"]
     assert "required property 'id' is missing" in messages["required property missing"]
     assert 'value.id: fails type "integer"' in messages["wrong type"]
@@ -270,3 +311,86 @@ def test_glue_json_schema_poison_catalogue(spark, broker, moto_aws, aws_env, sta
     assert "is AVRO; the table reads JSON" in messages["an avro version on a json table"]
     assert "note" in messages["valid for its writer, not the table's type"]
     assert not [m for m in messages.values() if "987654" in m or "SECRET" in m], "errors name the rule, never the value"
+
+
+# --- Keys through Glue (upsert keyed by a value field: a tombstone's Glue-framed key names the row) ----------------
+AVRO_KEY = {"type": "record", "name": "PaymentKey", "namespace": "test.glue", "fields": [{"name": "id", "type": "long"}]}
+AVRO_KEY_2 = {**AVRO_KEY, "fields": [*AVRO_KEY["fields"], {"name": "region", "type": ["null", "string"], "default": None}]}
+JSON_KEY = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "required": ["id"],
+            "properties": {"id": {"type": "integer"}}}  # fmt: skip
+JSON_KEY_2 = {**JSON_KEY, "properties": {**JSON_KEY["properties"], "region": {"type": "string"}}}
+KEYED = {"mode": "upsert", "key": ["id"], "errors": "dlq"}
+
+
+def check_glue_keys(spark, broker, state_dir, topic, config, key, value) -> dict[str, str]:
+    """Upsert keyed by the value field `id`: the later value per key wins, a tombstone deletes its row, also with its
+    key written with a second key schema version, zlib-compressed (`key(id, newer)`; `value(id, payer)`). Tombstones
+    with bad keys go to the dead-letter table (errors: dlq) as InvalidKey; returns their messages by name."""
+    sample = key(2, False)
+    bad_keys = {
+        "unknown key schema version": sample[:2] + uuid.uuid4().bytes + sample[18:],
+        "corrupt key payload": sample[:18] + b"\xff" * 10,
+        "not Glue framing": b'{"id": 2}',
+    }
+    broker.create_topic(topic, 2)
+    records = [{"key": key(i, False), "value": value(i, name), "partition": 0}
+               for i, name in [(1, "one"), (2, "two"), (3, "three"), (1, "uno")]]  # fmt: skip
+    records += [{"key": key(2, False), "value": None, "partition": 0}, {"key": key(3, True), "value": None, "partition": 0},
+                {"key": key(4, False), "value": value(4, "four"), "partition": 0}]  # fmt: skip
+    records += [{"key": data, "value": None, "partition": 1} for data in bad_keys.values()]
+    positions = produce(broker.bootstrap_servers, topic, records)
+
+    result = materialize_once(spark, config, config.tables[0])
+
+    assert result.records_failed == len(bad_keys) and result.read_path == "python"
+    for rows in (read_pyiceberg(state_dir, result.identifier), read_duckdb(result.metadata_location)):
+        assert sorted((str(r["id"]), r["payer"]) for r in rows) == [("1", "uno"), ("4", "four")]
+    dead = by_position(read_pyiceberg(state_dir, result.identifier + "_dlq"))
+    assert set(dead) == set(positions[-len(bad_keys):])
+    assert {row["error_class"] for row in dead.values()} == {"InvalidKey"}
+    messages = {name: dead[p]["error_message"] for name, p in zip(bad_keys, positions[-len(bad_keys):])}
+    assert "schema version" in messages["unknown key schema version"]
+    assert "is not in the Glue schema registry" in messages["unknown key schema version"]
+    assert "not AWS Glue Schema Registry wire format" in messages["not Glue framing"]
+    return messages
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+@pytest.mark.parametrize("fmt", ["avro", "json-schema"])
+def test_glue_keys_of_an_upsert_table(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry, fmt):
+    """Keys and values from the AWS Python serializer: keys under `<topic>-key`, its default naming and icefloe's."""
+    glue = Glue(moto_aws, glue_registry)
+    schemas, make = {"avro": ((V1, AVRO_KEY, AVRO_KEY_2), payment), "json-schema": ((J1, JSON_KEY, JSON_KEY_2), json_payment)}[fmt]
+    value_schema, key_v1, key_v2 = schemas
+
+    def key(i: int, newer: bool) -> bytes:
+        return glue.serialize(topic, key_v2 if newer else key_v1, {"id": i, **({"region": "eu"} if newer else {})},
+                              compressed=newer, key=True)  # fmt: skip
+
+    def value(i: int, payer: str) -> bytes:
+        return glue.serialize(topic, value_schema, {**make(i), "payer": payer})
+
+    config = _parsed(glue.config(topic, format=fmt, **KEYED), broker)
+    messages = check_glue_keys(spark, broker, state_dir, topic, config, key, value)
+    corrupt = "Avro payload cannot be decoded" if fmt == "avro" else "value is not valid UTF-8"
+    assert messages["corrupt key payload"].startswith(f"tombstone key: {corrupt}"), messages
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+@pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
+def test_glue_bad_keys_in_every_error_mode(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry, mode):
+    """Tombstones whose Glue key cannot name a row: InvalidKey, handled by the table's error mode like any bad record."""
+    glue = Glue(moto_aws, glue_registry)
+    sample = glue.serialize(topic, AVRO_KEY, {"id": 1}, key=True)
+    poisons = [
+        ("unknown key schema version", "InvalidKey", sample[:2] + uuid.uuid4().bytes + sample[18:], None),
+        ("corrupt key payload", "InvalidKey", sample[:18] + b"\xff" * 10, None),
+        ("key of another data format", "InvalidKey", glue.serialize(f"{topic}-j", JSON_KEY, {"id": 1}, key=True), None),
+    ]
+    goods, bads = lay_out(broker, topic, poisons, lambda i: glue.serialize(topic, V1, payment(i)))
+    config = _parsed(glue.config(topic, mode="upsert", key=["id"], errors=mode), broker)
+    result = check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
+    if mode == "dlq":
+        assert "is JSON; the table reads AVRO" in dead_letter_messages(state_dir, result, bads)["key of another data format"]

@@ -204,6 +204,12 @@ def check_mode(spark, state_dir, config, table, mode, goods, bads):
     return result
 
 
+def dead_letter_messages(state_dir, result, bads) -> dict[str, str]:
+    """Poison name -> the error message its dead-letter row carries (after `check_mode` in dlq mode)."""
+    dead = by_position(read_pyiceberg(state_dir, result.identifier + "_dlq"))
+    return {bads[p][0]: row["error_message"] for p, row in dead.items()}
+
+
 @pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
 def test_json_poison_catalogue(spark, broker, state_dir, topic, make_config, mode):
     poisons = json_poisons()

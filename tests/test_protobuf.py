@@ -88,20 +88,27 @@ def full_trade(Trade, ns_pool) -> object:
     return trade
 
 
+def three_trades(Trade, pool) -> list:
+    """Every type set (t1), nothing but the id (t2), the other oneof member (t3): what `check_trades` expects."""
+    cash = Trade(id="t3")
+    cash.cash.units, cash.cash.currency = 12, "EUR"
+    return [full_trade(Trade, pool), Trade(id="t2"), cash]
+
+
 def test_every_protobuf_type_from_confluents_serializer(spark, broker, registry, state_dir, topic, make_config, tmp_path):
     ns, pool = trade_pool(tmp_path, topic)
     Trade = message_class(pool, f"{ns}.Trade")
     serialize = protobuf_serializer(registry.url, topic, Trade)
-    cash = Trade(id="t3")
-    cash.cash.units, cash.cash.currency = 12, "EUR"
     broker.create_topic(topic, 1)
-    produce(broker.bootstrap_servers, topic, [
-        {"value": serialize(full_trade(Trade, pool))}, {"value": serialize(Trade(id="t2"))}, {"value": serialize(cash)},
-    ])  # fmt: skip
+    produce(broker.bootstrap_servers, topic, [{"value": serialize(trade)} for trade in three_trades(Trade, pool)])
     config = make_config({"topic": topic, "format": "protobuf"})
     result = materialize_once(spark, config, config.tables[0])
     assert result.read_path == "python" and result.rows_written == 3
+    check_trades(state_dir, result)
 
+
+def check_trades(state_dir, result) -> None:
+    """The rows of `three_trades`, field by field, as pyiceberg and DuckDB read them back."""
     for rows in (read_pyiceberg(state_dir, result.identifier), read_duckdb(result.metadata_location)):
         rows = {r["id"]: r for r in rows}
         full = rows["t1"]

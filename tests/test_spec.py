@@ -67,12 +67,12 @@ def test_config_errors_name_the_table_and_field(table, expected):
     assert expected in message
 
 
-def test_protobuf_through_a_glue_registry_is_refused_at_preview():
+def test_every_registry_format_is_accepted_through_a_glue_registry():
     glue = {**CLUSTER, "schemaRegistry": {"type": "glue", "registryName": "r", "region": "eu-west-1"}}
-    raw = {**config(format="protobuf"), "sourceClusters": [glue]}
-    assert "tables[0] (stock_trades): format protobuf is not supported with a Glue schema registry" in error_of(raw)
-    for fmt in ("avro", "json-schema"):
+    for fmt in ("avro", "json-schema", "protobuf"):
         assert parse_config({**config(format=fmt), "sourceClusters": [glue]}).tables[0].format == fmt
+    table = parse_config({**config(format="protobuf", messageType="a.Trade"), "sourceClusters": [glue]}).tables[0]
+    assert table.message_type == "a.Trade"
 
 
 def test_sasl_needs_a_secret_reference_not_a_password():

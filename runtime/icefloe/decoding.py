@@ -59,6 +59,7 @@ class DecoderSpec:
     key_fields: tuple[str, ...] = ()  # upsert keyed by value fields: a tombstone's key gives their values
     key_format: str | None = None
     message_type: str | None = None  # protobuf: the full name of the message type the table reads
+    key_conf: dict[str, str] | None = None  # keys framed for the AWS Glue Schema Registry (glue_registry)
 
     def __repr__(self) -> str:
         return f"DecoderSpec(format={self.format!r}, topic={self.topic!r})"
@@ -79,10 +80,15 @@ def subject_for(topic: str) -> str:
 
 def decoder_spec(table: TableSpec, cluster: SourceCluster) -> DecoderSpec:
     """Resolve how this table's values are decoded, fetching the latest registry schema (driver side)."""
+    from . import glue_registry
     from .schema_mapping import inline_to_avro
 
     keys = {"key_fields": table.key or (), "key_format": table.effective_key_format if table.key else None}
-    if cluster.schema_registry is not None and cluster.schema_registry.type == "glue" and table.format in ("avro", "json-schema"):
+    glue = cluster.schema_registry is not None and cluster.schema_registry.type == "glue"
+    if glue and keys["key_format"] in glue_registry.DATA_FORMATS:
+        keys["key_conf"], _ = glue_registry.checked_conf(cluster.schema_registry, table.topic, keys["key_format"],
+                                                         f"table {table.table_name}", key=True)  # fmt: skip
+    if glue and table.format in glue_registry.DATA_FORMATS:
         return _glue_spec(table, cluster, keys)
     registry = registry_config(cluster.schema_registry, cluster.name) if _confluent(cluster) else None
     if table.format in ("json", "raw", "string"):
@@ -135,16 +141,14 @@ def _confluent(cluster: SourceCluster) -> bool:
 def _glue_spec(table: TableSpec, cluster: SourceCluster, keys: dict) -> DecoderSpec:
     from . import glue_registry
 
-    if keys["key_format"] in ("avro", "protobuf", "json-schema"):
-        raise ConfigError(f"table {table.table_name}: keyFormat {keys['key_format']} is not supported with a Glue "
-                          "schema registry; use json, string or raw")  # fmt: skip
-    conf = glue_registry.registry_conf(cluster.schema_registry, table.topic)
-    data_format, definition = glue_registry.latest_version(conf)
-    expected = glue_registry.DATA_FORMATS[table.format]
-    if data_format != expected:
-        raise ConfigError(f"table {table.table_name}: the Glue schema {conf['schema']!r} is {data_format}, not {expected} "
-                          f"(format {table.format})")  # fmt: skip
-    return DecoderSpec(glue_registry.FORMAT, table.topic, definition, conf | {"data_format": data_format}, **keys)
+    conf, definition = glue_registry.checked_conf(cluster.schema_registry, table.topic, table.format,
+                                                  f"table {table.table_name}")  # fmt: skip
+    message = None
+    if table.format == "protobuf":
+        from .glue_protobuf import table_message
+
+        message = table_message(definition, table.message_type, f"table {table.table_name} (Glue schema {conf['schema']!r})")
+    return DecoderSpec(glue_registry.FORMAT, table.topic, definition, conf, message_type=message, **keys)
 
 
 def _latest_schema(conf: dict[str, str], subject: str) -> str:
@@ -198,7 +202,7 @@ def build_decoder(spec: DecoderSpec) -> Decoder:
     if spec.format == "glue":
         from . import glue_registry
 
-        return glue_registry.decoder(spec.registry_conf, spec.schema_str)
+        return glue_registry.decoder(spec.registry_conf, spec.schema_str, spec.message_type)
     if spec.format == "json-inferred":  # schemaless JSON, shaped for the types inferred for the batch
         from . import json_inference
 
@@ -240,9 +244,13 @@ def build_key_decoder(spec: DecoderSpec) -> Callable[[bytes], dict]:
             raise ConfigError(f"{spec.topic}: keyFormat {spec.key_format} can only give one key field, not {spec.key_fields}")
         field_name, as_text = spec.key_fields[0], spec.key_format == "string"
         return lambda data: {field_name: utf8(data, "key") if as_text else data}
-    if spec.key_format in ("avro", "protobuf", "json-schema") and not spec.registry_conf:
+    if spec.key_conf is not None:  # framed for the AWS Glue Schema Registry, decoded as written
+        from . import glue_registry
+
+        decode = glue_registry.decoder(spec.key_conf)
+    elif spec.key_format in ("avro", "protobuf", "json-schema") and not spec.registry_conf:
         raise ConfigError(f"{spec.topic}: keyFormat {spec.key_format} needs a schema registry")
-    if spec.key_format == "avro":
+    elif spec.key_format == "avro":
         decode = _registry_avro_decoder(spec, None, True)
     elif spec.key_format == "protobuf":  # the key's own message type, from its writer schema
         from .protobuf_format import ProtobufDecoder

@@ -6,12 +6,18 @@ version's data format writes it. The table's schema is the latest version of the
 registry (default `{topic}-value`, the Python serializer's naming; the Java serializer names a schema after the
 topic: `schemaName: "{topic}"`). Executors fetch each writer version by its UUID (GetSchemaVersion) once.
 
+Keys framed the same way (`keyFormat` avro, json-schema or protobuf on a Glue registry) are decoded as they were
+written, with no reader schema: each key by its own writer version, a Protobuf key as whichever message type its
+index names. Their schema `keySchemaName` (default `{topic}-key`) is only checked on the driver (it exists, of the
+keyFormat's data format): a deserializer finds a version by its UUID, never by a name.
+
 The payload decoder is chosen by the version's DataFormat from `PAYLOAD_DECODERS` (and the table's columns by the
 latest version's from `VALUE_FIELDS`): Avro is here, JSON Schema is json_schema_format's (each record validated
-against its writer version). Protobuf is not: the Python library has no Protobuf. The table's `format` names the
-data format it reads (avro: AVRO, json-schema: JSON); a record written with a version of another data format, a
-header that is not Glue's, a version that is unknown, or a payload that does not decode is a bad record; a
-registry that cannot be reached or refuses access is the environment's failure (`SourceError`), never a bad record.
+against its writer version), Protobuf glue_protobuf's (the AWS Python library has none; the framing is the Java
+serde's). The table's `format` names the data format it reads (avro: AVRO, json-schema: JSON, protobuf: PROTOBUF);
+a record written with a version of another data format, a header that is not Glue's, a version that is unknown, or
+a payload that does not decode is a bad record; a registry that cannot be reached or refuses access is the
+environment's failure (`SourceError`), never a bad record.
 """
 
 from __future__ import annotations
@@ -28,14 +34,25 @@ FORMAT = "glue"  # DecoderSpec.format of a table whose values are framed for the
 HEADER = 0x03
 COMPRESSION = {0x00: None, 0x05: "zlib"}
 PREFIX = 18  # header, compression, UUID
-DATA_FORMATS = {"avro": "AVRO", "json-schema": "JSON"}  # the table's `format` -> the Glue DataFormat it reads
+DATA_FORMATS = {"avro": "AVRO", "json-schema": "JSON", "protobuf": "PROTOBUF"}  # the table's `format` -> the Glue DataFormat it reads
 Decoder = Callable[[bytes], Any]
 
 
-def registry_conf(registry, topic: str) -> dict[str, str]:
+def registry_conf(registry, topic: str, key: bool = False) -> dict[str, str]:
     """What executors need to reach the registry (no credential: AWS clients take them from the environment)."""
     return {"type": "glue", "registry": registry.registry_name, "region": registry.region,
-            "endpoint": registry.endpoint or "", "schema": registry.schema_name.format(topic=topic)}  # fmt: skip
+            "endpoint": registry.endpoint or "", "schema": registry.glue_schema(topic, key)}  # fmt: skip
+
+
+def checked_conf(registry, topic: str, fmt: str, where: str, key: bool = False) -> tuple[dict[str, str], str]:
+    """(conf with the schema's data format, its latest definition) for a value (`format`) or key (`keyFormat`)
+    schema, which must be of the data format `fmt` reads (driver side)."""
+    conf = registry_conf(registry, topic, key)
+    data_format, definition = latest_version(conf)
+    if data_format != DATA_FORMATS[fmt]:
+        raise ConfigError(f"{where}: the Glue {'key ' if key else ''}schema {conf['schema']!r} is {data_format}, not "
+                          f"{DATA_FORMATS[fmt]} ({'keyFormat' if key else 'format'} {fmt})")  # fmt: skip
+    return conf | {"data_format": data_format}, definition
 
 
 def is_json(conf: dict[str, str] | None) -> bool:
@@ -71,10 +88,11 @@ def latest_version(conf: dict[str, str]) -> tuple[str, str]:
     return found["DataFormat"], found["SchemaDefinition"]
 
 
-def value_fields(data_format: str, definition: str, subject: str) -> list:
+def value_fields(data_format: str, definition: str, subject: str, message_type: str | None = None) -> list:
+    """The table's value fields from its latest version (`message_type`: the Protobuf message the table reads)."""
     if data_format not in VALUE_FIELDS:
         raise ConfigError(f"{subject}: the Glue schema's data format {data_format} has no decoder in icefloe")
-    return VALUE_FIELDS[data_format](definition, subject)
+    return VALUE_FIELDS[data_format](definition, subject, message_type)
 
 
 def split(data: bytes) -> tuple[UUID, bytes]:
@@ -92,12 +110,14 @@ def split(data: bytes) -> tuple[UUID, bytes]:
     return UUID(bytes=bytes(data[2:PREFIX])), payload
 
 
-def decoder(conf: dict[str, str], table_schema: str) -> Decoder:
-    """Decodes Glue-framed values: writer versions fetched by UUID, payloads by the version's data format."""
+def decoder(conf: dict[str, str], table_schema: str | None = None, message_type: str | None = None) -> Decoder:
+    """Decodes Glue-framed values (or keys: no `table_schema`): writer versions fetched by UUID, payloads by the
+    version's data format. A version that cannot decode (unknown, another data format, a definition that does not
+    parse) is remembered: every record written with it fails alike without asking the registry again."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     client = glue_client(conf)
-    decoders: dict[UUID, Decoder] = {}
+    decoders: dict[UUID, Decoder | ValueError] = {}
 
     def for_version(version: UUID) -> Decoder:
         try:
@@ -109,25 +129,36 @@ def decoder(conf: dict[str, str], table_schema: str) -> Decoder:
         except BotoCoreError as error:
             raise SourceError(f"{_where(conf)} unreachable: {error}") from None
         data_format = found["DataFormat"]
-        if data_format != conf["data_format"]:  # the table's columns come from a schema of another format
+        if data_format != conf["data_format"]:  # the table's columns (or key) come from a schema of another format
             raise ValueError(f"schema version {version} is {data_format}; the table reads {conf['data_format']}")
-        return PAYLOAD_DECODERS[data_format](found["SchemaDefinition"], table_schema)
+        try:
+            return PAYLOAD_DECODERS[data_format](found["SchemaDefinition"], table_schema, message_type)
+        except ValueError as error:
+            raise ValueError(f"schema version {version}: {error}") from None
 
     def decode(data: bytes) -> Any:
         version, payload = split(data)
         if version not in decoders:
-            decoders[version] = for_version(version)
-        return decoders[version](payload)
+            try:
+                decoders[version] = for_version(version)
+            except ValueError as error:
+                decoders[version] = error
+        found = decoders[version]
+        if isinstance(found, ValueError):
+            raise ValueError(str(found))
+        return found(payload)
 
     return decode
 
 
-def avro_payload(writer: str, reader: str) -> Decoder:
-    """An Avro payload written with `writer`, resolved to the table's schema `reader` (unions as member structs)."""
+def avro_payload(writer: str, reader: str | None, message_type: str | None = None) -> Decoder:
+    """An Avro payload written with `writer`, resolved to the table's schema `reader` (unions as member structs;
+    no reader: a key, read as written)."""
     import fastavro
 
     from .avro_unions import needs_record_names, rewriter
 
+    reader = reader or writer
     writer_schema, reader_schema = fastavro.parse_schema(json.loads(writer)), fastavro.parse_schema(json.loads(reader))
     names = needs_record_names(reader)
     rewrite = rewriter(reader, names) or (lambda value: value)
@@ -142,25 +173,41 @@ def avro_payload(writer: str, reader: str) -> Decoder:
     return decode
 
 
-def _avro_fields(definition: str, subject: str) -> list:
+def _avro_fields(definition: str, subject: str, message_type: str | None) -> list:
     from .schema_mapping import avro_value_fields
 
     return avro_value_fields(definition, subject)
 
 
-def _json_payload(writer: str, table: str) -> Decoder:
+def _json_payload(writer: str, table: str | None, message_type: str | None) -> Decoder:
     from .json_schema_format import glue_payload_decoder
 
     return glue_payload_decoder(writer, table)
 
 
-def _json_fields(definition: str, subject: str) -> list:
+def _json_fields(definition: str, subject: str, message_type: str | None) -> list:
     from .json_schema_format import glue_value_fields
 
     return glue_value_fields(definition, subject)
 
 
-# DataFormat -> factory(writer version's definition, the table's definition) -> payload decoder
-PAYLOAD_DECODERS: dict[str, Callable[[str, str], Decoder]] = {"AVRO": avro_payload, "JSON": _json_payload}
-# DataFormat -> function(the table's definition, what to name in errors) -> the table's value fields
-VALUE_FIELDS: dict[str, Callable[[str, str], list]] = {"AVRO": _avro_fields, "JSON": _json_fields}
+def _protobuf_payload(writer: str, table: str | None, message_type: str | None) -> Decoder:
+    from .glue_protobuf import payload_decoder
+
+    return payload_decoder(writer, table, message_type)
+
+
+def _protobuf_fields(definition: str, subject: str, message_type: str | None) -> list:
+    from .glue_protobuf import value_fields as protobuf_fields
+
+    return protobuf_fields(definition, subject, message_type)
+
+
+# DataFormat -> factory(writer version's definition, the table's definition, its message type; None, None for keys)
+PAYLOAD_DECODERS: dict[str, Callable[[str, str | None, str | None], Decoder]] = {
+    "AVRO": avro_payload, "JSON": _json_payload, "PROTOBUF": _protobuf_payload,
+}  # fmt: skip
+# DataFormat -> function(the table's definition, what to name in errors, its message type) -> the table's value fields
+VALUE_FIELDS: dict[str, Callable[[str, str, str | None], list]] = {
+    "AVRO": _avro_fields, "JSON": _json_fields, "PROTOBUF": _protobuf_fields,
+}  # fmt: skip

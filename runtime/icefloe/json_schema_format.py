@@ -250,9 +250,12 @@ def glue_value_fields(definition: str, subject: str) -> list[T.StructField]:
     return value_fields(json.dumps(bundle), subject)
 
 
-def glue_payload_decoder(writer: str, table: str) -> Callable[[bytes], dict[str, Any]]:
-    """A Glue JSON payload validated against its writer's version, shaped for the table's (latest) version."""
+def glue_payload_decoder(writer: str, table: str | None) -> Callable[[bytes], dict[str, Any]]:
+    """A Glue JSON payload validated against its writer's version, shaped for the table's (latest) version (no
+    table version: a key, kept as it is)."""
     validator = validator_for_bundle(_glue_bundle(writer, "writer version"), "the Glue writer version")
+    if table is None:
+        return lambda payload: _checked(payload, validator, "Glue writer version", 0)
     shape = _table_shape(json.dumps(_glue_bundle(table, "table version")), "value")
     return lambda payload: shaped(shape, _checked(payload, validator, "Glue writer version", 0))
 

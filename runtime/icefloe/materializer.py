@@ -222,7 +222,7 @@ def _value_fields(decoder: DecoderSpec, table: TableSpec, identifier: str) -> li
         return registry_value_fields(decoder.format, decoder.schema_str, decoder.message_type, subject)
     if decoder.format == glue_registry.FORMAT:
         where = f"{identifier} (Glue schema {decoder.registry_conf['schema']})"
-        return glue_registry.value_fields(decoder.registry_conf["data_format"], decoder.schema_str, where)
+        return glue_registry.value_fields(decoder.registry_conf["data_format"], decoder.schema_str, where, decoder.message_type)
     if decoder.format in raw_format.FORMATS:
         return raw_format.value_fields(decoder.format)
     if table.format == "json" and table.inline_schema is None:  # schemaless: the columns come from each batch

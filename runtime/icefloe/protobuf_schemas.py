@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -27,10 +29,15 @@ from google.protobuf.descriptor_pool import DescriptorPool
 from google.protobuf.message import DecodeError
 
 MAIN_FILE = "icefloe_schema_{}.proto"  # a registered schema has no file name of its own
+# protoc logs warnings through absl: a preamble line, then lines like `W0000 00:00:1795.239 23992 parser.cc:686] text`.
+_ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog()"
+_ABSL_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:[\d.]+\s+\d+ \S+:\d+\] (.*)$")
 
 
-def _builtin_files() -> dict[str, descriptor_pb2.FileDescriptorProto]:
-    """The files confluent-kafka never registers (google/protobuf/*, google/type/*, confluent/*), by import name."""
+@functools.cache
+def builtin_files() -> dict[str, descriptor_pb2.FileDescriptorProto]:
+    """The files confluent-kafka never registers (google/protobuf/*, google/type/*, confluent/*), by import name
+    (the AWS Glue serde's built-ins too: the well-known types and google/type/*)."""
     from confluent_kafka.schema_registry.common.protobuf import _init_pool
 
     pool = DescriptorPool()
@@ -91,11 +98,25 @@ def compile_text(name: str, text: str, deps: list[descriptor_pb2.FileDescriptorP
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
         if result.returncode != 0:
-            detail = result.stderr.strip().replace(str(root / "src") + "/", "")
+            detail = _protoc_errors(result.stderr.replace(str(root / "src") + "/", ""))
             raise ValueError(f"Protobuf schema text does not compile: {detail[:500]}")
         compiled = descriptor_pb2.FileDescriptorSet()
         compiled.ParseFromString(out_file.read_bytes())
     return compiled.file[0]
+
+
+def _protoc_errors(stderr: str) -> str:
+    """protoc's errors first; absl's preamble dropped and its log lines (warnings) after them, without the prefix."""
+    errors, logged = [], []
+    for line in stderr.splitlines():
+        if not line.strip() or line.startswith(_ABSL_PREAMBLE):
+            continue
+        match = _ABSL_LINE.match(line)
+        if match is None:
+            errors.append(line)
+        else:
+            logged.append(f"(protoc: {match.group(1)})")
+    return "\n".join(errors + logged)
 
 
 class ProtobufSchemas:
@@ -103,7 +124,7 @@ class ProtobufSchemas:
 
     def __init__(self, client):
         self.client = client
-        self.builtins = _builtin_files()
+        self.builtins = builtin_files()
         self._files: dict[int, FileDescriptor | ValueError] = {}
         self._references: dict[tuple[str, int], descriptor_pb2.FileDescriptorProto] = {}
 
@@ -124,24 +145,7 @@ class ProtobufSchemas:
         """A registered schema (`Schema` with references) as a file in its own pool."""
         files: dict[str, descriptor_pb2.FileDescriptorProto] = {}
         main = self._with_imports(schema, name, files, ())
-        pool = DescriptorPool()
-        added: set[str] = set()
-
-        def add(proto: descriptor_pb2.FileDescriptorProto) -> None:
-            if proto.name in added:
-                return
-            for dependency in proto.dependency:
-                add(files.get(dependency) or self._builtin(dependency, proto.name))
-            pool.Add(proto)
-            added.add(proto.name)
-
-        add(main)
-        return pool.FindFileByName(main.name)
-
-    def _builtin(self, name: str, importer: str) -> descriptor_pb2.FileDescriptorProto:
-        if name not in self.builtins:
-            raise ValueError(f"Protobuf schema {importer!r} imports {name!r}, which is neither a registry reference nor a well-known type")
-        return self.builtins[name]
+        return in_pool(main, {**self.builtins, **files})
 
     def _with_imports(self, schema, name: str, files: dict, chain: tuple[str, ...]) -> descriptor_pb2.FileDescriptorProto:
         """Resolve `schema`'s references into `files` (depth first), then parse `schema` itself with them."""
@@ -157,6 +161,26 @@ class ProtobufSchemas:
             files[ref.name] = self._references[key]
         deps = list(self.builtins.values()) + list(files.values())
         return parse_file(name, schema.schema_str, deps)
+
+
+def in_pool(main: descriptor_pb2.FileDescriptorProto, files: dict[str, descriptor_pb2.FileDescriptorProto]) -> FileDescriptor:
+    """`main` in a pool of its own with what it imports (from `files`, by import name), imports added first."""
+    pool = DescriptorPool()
+    added: set[str] = set()
+
+    def add(proto: descriptor_pb2.FileDescriptorProto) -> None:
+        if proto.name in added:
+            return
+        for dependency in proto.dependency:
+            if dependency not in files:
+                raise ValueError(f"Protobuf schema {proto.name!r} imports {dependency!r}, which is neither a registry "
+                                 "reference nor a well-known type")  # fmt: skip
+            add(files[dependency])
+        pool.Add(proto)
+        added.add(proto.name)
+
+    add(main)
+    return pool.FindFileByName(main.name)
 
 
 def message_at(file: FileDescriptor, indexes: list[int]) -> Descriptor:
@@ -212,7 +236,8 @@ def _all_names(file: FileDescriptor) -> list[str]:
     def walk(descriptor: Descriptor) -> None:
         names.append(descriptor.full_name)
         for nested in descriptor.nested_types:
-            walk(nested)
+            if not nested.GetOptions().map_entry:  # a map field's entry type is no message a table could read
+                walk(nested)
 
     for top in file.message_types_by_name.values():
         walk(top)

@@ -84,8 +84,9 @@ class SchemaRegistrySpec(Model):
     """A Confluent-compatible registry (`url`, the default type) or an AWS Glue Schema Registry (`type: glue`).
 
     Glue: `registryName`, `region`; `schemaName` names the table's schema in the registry (`{topic}` is replaced;
-    default `{topic}-value`); `endpoint` only for local runs (e.g. a moto server). AWS credentials come from the
-    environment (the job's role on EMR), never from the config.
+    default `{topic}-value`), `keySchemaName` the schema of its Kafka keys when a `keyFormat` reads them through the
+    registry (default `{topic}-key`, the Python serializer's naming); `endpoint` only for local runs (e.g. a moto
+    server). AWS credentials come from the environment (the job's role on EMR), never from the config.
     """
 
     type: Literal["confluent", "glue"] = "confluent"
@@ -94,6 +95,7 @@ class SchemaRegistrySpec(Model):
     registry_name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.$#-]{1,255}$")] | None = None
     region: Annotated[str, StringConstraints(pattern=r"^[a-z]{2}(-[a-z]+)+-\d$")] | None = None
     schema_name: Annotated[str, StringConstraints(min_length=1, max_length=255)] = "{topic}-value"
+    key_schema_name: Annotated[str, StringConstraints(min_length=1, max_length=255)] = "{topic}-key"
     endpoint: Annotated[str, StringConstraints(pattern=r"^https?://")] | None = None
 
     @model_validator(mode="after")
@@ -103,15 +105,32 @@ class SchemaRegistrySpec(Model):
                 raise ValueError("a Confluent-compatible schemaRegistry needs url (or type: glue)")
             glue_only = [k for k, v in (("registryName", self.registry_name), ("region", self.region),
                                         ("endpoint", self.endpoint)) if v is not None]  # fmt: skip
-            if glue_only or self.schema_name != "{topic}-value":
-                raise ValueError(f"{', '.join(glue_only) or 'schemaName'} only apply with type: glue")
+            named = [k for k, v, default in (("schemaName", self.schema_name, "{topic}-value"),
+                                             ("keySchemaName", self.key_schema_name, "{topic}-key")) if v != default]  # fmt: skip
+            if glue_only or named:
+                raise ValueError(f"{', '.join(glue_only + named)} only apply with type: glue")
         else:
             if self.registry_name is None or self.region is None:
                 raise ValueError("a Glue schemaRegistry (type: glue) needs registryName and region")
             if self.url is not None or self.credentials_secret is not None:
                 raise ValueError("a Glue schemaRegistry takes no url or credentialsSecret (AWS credentials come "
                                  "from the environment: the job's role)")  # fmt: skip
+            if self.schema_name == self.key_schema_name:
+                raise ValueError(f"schemaName and keySchemaName are both {self.schema_name!r}: keys and values need "
+                                 "schemas of their own (the table's columns come from the latest value version)")
         return self
+
+    @field_validator("schema_name", "key_schema_name")
+    @classmethod
+    def _only_topic_placeholder(cls, value: str, info: ValidationInfo) -> str:
+        rest = value.replace("{topic}", "")  # Glue schema names have no braces: any left is a typo
+        if "{" in rest or "}" in rest:
+            raise ValueError(f"{to_camel(info.field_name)} {value!r}: the only placeholder is {{topic}}")
+        return value
+
+    def glue_schema(self, topic: str, key: bool = False) -> str:
+        """The name of a topic's value (or key) schema in a Glue registry."""
+        return (self.key_schema_name if key else self.schema_name).replace("{topic}", topic)
 
 
 # arn:aws:kafka:<region>:<account>:cluster/<cluster name>/<cluster uuid>, as MSK names a provisioned or serverless cluster.
@@ -478,10 +497,6 @@ class IcefloeConfig(Model):
                 raise ValueError(
                     f"tables[{index}] ({table.topic}): sourceCluster {table.source_cluster!r} is not one of {names}"
                 )
-            registry = self.cluster(table.source_cluster).schema_registry
-            if table.format == "protobuf" and registry is not None and registry.type == "glue":
-                raise ValueError(f"tables[{index}] ({table.topic}): format protobuf is not supported with a Glue "
-                                 "schema registry (the AWS Python library has no Protobuf); use avro or json-schema")  # fmt: skip
             ident = self.identifier(table)
             if ident in seen:
                 raise ValueError(f"tables[{index}] ({table.topic}): table {ident} is also declared by {seen[ident]}")
