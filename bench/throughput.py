@@ -7,6 +7,7 @@ SparkSession (`local[*]`), interleaved R times so load from other users hits eve
   icefloe       `run_table` into a fresh Iceberg table: plan, read, decode, write, commit (Spark start excluded)
   sink          Spark appending the same rows, already decoded and cached, to a fresh Iceberg table
 and once: python-source, one confluent-kafka consumer in this process (`fetch.queue.backoff.ms=5`).
+A run's fixed cost is measured apart: batches of 1,000 records on a table that already exists.
 Medians over the R rounds are reported. MiB = key + value bytes; per core = MiB/s / the machine's cores. CPU
 columns give the CPU seconds the Spark JVM (with its Python workers) and the broker used: MiB per Spark CPU-second
 is a rate that load from other processes barely moves. Then a batch of --memory-records `trades` records runs
@@ -334,6 +335,26 @@ def bench_memory(spark, state: Path, records: int, broker, registry, stage: Stag
     }
 
 
+def bench_fixed_cost(spark, state: Path, broker, registry, stage: Stage, runs: int, records: int = 1000) -> dict:
+    """A run's fixed cost: batches of `records` trades on a table that exists (steady state: the table's first run,
+    which creates it, is excluded). What remains is planning, registry lookups, table and branch metadata, the
+    write job's setup and the commit."""
+    config = table_config(broker.bootstrap_servers, registry.url, "bench_trades", "fixed_cost", records)
+    run_table(spark, config, config.tables[0], state)
+    timed = []
+    for _ in range(runs):
+        timed.append(stage.run(lambda: run_table(spark, config, config.tables[0], state)))
+        assert timed[-1]["result"].rows_written == records, timed[-1]["result"].describe()
+    return {
+        "records_per_batch": records,
+        "runs": runs,
+        "seconds_median": round(statistics.median(r["seconds"] for r in timed), 2),
+        "seconds_all": [round(r["seconds"], 2) for r in timed],
+        "spark_cpu_s_median": statistics.median(r["spark_cpu_s"] for r in timed),
+        "load_1m": [r["load_1m"] for r in timed],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000, help="records of the ~200 B shape")
@@ -355,6 +376,7 @@ def main() -> None:
             jvm_pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())
             stage, peaks = Stage(jvm_pid, broker.pid), HeapPeaks(spark, jvm_pid)
             shapes = [bench_shape(spark, work / "state", "trades", args.records, args.rounds, broker, registry, stage, cores, peaks)]
+            fixed_cost = bench_fixed_cost(spark, work / "state", broker, registry, stage, args.rounds + 2)
             if args.orders:
                 shapes.append(bench_shape(spark, work / "state", "orders", args.orders, args.rounds, broker, registry, stage, cores, peaks))
             memory = bench_memory(spark, work / "state", args.memory_records, broker, registry, stage, peaks, jvm_pid) if args.memory_records else None
@@ -373,6 +395,7 @@ def main() -> None:
         "spark_start_s": round(spark_start_s, 1),
         "partitions": PARTITIONS,
         "shapes": shapes,
+        "fixed_cost": fixed_cost,
         "memory": memory,
     }
     RESULTS.mkdir(exist_ok=True)
@@ -405,6 +428,16 @@ def markdown(report: dict) -> str:
             "Ratios (MiB/s): " + ", ".join(f"{k} {v}" for k, v in shape["ratios"].items()) + ".",
             "",
         ]  # fmt: skip
+    fixed = report.get("fixed_cost")
+    if fixed:
+        lines += [
+            f"## Fixed cost of a run: batches of {fixed['records_per_batch']:,} `trades` records on an existing table",
+            "",
+            f"Median {fixed['seconds_median']} s over {fixed['runs']} runs ({fixed['seconds_all']}), Spark CPU "
+            f"{fixed['spark_cpu_s_median']} s, load {fixed['load_1m']}: planning, registry lookups, table and branch "
+            "metadata, the write job's setup and the commit, paid by every batch whatever its size.",
+            "",
+        ]
     memory = report["memory"]
     if memory:
         lines += [
