@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import subprocess
+import sys
 import uuid
 import zlib
 from decimal import Decimal
@@ -62,6 +65,29 @@ def test_the_wire_format_is_split_and_refused_naming_the_problem():
                           (b"\x03\x05" + version.bytes + b"not zlib", "does not decompress")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
             split(data)
+
+
+def test_a_fresh_worker_reads_the_logical_types_fastavro_lacks():
+    """fastavro's logical readers are per process: a Python worker that decodes only Glue tables must still read uuid
+    on fixed(16), timestamp-nanos and duration as the table's types, not as their base types."""
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "u", "type": {"type": "fixed", "name": "U", "size": 16, "logicalType": "uuid"}},
+        {"name": "t", "type": {"type": "long", "logicalType": "timestamp-nanos"}},
+        {"name": "d", "type": {"type": "fixed", "name": "D", "size": 12, "logicalType": "duration"}}]}  # fmt: skip
+    script = f"""
+import io, json, fastavro
+from icefloe.glue_registry import avro_payload
+schema = json.loads({json.dumps(json.dumps(schema))})
+body = io.BytesIO()
+fastavro.schemaless_writer(body, fastavro.parse_schema(schema), {{"u": bytes(range(16)), "t": 1_500_999,
+                                                               "d": bytes([1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0])}})
+print(repr(avro_payload(json.dumps(schema), json.dumps(schema))(body.getvalue())))
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}  # this icefloe, however pytest found it
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == repr({
+        "u": uuid.UUID(bytes=bytes(range(16))), "t": dt.datetime(1970, 1, 1, 0, 0, 0, 1500, tzinfo=UTC),
+        "d": {"months": 1, "days": 2, "milliseconds": 3}})  # fmt: skip
 
 
 class Glue:

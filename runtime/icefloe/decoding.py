@@ -9,43 +9,18 @@ environment (registry unreachable) raises `SourceError`, which must never be tre
 
 from __future__ import annotations
 
-import datetime as dt
 import io
 import json
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from . import avro_logical
 from .errors import ConfigError, IcefloeError, SourceError
 from .credential_lookup import resolve_credentials
 from .spec import SchemaRegistrySpec, SourceCluster, TableSpec
 
 Decoder = Callable[[bytes], Any]
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-_LOCAL_EPOCH = dt.datetime(1970, 1, 1)
-
-
-def _nanos(epoch: dt.datetime) -> Callable[..., dt.datetime]:
-    # Iceberg v2 timestamps are microseconds: nanoseconds are truncated (rounded down, also before the epoch).
-    return lambda data, *schemas: epoch + dt.timedelta(microseconds=data // 1000)
-
-
-def _duration(data: bytes, *schemas) -> dict[str, int]:
-    """Avro's duration: three unsigned little-endian 32-bit counts."""
-    months, days, millis = (int.from_bytes(data[i : i + 4], "little") for i in (0, 4, 8))
-    return {"months": months, "days": days, "milliseconds": millis}
-
-
-def _register_logical_readers() -> None:
-    """Logical types fastavro does not read yet, read as schema_mapping maps them (one registry for the process,
-    used by confluent-kafka's deserializer too)."""
-    from fastavro.read import LOGICAL_READERS
-
-    LOGICAL_READERS.setdefault("long-timestamp-nanos", _nanos(_EPOCH))
-    LOGICAL_READERS.setdefault("long-local-timestamp-nanos", _nanos(_LOCAL_EPOCH))
-    LOGICAL_READERS.setdefault("fixed-uuid", lambda data, *schemas: uuid.UUID(bytes=data))
-    LOGICAL_READERS.setdefault("fixed-duration", _duration)
 
 
 @dataclass(frozen=True)
@@ -293,7 +268,7 @@ def _inline_avro_decoder(schema_str: str) -> Decoder:
     """Confluent wire format (magic byte 0, 4-byte schema id) decoded with the inline schema; the id is ignored."""
     import fastavro
 
-    _register_logical_readers()
+    avro_logical.register()
     schema = fastavro.parse_schema(json.loads(schema_str))
 
     def decode(data: bytes) -> Any:
@@ -316,7 +291,7 @@ def _registry_avro_decoder(spec: DecoderSpec, reader_schema: str | None, key: bo
     from confluent_kafka.schema_registry.avro import AvroDeserializer
     from confluent_kafka.serialization import MessageField, SerializationContext, SerializationError
 
-    _register_logical_readers()
+    avro_logical.register()
     client = SchemaRegistryClient(spec.registry_conf)
     deserializer = AvroDeserializer(client, schema_str=reader_schema, return_record_name=names)
     context = SerializationContext(spec.topic, MessageField.KEY if key else MessageField.VALUE)

@@ -126,8 +126,10 @@ def avro_payload(writer: str, reader: str) -> Decoder:
     """An Avro payload written with `writer`, resolved to the table's schema `reader` (unions as member structs)."""
     import fastavro
 
+    from . import avro_logical
     from .avro_unions import needs_record_names, rewriter
 
+    avro_logical.register()
     writer_schema, reader_schema = fastavro.parse_schema(json.loads(writer)), fastavro.parse_schema(json.loads(reader))
     names = needs_record_names(reader)
     rewrite = rewriter(reader, names) or (lambda value: value)
