@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -16,10 +17,12 @@ from decimal import Decimal
 
 import pytest
 
+from icefloe.data_plane import JVM, PYTHON
 from icefloe.decoding import decoder_spec
 from icefloe.errors import ConfigError
 from icefloe.glue_registry import split
 from icefloe.materializer import materialize_once
+from icefloe.runner import run_table
 from icefloe.spec import parse_config
 from support import by_position, produce, read_duckdb, read_pyiceberg
 from test_poison import MAX_BYTES, check_mode, lay_out
@@ -149,9 +152,9 @@ def avro_row(value: dict) -> dict:
             {"member0": None, "member1": ref}}  # fmt: skip
 
 
-def check_end_to_end(spark, broker, glue, state_dir, topic, schemas, make_value, as_row, **table):
+def check_end_to_end(spark, broker, glue, state_dir, topic, schemas, make_value, as_row, read_path, **table):
     """20 records written with the first version, 6 with the second (zlib framing in both); all read with the second's
-    columns, back from pyiceberg and DuckDB."""
+    columns on `read_path`, back from pyiceberg and DuckDB."""
     first, second = schemas
     broker.create_topic(topic, 2)
     values = [(make_value(i), glue.serialize(topic, first, make_value(i), compressed=i % 4 == 0)) for i in range(20)]
@@ -163,7 +166,7 @@ def check_end_to_end(spark, broker, glue, state_dir, topic, schemas, make_value,
 
     result = materialize_once(spark, config, config.tables[0])
 
-    assert result.rows_written == len(values) and result.records_failed == 0 and result.read_path == "python"
+    assert result.rows_written == len(values) and result.records_failed == 0 and result.read_path == read_path
     expected = {p: as_row(v) for p, (v, _) in zip(positions, values)}
     rows = by_position(read_pyiceberg(state_dir, result.identifier))
     assert {p: {k: r[k] for k in expected[p]} for p, r in rows.items()} == expected, "older records read as the latest"
@@ -174,7 +177,7 @@ def check_end_to_end(spark, broker, glue, state_dir, topic, schemas, make_value,
 @pytest.mark.spark
 @pytest.mark.broker
 def test_glue_avro_end_to_end_with_evolution_and_zlib(spark, broker, moto_aws, aws_env, state_dir, topic):
-    check_end_to_end(spark, broker, Glue(moto_aws, f"reg-{topic}"[:60]), state_dir, topic, (V1, V2), payment, avro_row)
+    check_end_to_end(spark, broker, Glue(moto_aws, f"reg-{topic}"[:60]), state_dir, topic, (V1, V2), payment, avro_row, JVM)
 
 
 @pytest.mark.spark
@@ -197,7 +200,52 @@ def test_glue_poison_catalogue(spark, broker, moto_aws, aws_env, state_dir, topi
     ]
     goods, bads = lay_out(broker, topic, poisons, lambda i: glue.serialize(topic, V1, payment(i)))
     config = _parsed(glue.config(topic, errors=mode, maxRecordBytes=MAX_BYTES), broker)
-    check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
+    result = check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
+    assert result is None or result.read_path == JVM, "the JVM path hands every poison to the Python decoder"
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_glue_avro_takes_the_jvm_path_and_its_rows_are_the_python_paths(
+    spark, broker, moto_aws, aws_env, state_dir, topic, caplog
+):
+    """Versions V1 and V2 decoded by `from_avro`; compressed payloads, unknown versions and what the JVM cannot decode
+    exactly go to the Python decoder. Every row (values, status, error) is the Python path's row."""
+    from test_jvm_path import rows_on_both_paths
+
+    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+    broker.create_topic(topic, 2)
+    valid = [glue.serialize(topic, V1, payment(i)) for i in range(30)]
+    valid += [glue.serialize(topic, V2, payment(i, note=True)) for i in range(30, 40)]
+    sample = valid[1]  # payer "p1": id 1 (0x02), union branch 1 (0x02), a 2-byte string (0x04) at byte 21
+    for_python = [
+        glue.serialize(topic, V1, payment(50), compressed=True),  # zlib: decompressed in Python
+        sample[:2] + uuid.uuid4().bytes + sample[18:],  # unknown version
+        sample[:21],  # truncated
+        sample[:21] + b"\x04\xff\xfe" + sample[24:],  # payer not UTF-8
+        sample[:18],  # header only
+        b"\x00\x00\x00\x00\x01" + sample[18:],  # Confluent framing
+        b"",
+    ]
+    assert sample[18:21] == b"\x02\x02\x04" and sample[21:23] == b"p1"
+    values = valid + for_python + [None]
+    produce(broker.bootstrap_servers, topic, [{"key": b"k%d" % i, "value": v, "partition": i % 2} for i, v in enumerate(values)])
+    config = _parsed(glue.config(topic, errors="skip"), broker)
+
+    path, jvm, jvm_rows, python_rows = rows_on_both_paths(spark, config)
+
+    assert path.name == JVM and len(path.avro.writers) == 2, path.reason
+    assert len(python_rows) == len(values) and sum(r["icefloe_error_class"] is not None for r in python_rows.values()) == 6
+    for position, expected in python_rows.items():
+        assert jvm_rows[position] == expected, position
+    exact, observation = jvm.exact_rows("probe")
+    exact.write.format("noop").mode("overwrite").save()
+    assert observation.get == {"rows": len(values), "for_python": len(for_python)}, "only those records go to Python"
+
+    with caplog.at_level(logging.INFO, logger="icefloe.materializer"):
+        result = run_table(spark, config, config.tables[0], state_dir)
+    assert result.as_dict()["read_path"] == JVM and result.rows_written == len(values) - 6 and result.records_failed == 6
+    assert any("read path jvm: Kafka source and from_avro (writer schemas " in r.getMessage() for r in caplog.records)
 
 
 # --- JSON Schema through Glue ---------------------------------------------------------------------------------------
@@ -252,7 +300,7 @@ def test_a_glue_schema_of_another_data_format_than_the_table_reads_is_a_config_e
 @pytest.mark.broker
 def test_glue_json_schema_end_to_end_with_evolution_and_zlib(spark, broker, moto_aws, aws_env, state_dir, topic):
     glue = Glue(moto_aws, f"reg-{topic}"[:60])
-    check_end_to_end(spark, broker, glue, state_dir, topic, (J1, J2), json_payment, json_row, format="json-schema")
+    check_end_to_end(spark, broker, glue, state_dir, topic, (J1, J2), json_payment, json_row, PYTHON, format="json-schema")
 
 
 @pytest.mark.spark

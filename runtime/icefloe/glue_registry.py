@@ -4,7 +4,8 @@ Wire format (the AWS serializers', Java `GlueSchemaRegistryKafkaSerializer` and 
 byte 0x03, a compression byte (0x00 none, 0x05 zlib), the 16-byte schema version UUID, then the payload as the
 version's data format writes it. The table's schema is the latest version of the schema named `schemaName` in the
 registry (default `{topic}-value`, the Python serializer's naming; the Java serializer names a schema after the
-topic: `schemaName: "{topic}"`). Executors fetch each writer version by its UUID (GetSchemaVersion) once.
+topic: `schemaName: "{topic}"`). Executors fetch each writer version by its UUID (GetSchemaVersion) once; for the
+JVM path (avro_jvm) the driver fetches the schema's newest Avro versions by number (`avro_versions`).
 
 The payload decoder is chosen by the version's DataFormat from `PAYLOAD_DECODERS` (and the table's columns by the
 latest version's from `VALUE_FIELDS`): Avro is here, JSON Schema is json_schema_format's (each record validated
@@ -55,26 +56,60 @@ def _where(conf: dict[str, str]) -> str:
 
 def latest_version(conf: dict[str, str]) -> tuple[str, str]:
     """(data format, definition) of the latest version of the table's schema (driver side)."""
+    found = _latest(glue_client(conf), conf)
+    return found["DataFormat"], found["SchemaDefinition"]
+
+
+def avro_versions(conf: dict[str, str], newest: int) -> dict[UUID, str]:
+    """Version UUID -> definition of the `newest` available versions of the table's Avro schema (driver side: the
+    JVM path decodes the records written with them). Asked by version number: ListSchemaVersions gives no
+    definitions (one GetSchemaVersion each anyway), and moto does not serve it."""
+    client = glue_client(conf)
+    latest = _latest(client, conf)
+    found = {}
+    for number in range(max(1, latest["VersionNumber"] - newest + 1), latest["VersionNumber"] + 1):
+        version = _schema_version(client, conf, SchemaId=_schema_id(conf), SchemaVersionNumber={"VersionNumber": number})
+        # (a deleted version is gone; a pending or failed one is left to the Python decoder, as any unknown UUID)
+        if version is not None and version["Status"] == "AVAILABLE" and version["DataFormat"] == "AVRO":
+            found[UUID(version["SchemaVersionId"])] = version["SchemaDefinition"]
+    return found
+
+
+def _latest(client, conf: dict[str, str]) -> dict:
+    found = _schema_version(client, conf, SchemaId=_schema_id(conf), SchemaVersionNumber={"LatestVersion": True})
+    if found is None:
+        raise ConfigError(f"no schema named {conf['schema']!r} in the {_where(conf)}")
+    return found
+
+
+def _schema_id(conf: dict[str, str]) -> dict[str, str]:
+    return {"RegistryName": conf["registry"], "SchemaName": conf["schema"]}
+
+
+def _schema_version(client, conf: dict[str, str], missing=("EntityNotFoundException",), **where) -> dict | None:
+    """GetSchemaVersion; None where the registry does not have the version (error codes `missing`); any other
+    failure is the environment's (`SourceError`)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        found = glue_client(conf).get_schema_version(
-            SchemaId={"RegistryName": conf["registry"], "SchemaName": conf["schema"]},
-            SchemaVersionNumber={"LatestVersion": True},
-        )
+        return client.get_schema_version(**where)
     except ClientError as error:
-        if error.response["Error"]["Code"] == "EntityNotFoundException":
-            raise ConfigError(f"no schema named {conf['schema']!r} in the {_where(conf)}") from None
+        if error.response["Error"]["Code"] in missing:
+            return None
         raise SourceError(f"{_where(conf)}: {error}") from None
     except BotoCoreError as error:
         raise SourceError(f"{_where(conf)} unreachable: {error}") from None
-    return found["DataFormat"], found["SchemaDefinition"]
 
 
 def value_fields(data_format: str, definition: str, subject: str) -> list:
     if data_format not in VALUE_FIELDS:
         raise ConfigError(f"{subject}: the Glue schema's data format {data_format} has no decoder in icefloe")
     return VALUE_FIELDS[data_format](definition, subject)
+
+
+def frame(version: UUID) -> bytes:
+    """The bytes before an uncompressed payload written with `version`."""
+    return bytes([HEADER, 0x00]) + version.bytes
 
 
 def split(data: bytes) -> tuple[UUID, bytes]:
@@ -94,20 +129,13 @@ def split(data: bytes) -> tuple[UUID, bytes]:
 
 def decoder(conf: dict[str, str], table_schema: str) -> Decoder:
     """Decodes Glue-framed values: writer versions fetched by UUID, payloads by the version's data format."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     client = glue_client(conf)
     decoders: dict[UUID, Decoder] = {}
 
     def for_version(version: UUID) -> Decoder:
-        try:
-            found = client.get_schema_version(SchemaVersionId=str(version))
-        except ClientError as error:
-            if error.response["Error"]["Code"] in ("EntityNotFoundException", "InvalidInputException"):
-                raise ValueError(f"schema version {version} is not in the {_where(conf)}") from None
-            raise SourceError(f"{_where(conf)}: {error}") from None
-        except BotoCoreError as error:
-            raise SourceError(f"{_where(conf)} unreachable: {error}") from None
+        found = _schema_version(client, conf, ("EntityNotFoundException", "InvalidInputException"), SchemaVersionId=str(version))
+        if found is None:
+            raise ValueError(f"schema version {version} is not in the {_where(conf)}")
         data_format = found["DataFormat"]
         if data_format != conf["data_format"]:  # the table's columns come from a schema of another format
             raise ValueError(f"schema version {version} is {data_format}; the table reads {conf['data_format']}")
