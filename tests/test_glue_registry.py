@@ -196,8 +196,10 @@ def test_glue_poison_catalogue(spark, broker, moto_aws, aws_env, state_dir, topi
         ("truncated avro", "DecodeError", b"k", sample[:21]),
         ("header only", "DecodeError", b"k", sample[:18]),
         ("another schema's version", "DecodeError", b"k", foreign),
+        ("negative union branch index", "DecodeError", b"k", sample[:19] + b"\x01" + sample[20:]),  # payer: -1, not 1
         ("oversized record", "RecordTooLarge", b"k", sample[:18] + b"\x00" * (MAX_BYTES + 1)),
     ]
+    assert sample[19] == 0x02, "payer's branch index: 1"
     goods, bads = lay_out(broker, topic, poisons, lambda i: glue.serialize(topic, V1, payment(i)))
     config = _parsed(glue.config(topic, errors=mode, maxRecordBytes=MAX_BYTES), broker)
     result = check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from . import avro_logical
+from . import fastavro_gaps
 from .errors import ConfigError, IcefloeError, SourceError
 from .credential_lookup import resolve_credentials
 from .spec import SchemaRegistrySpec, SourceCluster, TableSpec
@@ -268,8 +268,8 @@ def _inline_avro_decoder(schema_str: str) -> Decoder:
     """Confluent wire format (magic byte 0, 4-byte schema id) decoded with the inline schema; the id is ignored."""
     import fastavro
 
-    avro_logical.register()
-    schema = fastavro.parse_schema(json.loads(schema_str))
+    fastavro_gaps.register()
+    schema = fastavro_gaps.guarded(fastavro.parse_schema(json.loads(schema_str)))
 
     def decode(data: bytes) -> Any:
         if len(data) < 5 or data[0] != 0:
@@ -277,6 +277,8 @@ def _inline_avro_decoder(schema_str: str) -> Decoder:
         buffer = io.BytesIO(data[5:])
         try:
             value = fastavro.schemaless_reader(buffer, schema, None)
+        except fastavro_gaps.UnionIndexError:
+            raise
         except Exception as error:  # fastavro raises many types on corrupt input
             raise ValueError(f"Avro payload does not match the inline schema ({type(error).__name__})") from None  # its text may quote data
         if buffer.tell() != len(data) - 5:
@@ -291,9 +293,13 @@ def _registry_avro_decoder(spec: DecoderSpec, reader_schema: str | None, key: bo
     from confluent_kafka.schema_registry.avro import AvroDeserializer
     from confluent_kafka.serialization import MessageField, SerializationContext, SerializationError
 
-    avro_logical.register()
+    class GuardedAvroDeserializer(AvroDeserializer):
+        def _get_parsed_schema(self, schema):  # writer and reader schemas (parsed once, cached by confluent-kafka)
+            return fastavro_gaps.guarded(super()._get_parsed_schema(schema))
+
+    fastavro_gaps.register()
     client = SchemaRegistryClient(spec.registry_conf)
-    deserializer = AvroDeserializer(client, schema_str=reader_schema, return_record_name=names)
+    deserializer = GuardedAvroDeserializer(client, schema_str=reader_schema, return_record_name=names)
     context = SerializationContext(spec.topic, MessageField.KEY if key else MessageField.VALUE)
 
     def avro(data: bytes) -> Any:

@@ -154,19 +154,22 @@ def avro_payload(writer: str, reader: str) -> Decoder:
     """An Avro payload written with `writer`, resolved to the table's schema `reader` (unions as member structs)."""
     import fastavro
 
-    from . import avro_logical
     from .avro_unions import needs_record_names, rewriter
+    from .fastavro_gaps import UnionIndexError, guarded, register, unpadded
 
-    avro_logical.register()
-    writer_schema, reader_schema = fastavro.parse_schema(json.loads(writer)), fastavro.parse_schema(json.loads(reader))
+    register()
+    writer_schema = guarded(fastavro.parse_schema(json.loads(writer)))
+    reader_schema = guarded(fastavro.parse_schema(json.loads(reader)))
     names = needs_record_names(reader)
     rewrite = rewriter(reader, names) or (lambda value: value)
 
     def decode(payload: bytes) -> Any:
         try:
             value = fastavro.schemaless_reader(io.BytesIO(payload), writer_schema, reader_schema, names)
+        except UnionIndexError:
+            raise
         except Exception as error:  # fastavro raises many types on corrupt input
-            raise ValueError(f"Avro payload cannot be decoded: {type(error).__name__}: {error}") from None
+            raise ValueError(f"Avro payload cannot be decoded: {type(error).__name__}: {unpadded(str(error))}") from None
         return rewrite(value)
 
     return decode
