@@ -199,8 +199,9 @@ def test_logs_errors_and_json_never_carry_a_bad_records_values(broker, registry,
 @pytest.mark.broker
 def test_the_demo_shows_protobuf_and_json_schema_topics_end_to_end(broker, registry, spark, state_dir, tmp_path, monkeypatch, capsys, caplog):
     """`icefloe demo --format protobuf|json-schema` as a user runs it, on the session's broker, registry and Spark
-    (they stand in for the ones the demo starts; the fixtures start them the same way): every trade in the table
-    with its values, read on the Python path; the second run commits nothing; DuckDB's sums per symbol printed."""
+    (they stand in for the ones the demo starts: the session starts them with the demo's own `local_services`): every
+    trade in the table with its values, read on the Python path; the second run commits nothing; DuckDB's sums per
+    symbol printed."""
     @contextmanager
     def running(demo_state):
         yield broker, registry

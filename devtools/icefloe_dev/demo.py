@@ -75,7 +75,8 @@ def _trades(format: str, records: int, work: Path):
 
 @contextmanager
 def local_services(state_dir: Path) -> Iterator[tuple[KafkaBroker, SchemaRegistry]]:
-    """The demo's broker and registry, started side by side, stopped when the demo ends."""
+    """A broker and a registry under `state_dir`, started side by side (their start-up times overlap), stopped at the
+    end (the demo's, and the test session's)."""
     broker, registry = KafkaBroker(state_dir / "kafka"), SchemaRegistry(state_dir / "registry")
     start_together(broker, registry)
     try:
