@@ -346,3 +346,40 @@ def test_glue_json_schema_poison_catalogue(spark, broker, moto_aws, aws_env, sta
     assert "is AVRO; the table reads JSON" in messages["an avro version on a json table"]
     assert "note" in messages["valid for its writer, not the table's type"]
     assert not [m for m in messages.values() if "987654" in m or "SECRET" in m], "errors name the rule, never the value"
+
+
+def test_a_later_batch_asks_glue_only_for_the_latest_version(moto_aws, monkeypatch, topic):
+    """Continuous runs plan a batch every `refresh`: available versions are immutable and fetched once per process;
+    the latest is asked every batch, and a version registered since the previous batch is picked up."""
+    from icefloe import glue_registry
+
+    for key, value in moto_aws.aws_env().items():
+        monkeypatch.setenv(key, value)
+    glue = Glue(moto_aws, f"reg-{topic}"[:60])
+    v3 = {**V2, "fields": [*V2["fields"], {"name": "memo", "type": ["null", "string"], "default": None}]}
+    calls = []
+    real_client = glue_registry.glue_client
+
+    def counted(conf):
+        client = real_client(conf)
+        client.meta.events.register("provide-client-params.glue.*", lambda params, model, **_: calls.append((model.name, params)))
+        return client
+
+    monkeypatch.setattr(glue_registry, "glue_client", counted)
+    for schema in (V1, V2):
+        glue.serialize(topic, schema, payment(1))
+    conf = {"registry": glue.name, "region": "us-east-1", "endpoint": moto_aws.endpoint, "schema": f"{topic}-value"}
+
+    def batch() -> dict:
+        calls.clear()
+        versions = glue_registry.avro_versions(conf, 100)
+        return {version: json.loads(text)["fields"][-1]["name"] for version, text in versions.items()}
+
+    first = batch()
+    assert len(first) == 2 and len(calls) == 2  # the latest (2), then version 1 by number
+    assert batch() == first and [params["SchemaVersionNumber"] for _, params in calls] == [{"LatestVersion": True}]
+    glue.serialize(topic, v3, payment(1))  # registered between two batches
+    third = batch()
+    assert sorted(third.values()) == ["memo", "note", "ref"] and len(calls) == 1  # the new latest is the only ask
+    assert third.items() > first.items()
+

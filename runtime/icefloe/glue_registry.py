@@ -5,7 +5,8 @@ byte 0x03, a compression byte (0x00 none, 0x05 zlib), the 16-byte schema version
 version's data format writes it. The table's schema is the latest version of the schema named `schemaName` in the
 registry (default `{topic}-value`, the Python serializer's naming; the Java serializer names a schema after the
 topic: `schemaName: "{topic}"`). Executors fetch each writer version by its UUID (GetSchemaVersion) once; for the
-JVM path (avro_jvm) the driver fetches the schema's newest Avro versions by number (`avro_versions`).
+JVM path (avro_jvm) the driver fetches the schema's newest Avro versions by number (`avro_versions`). An available
+version is immutable: each process fetches it once, so a continuous run asks Glue only for the latest version per batch.
 
 The payload decoder is chosen by the version's DataFormat from `PAYLOAD_DECODERS` (and the table's columns by the
 latest version's from `VALUE_FIELDS`): Avro is here, JSON Schema is json_schema_format's (each record validated
@@ -63,16 +64,34 @@ def latest_version(conf: dict[str, str]) -> tuple[str, str]:
 def avro_versions(conf: dict[str, str], newest: int) -> dict[UUID, str]:
     """Version UUID -> definition of the `newest` available versions of the table's Avro schema (driver side: the
     JVM path decodes the records written with them). Asked by version number: ListSchemaVersions gives no
-    definitions (one GetSchemaVersion each anyway), and moto does not serve it."""
+    definitions (one GetSchemaVersion each anyway), and moto does not serve it. Only the latest is asked every
+    batch; an available version is immutable and comes from this process's cache (`_AVAILABLE`)."""
     client = glue_client(conf)
     latest = _latest(client, conf)
+    schema = (conf["endpoint"], latest["SchemaArn"])
+    numbers = _AVAILABLE.setdefault(schema, {})
+    if numbers.get(latest["VersionNumber"], latest["SchemaVersionId"]) != latest["SchemaVersionId"]:
+        numbers.clear()  # the schema was deleted and created again under the same name: its numbers start over
     found = {}
     for number in range(max(1, latest["VersionNumber"] - newest + 1), latest["VersionNumber"] + 1):
-        version = _schema_version(client, conf, SchemaId=_schema_id(conf), SchemaVersionNumber={"VersionNumber": number})
-        # (a deleted version is gone; a pending or failed one is left to the Python decoder, as any unknown UUID)
-        if version is not None and version["Status"] == "AVAILABLE" and version["DataFormat"] == "AVRO":
+        if number not in numbers:
+            where = {"SchemaId": _schema_id(conf), "SchemaVersionNumber": {"VersionNumber": number}}
+            version = latest if number == latest["VersionNumber"] else _schema_version(client, conf, **where)
+            # (a deleted version is gone; a pending or failed one is left to the Python decoder, as any unknown UUID)
+            if version is None or version["Status"] != "AVAILABLE":
+                continue
+            numbers[number] = version["SchemaVersionId"]
+            _VERSIONS[UUID(version["SchemaVersionId"])] = version
+        version = _VERSIONS[UUID(numbers[number])]
+        if version["DataFormat"] == "AVRO":
             found[UUID(version["SchemaVersionId"])] = version["SchemaDefinition"]
     return found
+
+
+# Per process: (endpoint, schema ARN) -> version number -> UUID of an AVAILABLE version, and UUID -> that version
+# (GetSchemaVersion's answer). An available version never changes, so continuous runs ask only for the latest.
+_AVAILABLE: dict[tuple[str, str], dict[int, str]] = {}
+_VERSIONS: dict[UUID, dict] = {}
 
 
 def _latest(client, conf: dict[str, str]) -> dict:
@@ -133,9 +152,12 @@ def decoder(conf: dict[str, str], table_schema: str) -> Decoder:
     decoders: dict[UUID, Decoder] = {}
 
     def for_version(version: UUID) -> Decoder:
-        found = _schema_version(client, conf, ("EntityNotFoundException", "InvalidInputException"), SchemaVersionId=str(version))
+        found = _VERSIONS.get(version) or _schema_version(
+            client, conf, ("EntityNotFoundException", "InvalidInputException"), SchemaVersionId=str(version))
         if found is None:
             raise ValueError(f"schema version {version} is not in the {_where(conf)}")
+        if found["Status"] == "AVAILABLE":
+            _VERSIONS[version] = found
         data_format = found["DataFormat"]
         if data_format != conf["data_format"]:  # the table's columns come from a schema of another format
             raise ValueError(f"schema version {version} is {data_format}; the table reads {conf['data_format']}")
