@@ -131,15 +131,34 @@ def _latest_schema(conf: dict[str, str], subject: str) -> str:
 
 
 def subject_schemas(conf: dict[str, str], subject: str, newest: int) -> dict[int, tuple[str, list]]:
-    """Schema id -> (Avro schema, its references) for the subject's `newest` versions (driver side)."""
+    """Schema id -> (Avro schema, its references) for the subject's `newest` versions (driver side).
+
+    A schema id's text never changes, but a version's id can: a hard-deleted version's number goes to the next
+    registration. So each batch lists the versions and asks for the latest (two calls), and the window is fetched
+    again only when either changed since this process's previous batch (`_SUBJECTS`). (Deleting versions below the
+    latest and registering as many again, the latest's schema last, goes unseen: their records are decoded in Python,
+    as any id not planned, from their id's own schema.)"""
     client = _registry_client(conf)
     found = {}
     with _registry_errors(conf, subject):
-        for version in sorted(client.get_versions(subject))[-newest:]:
-            registered = client.get_version(subject, version)
+        versions = sorted(client.get_versions(subject))[-newest:]
+        if not versions:
+            return found
+        latest = client.get_version(subject, versions[-1])
+        seen = (tuple(versions), latest.schema_id)
+        cached = _SUBJECTS.get((conf["url"], subject))
+        if cached is not None and cached[0] == seen:
+            return dict(cached[1])
+        for version in versions:
+            registered = latest if version == versions[-1] else client.get_version(subject, version)
             if registered.schema.schema_type in (None, "AVRO"):
                 found[registered.schema_id] = (registered.schema.schema_str, list(registered.schema.references or []))
+    _SUBJECTS[(conf["url"], subject)] = (seen, dict(found))
     return found
+
+
+# Per process: (registry URL, subject) -> ((version numbers, the latest's schema id), what subject_schemas found)
+_SUBJECTS: dict[tuple[str, str], tuple[tuple, dict[int, tuple[str, list]]]] = {}
 
 
 def _registry_client(conf: dict[str, str]):
