@@ -102,6 +102,7 @@ class Glue:
         self.moto, self.name = moto_aws, name
         client = moto_aws.client("glue")
         client.create_registry(RegistryName=name)
+        CREATED.append((client, name))
         self.registry = SchemaRegistryClient(client, registry_name=name, wait_interval_seconds=0.1)
         self.serializer = KafkaSerializer(self.registry)
 
@@ -123,6 +124,18 @@ class Glue:
         registry = {"type": "glue", "registryName": self.name, "region": "us-east-1", "endpoint": self.moto.endpoint}
         return {"sourceClusters": [{"name": "local", "bootstrapServers": "", "schemaRegistry": registry}],
                 "tables": [{"sourceCluster": "local", "topic": topic, **table}]}  # fmt: skip
+
+
+CREATED: list = []  # (Glue client, registry name) made by this module's tests
+
+
+@pytest.fixture(autouse=True)
+def _registries_deleted():
+    """moto holds at most 10 registries per account and region: each test's go when it ends."""
+    yield
+    while CREATED:
+        client, name = CREATED.pop()
+        client.delete_registry(RegistryId={"RegistryName": name})
 
 
 @pytest.fixture
