@@ -363,7 +363,8 @@ def test_glue_json_schema_poison_catalogue(spark, broker, moto_aws, aws_env, sta
 
 def test_a_later_batch_asks_glue_only_for_the_latest_version(moto_aws, monkeypatch, topic):
     """Continuous runs plan a batch every `refresh`: available versions are immutable and fetched once per process;
-    the latest is asked every batch, and a version registered since the previous batch is picked up."""
+    the latest is asked every batch, and a version registered since the previous batch is picked up, as is a schema
+    deleted and created again."""
     from icefloe import glue_registry
 
     for key, value in moto_aws.aws_env().items():
@@ -395,4 +396,10 @@ def test_a_later_batch_asks_glue_only_for_the_latest_version(moto_aws, monkeypat
     third = batch()
     assert sorted(third.values()) == ["memo", "note", "ref"] and len(calls) == 1  # the new latest is the only ask
     assert third.items() > first.items()
+    client, schema = moto_aws.client("glue"), {"RegistryName": glue.name, "SchemaName": f"{topic}-value"}
+    client.delete_schema(SchemaId=schema)  # created again under the same name: its version numbers start over
+    client.create_schema(RegistryId={"RegistryName": glue.name}, SchemaName=schema["SchemaName"], DataFormat="AVRO",
+                         Compatibility="BACKWARD", SchemaDefinition=json.dumps(v3))  # fmt: skip
+    again = batch()
+    assert list(again.values()) == ["memo"] and not again.keys() & third.keys() and len(calls) == 1
 
