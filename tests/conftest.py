@@ -22,17 +22,10 @@ def state_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def _services(state_dir):
     """The broker and the registry, started side by side (their start-up times overlap) once per test session."""
-    from icefloe_dev.kafka_broker import KafkaBroker
-    from icefloe_dev.processes import start_together
-    from icefloe_dev.schema_registry import SchemaRegistry
+    from icefloe_dev.demo import local_services
 
-    broker, registry = KafkaBroker(state_dir / "kafka"), SchemaRegistry(state_dir / "registry")
-    start_together(broker, registry)
-    try:
-        yield broker, registry
-    finally:
-        registry.stop()
-        broker.stop()
+    with local_services(state_dir) as services:
+        yield services
 
 
 @pytest.fixture(scope="session")

@@ -159,14 +159,43 @@ def _duck_map(value) -> dict:
 def test_union_poison_catalogue(spark, broker, registry, state_dir, topic, make_config, mode):
     from test_poison import check_mode, lay_out
 
-    schema = {"type": "record", "name": "U", "fields": [{"name": "id", "type": "long"}, {"name": "u", "type": ["string", "long"]}]}
-    serialize = avro_serializer(registry.url, topic, json.dumps(schema))
-    header = serialize({"id": 1, "u": "ab"})[:5]
-    # (A negative branch index is not here: fastavro, the Python path's decoder, reads index -1 as the last branch.)
-    poisons = [  # the body: id 1 (zigzag 0x02), the branch index (zigzag), the branch's value
-        ("union branch index out of range", "DecodeError", b"k", header + b"\x02\x0e\x04ab"),
-        ("truncated inside a union member", "DecodeError", b"k", header + b"\x02\x00\x08ab"),
-    ]
-    goods, bads = lay_out(broker, topic, poisons, lambda i: serialize({"id": i, "u": "s" if i % 2 else i}))
+    serialize = avro_serializer(registry.url, topic, json.dumps(POISONED))
+    header = serialize({"id": 1, "u": "ab", "n": None})[:5]
+    poisons = [(name, "DecodeError", b"k", header + body) for name, body in UNION_POISONS]
+    goods, bads = lay_out(broker, topic, poisons, lambda i: serialize({"id": i, "u": "s" if i % 2 else i, "n": f"n{i}"}))
     config = make_config({"topic": topic, "errors": mode})
-    check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
+    result = check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
+    if mode == "skip":
+        assert result.read_path == JVM, "from_avro fails on them: the JVM path hands them to Python"
+    if mode == "dlq":
+        dead = read_pyiceberg(state_dir, config.identifier(config.tables[0]) + "_dlq")
+        negative = [r["error_message"] for r in dead if r["kafka_partition"] in (2, 3, 4)]
+        assert len(negative) == 3 and all("union branch index out of range" in m for m in negative), negative
+
+
+POISONED = {"type": "record", "name": "U", "fields": [
+    {"name": "id", "type": "long"}, {"name": "u", "type": ["string", "long"]},
+    {"name": "n", "type": ["null", "string"], "default": None}]}  # fmt: skip
+# The body: id 1 (zigzag 0x02), `u`'s branch index (zigzag) and value, `n`'s branch index and value. fastavro reads a
+# negative index from the end of the union (-1: the last branch), so those decoded silently into a wrong value.
+UNION_POISONS = [
+    ("union branch index out of range", b"\x02\x0e\x04ab\x00"),
+    ("truncated inside a union member", b"\x02\x00\x08ab"),
+    ("negative branch index -1 (read as long 2)", b"\x02\x01\x04\x00"),
+    ("negative branch index -1 in [null, string] (read as 'x')", b"\x02\x00\x04ab\x01\x02x"),
+    ("negative branch index -2 in [null, string] (read as null)", b"\x02\x00\x04ab\x03"),
+]
+
+
+@pytest.mark.parametrize("name, body", UNION_POISONS[2:])
+def test_negative_union_branch_indexes_are_refused_by_every_python_avro_decoder(name, body):
+    from icefloe.decoding import _inline_avro_decoder
+    from icefloe.glue_registry import avro_payload
+
+    inline = _inline_avro_decoder(json.dumps(POISONED))
+    glue = avro_payload(json.dumps(POISONED), json.dumps(POISONED))
+    # written without `n` (resolved to the table's schema): `u` with branch index -1
+    evolved = avro_payload(json.dumps({**POISONED, "fields": POISONED["fields"][:2]}), json.dumps(POISONED))
+    for decode, data in [(inline, b"\x00\x00\x00\x00\x01" + body), (glue, body), (evolved, b"\x02\x01\x04")]:
+        with pytest.raises(ValueError, match=r"^Avro union branch index out of range \(negative"):
+            decode(data)

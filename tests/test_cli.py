@@ -11,14 +11,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections import defaultdict
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import pytest
 import yaml
 
-from icefloe import kafka_source, runner
+from icefloe import cli, kafka_source, runner
 from icefloe.errors import SourceError
-from icefloe_dev import stock_trades
+from icefloe_dev import demo, stock_trades
 from icefloe_dev.producer import produce_avro
 from support import by_position, read_pyiceberg
 
@@ -191,3 +193,47 @@ def test_logs_errors_and_json_never_carry_a_bad_records_values(broker, registry,
     dead = read_pyiceberg(state_dir, "local.marker_dlq_dlq")
     assert [json.loads(row["raw_value"]) for row in sorted(dead, key=lambda r: r["kafka_offset"])] == bad, "raw payloads kept"
     assert not any(MARKER in row["error_message"] for row in dead)
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_the_demo_shows_protobuf_and_json_schema_topics_end_to_end(broker, registry, spark, state_dir, tmp_path, monkeypatch, capsys, caplog):
+    """`icefloe demo --format protobuf|json-schema` as a user runs it, on the session's broker, registry and Spark
+    (they stand in for the ones the demo starts: the session starts them with the demo's own `local_services`): every
+    trade in the table with its values, read on the Python path; the second run commits nothing; DuckDB's sums per
+    symbol printed."""
+    @contextmanager
+    def running(demo_state):
+        yield broker, registry
+
+    monkeypatch.setattr(demo, "local_services", running)
+    monkeypatch.setattr(demo, "local_spark", lambda catalog, demo_state: nullcontext(spark))
+    records = 300
+    expected = [{k: v for k, v in trade.items() if k != "event_time"} for _, trade in stock_trades.trades(records)]
+    per_symbol = defaultdict(list)
+    for trade in expected:
+        per_symbol[trade["symbol"]].append(trade)
+    for format in ("protobuf", "json-schema"):
+        monkeypatch.setattr(demo, "TOPIC", f"demo_{format.replace('-', '_')}")
+        caplog.clear()
+        with caplog.at_level("INFO", logger="icefloe.materializer"):
+            code = cli.main(["demo", "--format", format, "--records", str(records), "--partitions", "2",
+                             "--state-dir", str(tmp_path / format)])  # fmt: skip
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert "read path python" in caplog.text and "second run: " in out and "nothing committed" in out
+        identifier = out.split("rows in ")[1].split(":")[0]
+        assert f"rows in {identifier}: {records}\n" in out
+        printed = {line.split()[0]: line.split()[1:] for line in out.split("avg_price\n")[1].split("\n\n")[0].splitlines()}
+        for symbol, trades in per_symbol.items():
+            count, shares, price = printed[symbol]
+            assert (int(count), int(shares.replace(",", ""))) == (len(trades), sum(t["quantity"] for t in trades)), format
+            assert abs(float(price) - sum(t["price"] for t in trades) / len(trades)) <= 0.0051, format
+        rows = read_pyiceberg(state_dir, identifier)
+        assert sorted(({k: r[k] for k in expected[0]} for r in rows), key=_items) == sorted(expected, key=_items), format
+        times = sorted(r["event_time"] for r in rows)
+        assert {(b - a).total_seconds() for a, b in zip(times, times[1:])} == {0.001}, "one trade per millisecond"
+
+
+def _items(row: dict) -> list:
+    return sorted(row.items())

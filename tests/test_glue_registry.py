@@ -7,16 +7,22 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
+import os
+import subprocess
+import sys
 import uuid
 import zlib
 from decimal import Decimal
 
 import pytest
 
+from icefloe.data_plane import JVM, PYTHON
 from icefloe.decoding import decoder_spec
 from icefloe.errors import ConfigError
 from icefloe.glue_registry import split
 from icefloe.materializer import materialize_once
+from icefloe.runner import run_table
 from icefloe.spec import parse_config
 from support import by_position, produce, read_duckdb, read_pyiceberg
 from test_poison import MAX_BYTES, check_mode, dead_letter_messages, lay_out
@@ -78,6 +84,29 @@ def test_the_wire_format_is_split_and_refused_naming_the_problem():
             split(data)
 
 
+def test_a_fresh_worker_reads_the_logical_types_fastavro_lacks():
+    """fastavro's logical readers are per process: a Python worker that decodes only Glue tables must still read uuid
+    on fixed(16), timestamp-nanos and duration as the table's types, not as their base types."""
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "u", "type": {"type": "fixed", "name": "U", "size": 16, "logicalType": "uuid"}},
+        {"name": "t", "type": {"type": "long", "logicalType": "timestamp-nanos"}},
+        {"name": "d", "type": {"type": "fixed", "name": "D", "size": 12, "logicalType": "duration"}}]}  # fmt: skip
+    script = f"""
+import io, json, fastavro
+from icefloe.glue_registry import avro_payload
+schema = json.loads({json.dumps(json.dumps(schema))})
+body = io.BytesIO()
+fastavro.schemaless_writer(body, fastavro.parse_schema(schema), {{"u": bytes(range(16)), "t": 1_500_999,
+                                                               "d": bytes([1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0])}})
+print(repr(avro_payload(json.dumps(schema), json.dumps(schema))(body.getvalue())))
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}  # this icefloe, however pytest found it
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == repr({
+        "u": uuid.UUID(bytes=bytes(range(16))), "t": dt.datetime(1970, 1, 1, 0, 0, 0, 1500, tzinfo=UTC),
+        "d": {"months": 1, "days": 2, "milliseconds": 3}})  # fmt: skip
+
+
 class Glue:
     """A Glue schema registry on the moto server, and the AWS library's serializer writing to it."""
 
@@ -137,9 +166,9 @@ def avro_row(value: dict) -> dict:
             {"member0": None, "member1": ref}}  # fmt: skip
 
 
-def check_end_to_end(spark, broker, glue, state_dir, topic, schemas, make_value, as_row, **table):
+def check_end_to_end(spark, broker, glue, state_dir, topic, schemas, make_value, as_row, read_path, **table):
     """20 records written with the first version, 6 with the second (zlib framing in both); all read with the second's
-    columns, back from pyiceberg and DuckDB."""
+    columns on `read_path`, back from pyiceberg and DuckDB."""
     first, second = schemas
     broker.create_topic(topic, 2)
     values = [(make_value(i), glue.serialize(topic, first, make_value(i), compressed=i % 4 == 0)) for i in range(20)]
@@ -151,7 +180,7 @@ def check_end_to_end(spark, broker, glue, state_dir, topic, schemas, make_value,
 
     result = materialize_once(spark, config, config.tables[0])
 
-    assert result.rows_written == len(values) and result.records_failed == 0 and result.read_path == "python"
+    assert result.rows_written == len(values) and result.records_failed == 0 and result.read_path == read_path
     expected = {p: as_row(v) for p, (v, _) in zip(positions, values)}
     rows = by_position(read_pyiceberg(state_dir, result.identifier))
     assert {p: {k: r[k] for k in expected[p]} for p, r in rows.items()} == expected, "older records read as the latest"
@@ -162,7 +191,7 @@ def check_end_to_end(spark, broker, glue, state_dir, topic, schemas, make_value,
 @pytest.mark.spark
 @pytest.mark.broker
 def test_glue_avro_end_to_end_with_evolution_and_zlib(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry):
-    check_end_to_end(spark, broker, Glue(moto_aws, glue_registry), state_dir, topic, (V1, V2), payment, avro_row)
+    check_end_to_end(spark, broker, Glue(moto_aws, glue_registry), state_dir, topic, (V1, V2), payment, avro_row, JVM)
 
 
 @pytest.mark.spark
@@ -181,11 +210,58 @@ def test_glue_poison_catalogue(spark, broker, moto_aws, aws_env, state_dir, topi
         ("truncated avro", "DecodeError", b"k", sample[:21]),
         ("header only", "DecodeError", b"k", sample[:18]),
         ("another schema's version", "DecodeError", b"k", foreign),
+        ("negative union branch index", "DecodeError", b"k", sample[:19] + b"\x01" + sample[20:]),  # payer: -1, not 1
         ("oversized record", "RecordTooLarge", b"k", sample[:18] + b"\x00" * (MAX_BYTES + 1)),
     ]
+    assert sample[19] == 0x02, "payer's branch index: 1"
     goods, bads = lay_out(broker, topic, poisons, lambda i: glue.serialize(topic, V1, payment(i)))
     config = _parsed(glue.config(topic, errors=mode, maxRecordBytes=MAX_BYTES), broker)
-    check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
+    result = check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
+    assert result is None or result.read_path == JVM, "the JVM path hands every poison to the Python decoder"
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_glue_avro_takes_the_jvm_path_and_its_rows_are_the_python_paths(
+    spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry, caplog
+):
+    """Versions V1 and V2 decoded by `from_avro`; compressed payloads, unknown versions and what the JVM cannot decode
+    exactly go to the Python decoder. Every row (values, status, error) is the Python path's row."""
+    from test_jvm_path import rows_on_both_paths
+
+    glue = Glue(moto_aws, glue_registry)
+    broker.create_topic(topic, 2)
+    valid = [glue.serialize(topic, V1, payment(i)) for i in range(30)]
+    valid += [glue.serialize(topic, V2, payment(i, note=True)) for i in range(30, 40)]
+    sample = valid[1]  # payer "p1": id 1 (0x02), union branch 1 (0x02), a 2-byte string (0x04) at byte 21
+    for_python = [
+        glue.serialize(topic, V1, payment(50), compressed=True),  # zlib: decompressed in Python
+        sample[:2] + uuid.uuid4().bytes + sample[18:],  # unknown version
+        sample[:21],  # truncated
+        sample[:21] + b"\x04\xff\xfe" + sample[24:],  # payer not UTF-8
+        sample[:18],  # header only
+        b"\x00\x00\x00\x00\x01" + sample[18:],  # Confluent framing
+        b"",
+    ]
+    assert sample[18:21] == b"\x02\x02\x04" and sample[21:23] == b"p1"
+    values = valid + for_python + [None]
+    produce(broker.bootstrap_servers, topic, [{"key": b"k%d" % i, "value": v, "partition": i % 2} for i, v in enumerate(values)])
+    config = _parsed(glue.config(topic, errors="skip"), broker)
+
+    path, jvm, jvm_rows, python_rows = rows_on_both_paths(spark, config)
+
+    assert path.name == JVM and len(path.avro.writers) == 2, path.reason
+    assert len(python_rows) == len(values) and sum(r["icefloe_error_class"] is not None for r in python_rows.values()) == 6
+    for position, expected in python_rows.items():
+        assert jvm_rows[position] == expected, position
+    exact, observation = jvm.exact_rows("probe")
+    exact.write.format("noop").mode("overwrite").save()
+    assert observation.get == {"rows": len(values), "for_python": len(for_python)}, "only those records go to Python"
+
+    with caplog.at_level(logging.INFO, logger="icefloe.materializer"):
+        result = run_table(spark, config, config.tables[0], state_dir)
+    assert result.as_dict()["read_path"] == JVM and result.rows_written == len(values) - 6 and result.records_failed == 6
+    assert any("read path jvm: Kafka source and from_avro (writer schemas " in r.getMessage() for r in caplog.records)
 
 
 # --- JSON Schema through Glue ---------------------------------------------------------------------------------------
@@ -268,7 +344,7 @@ def test_the_key_schema_is_checked_on_the_driver(moto_aws, monkeypatch, topic, g
 @pytest.mark.broker
 def test_glue_json_schema_end_to_end_with_evolution_and_zlib(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry):
     glue = Glue(moto_aws, glue_registry)
-    check_end_to_end(spark, broker, glue, state_dir, topic, (J1, J2), json_payment, json_row, format="json-schema")
+    check_end_to_end(spark, broker, glue, state_dir, topic, (J1, J2), json_payment, json_row, PYTHON, format="json-schema")
 
 
 @pytest.mark.spark
@@ -394,3 +470,47 @@ def test_glue_bad_keys_in_every_error_mode(spark, broker, moto_aws, aws_env, sta
     result = check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
     if mode == "dlq":
         assert "is JSON; the table reads AVRO" in dead_letter_messages(state_dir, result, bads)["key of another data format"]
+
+
+def test_a_later_batch_asks_glue_only_for_the_latest_version(moto_aws, monkeypatch, topic, glue_registry):
+    """Continuous runs plan a batch every `refresh`: available versions are immutable and fetched once per process;
+    the latest is asked every batch, and a version registered since the previous batch is picked up, as is a schema
+    deleted and created again."""
+    from icefloe import glue_registry
+
+    for key, value in moto_aws.aws_env().items():
+        monkeypatch.setenv(key, value)
+    glue = Glue(moto_aws, glue_registry)
+    v3 = {**V2, "fields": [*V2["fields"], {"name": "memo", "type": ["null", "string"], "default": None}]}
+    calls = []
+    real_client = glue_registry.glue_client
+
+    def counted(conf):
+        client = real_client(conf)
+        client.meta.events.register("provide-client-params.glue.*", lambda params, model, **_: calls.append((model.name, params)))
+        return client
+
+    monkeypatch.setattr(glue_registry, "glue_client", counted)
+    for schema in (V1, V2):
+        glue.serialize(topic, schema, payment(1))
+    conf = {"registry": glue.name, "region": "us-east-1", "endpoint": moto_aws.endpoint, "schema": f"{topic}-value"}
+
+    def batch() -> dict:
+        calls.clear()
+        versions = glue_registry.avro_versions(conf, 100)
+        return {version: json.loads(text)["fields"][-1]["name"] for version, text in versions.items()}
+
+    first = batch()
+    assert len(first) == 2 and len(calls) == 2  # the latest (2), then version 1 by number
+    assert batch() == first and [params["SchemaVersionNumber"] for _, params in calls] == [{"LatestVersion": True}]
+    glue.serialize(topic, v3, payment(1))  # registered between two batches
+    third = batch()
+    assert sorted(third.values()) == ["memo", "note", "ref"] and len(calls) == 1  # the new latest is the only ask
+    assert third.items() > first.items()
+    client, schema = moto_aws.client("glue"), {"RegistryName": glue.name, "SchemaName": f"{topic}-value"}
+    client.delete_schema(SchemaId=schema)  # created again under the same name: its version numbers start over
+    client.create_schema(RegistryId={"RegistryName": glue.name}, SchemaName=schema["SchemaName"], DataFormat="AVRO",
+                         Compatibility="BACKWARD", SchemaDefinition=json.dumps(v3))  # fmt: skip
+    again = batch()
+    assert list(again.values()) == ["memo"] and not again.keys() & third.keys() and len(calls) == 1
+

@@ -43,3 +43,40 @@ def test_unknown_schema_id_names_the_id_and_the_record(spark, broker, registry, 
     with pytest.raises(RecordError, match=r"partition 0 offset 1: DecodeError: schema id 987654 is not known to the schema registry"):
         materialize_once(spark, config, config.tables[0])
     assert [r["id"] for r in read_pyiceberg(state_dir, config.identifier(config.tables[0]))] == [1], "committed up to the bad record"
+
+
+def test_a_later_batch_lists_the_versions_and_asks_only_for_the_latest(registry, topic, monkeypatch):
+    """Continuous runs plan a batch every `refresh`: the subject's versions are fetched again only when the version
+    list or the latest's id changed, so a new registration, and a hard-deleted version's number given to another
+    schema, are both seen."""
+    from icefloe import decoding
+    from icefloe_dev.schema_registry import _request
+
+    subject, calls = f"{topic}-value", []
+    real_client = decoding._registry_client
+
+    def counted(conf):
+        client = real_client(conf)
+        get = client._rest_client.get
+        client._rest_client.get = lambda url, query=None: calls.append(url) or get(url, query)
+        return client
+
+    def register(extra: str) -> int:
+        fields = [*V1["fields"], *({"name": name, "type": ["null", "string"], "default": None} for name in extra)]
+        return _request("POST", f"{registry.url}/subjects/{subject}/versions", {"schema": json.dumps({**V1, "fields": fields})})[1]["id"]
+
+    def batch() -> dict[int, str]:
+        calls.clear()
+        found = decoding.subject_schemas({"url": registry.url}, subject, 100)
+        return {schema_id: [f["name"] for f in json.loads(text)["fields"]][-1] for schema_id, (text, _) in found.items()}
+
+    monkeypatch.setattr(decoding, "_registry_client", counted)
+    ids = [register(""), register("a"), register("ab")]
+    assert batch() == dict(zip(ids, ["owner", "a", "b"])) and len(calls) == 4  # the list, then each version
+    assert batch() == dict(zip(ids, ["owner", "a", "b"])) and len(calls) == 2  # the list and the latest only
+    ids.append(register("abc"))  # registered between two batches
+    assert batch() == dict(zip(ids, ["owner", "a", "b", "c"])) and len(calls) == 5  # all again: a number may name another schema
+    for permanent in ("", "?permanent=true"):  # version 4 hard-deleted, its number given to another schema
+        assert _request("DELETE", f"{registry.url}/subjects/{subject}/versions/4{permanent}")[0] == 200
+    replacement = register("abd")
+    assert batch() == dict(zip([*ids[:3], replacement], ["owner", "a", "b", "d"])) and len(calls) == 5

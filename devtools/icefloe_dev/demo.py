@@ -11,7 +11,9 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import yaml
 
@@ -71,16 +73,36 @@ def _trades(format: str, records: int, work: Path):
     return stock_trades.SCHEMA, stock_trades.trades(records)
 
 
+@contextmanager
+def local_services(state_dir: Path) -> Iterator[tuple[KafkaBroker, SchemaRegistry]]:
+    """A broker and a registry under `state_dir`, started side by side (their start-up times overlap), stopped at the
+    end (the demo's, and the test session's)."""
+    broker, registry = KafkaBroker(state_dir / "kafka"), SchemaRegistry(state_dir / "registry")
+    start_together(broker, registry)
+    try:
+        yield broker, registry
+    finally:
+        registry.stop()
+        broker.stop()
+
+
+@contextmanager
+def local_spark(catalog, state_dir: Path) -> Iterator:
+    spark = spark_session(catalog, state_dir)
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
 def run_demo(records: int, partitions: int, state_dir: Path, format: str = "avro") -> int:
     # The demo broker and registry start empty each time, so each demo starts with an empty table too.
     state_dir = (state_dir / "demo").resolve()
     shutil.rmtree(state_dir, ignore_errors=True)
     state_dir.mkdir(parents=True)
     _say(f"icefloe demo: state directory {state_dir}")
-    broker, registry = KafkaBroker(state_dir / "kafka"), SchemaRegistry(state_dir / "registry")
     _say("[1/4] starting Apache Kafka and Apicurio Registry")
-    start_together(broker, registry)
-    try:
+    with local_services(state_dir) as (broker, registry):
         _say(f"      broker (Apache Kafka, KRaft) at {broker.bootstrap_servers}, log {broker.log_path}")
         _say(f"      schema registry (Apicurio, Confluent API) at {registry.url}, log {registry.log_path}")
         broker.create_topic(TOPIC, partitions)
@@ -94,15 +116,11 @@ def run_demo(records: int, partitions: int, state_dir: Path, format: str = "avro
         config_path = write_local_config(state_dir / "Pulumi.local.yaml", broker.bootstrap_servers, registry.url, format)
         config = load_config(str(config_path))
         _say("[3/4] materializing with Spark into Iceberg (Spark start takes a few seconds)")
-        spark = spark_session(config.catalog, state_dir)
-        result = run_table(spark, config, config.tables[0], state_dir)
-        _say(f"      {result.describe()}")
-        rerun = run_table(spark, config, config.tables[0], state_dir)
-        _say(f"      second run: {rerun.describe()}")
-        spark.stop()
-    finally:
-        registry.stop()
-        broker.stop()
+        with local_spark(config.catalog, state_dir) as spark:
+            result = run_table(spark, config, config.tables[0], state_dir)
+            _say(f"      {result.describe()}")
+            rerun = run_table(spark, config, config.tables[0], state_dir)
+            _say(f"      second run: {rerun.describe()}")
     metadata = result.metadata_location or rerun.metadata_location
     _say("[4/4] reading the table back with DuckDB (iceberg_scan)")
     con = duckdb_connect()

@@ -1,6 +1,9 @@
-"""Avro values decoded in the JVM: Confluent framing split with Spark expressions, then `from_avro` per writer schema.
+"""Avro values decoded in the JVM: the registry's framing split with Spark expressions, then `from_avro` per writer
+schema.
 
-For every schema id registered under the table's subject (the driver asks the registry once per batch), the
+For every schema id registered under the table's subject (Confluent framing: magic byte 0, 4-byte id), or every
+version of the table's schema in an AWS Glue Schema Registry (header 3, compression byte 0, 16-byte version UUID;
+a zlib-compressed payload goes to Python, Spark has no inflate), the driver asks the registry once per batch; the
 record's body is decoded with that id's writer schema and the table's reader schema (`avroSchema`), so older
 records resolve to the evolved table schema as they do in Python. The reader schema carries one extra field,
 `__icefloe_decoded` (boolean, default true): Spark's PERMISSIVE mode turns a record it cannot decode into a struct
@@ -8,8 +11,8 @@ of nulls, and only this field tells it from a record whose fields are all null.
 
 The Python decoder stays the reference. A record is *exact* when the JVM's result is what Python would produce;
 anything else goes to Python, which gives its value or its exact error. Not exact:
-  - a payload that is not framed, or framed with an id the JVM has no writer schema for (another subject, schema
-    references, a schema Avro Java refuses or cannot resolve against the reader, logical types that differ between
+  - a payload that is not framed, or framed with an id the JVM has no writer schema for (another subject or Glue
+    schema, a compressed Glue payload, schema references, a schema Avro Java refuses or cannot resolve against the reader, logical types that differ between
     writer and reader: Python and Java resolve those differently);
   - a body `from_avro` cannot decode (truncated, overflowing a timestamp, a decimal beyond its precision);
   - values Avro Java accepts but Python refuses or rewrites: strings (map keys included) that are not UTF-8,
@@ -27,11 +30,13 @@ import logging
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
+from uuid import UUID
 
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro, to_avro
 
+from . import glue_registry
 from .avro_unions import branches as union_branches, collapsed as collapsed_union, member_name
 from .decoding import DecoderSpec, subject_for, subject_schemas
 
@@ -59,9 +64,9 @@ class AvroJvmPlan:
     """How one batch's values are decoded in the JVM (built on the driver)."""
 
     reader: dict  # the table's Avro schema (the subject's latest, or the inline one)
-    writers: dict[int, str]  # schema id -> writer schema, for the ids the JVM decodes
+    writers: dict[int | UUID, str]  # schema id (Confluent) or version UUID (Glue) -> writer schema, those the JVM decodes
     inline: bool = False  # no registry: every framed record is decoded with `reader`, its id ignored
-    routed: dict[int, str] = field(default_factory=dict)  # ids left to Python, and why
+    routed: dict[int | UUID, str] = field(default_factory=dict)  # ids left to Python, and why
 
     @property
     def reader_with_marker(self) -> str:
@@ -81,17 +86,19 @@ def plan_avro(spark: SparkSession, decoder: DecoderSpec) -> AvroJvmPlan | None:
         return None
     if decoder.format == "avro-inline":
         return AvroJvmPlan(reader, {}, inline=True)
+    if decoder.format == glue_registry.FORMAT:  # Glue schemas have no references
+        versions = {v: (text, []) for v, text in glue_registry.avro_versions(decoder.registry_conf, MAX_WRITER_VERSIONS).items()}
+    else:
+        versions = subject_schemas(decoder.registry_conf, subject_for(decoder.topic), MAX_WRITER_VERSIONS)
     writers, routed = {}, {}
-    for schema_id, (text, references) in subject_schemas(
-        decoder.registry_conf, subject_for(decoder.topic), MAX_WRITER_VERSIONS
-    ).items():
+    for schema_id, (text, references) in versions.items():
         reason = "it has schema references" if references else _unusable(jvm, reader_schema, text, reader)
         if reason:
             routed[schema_id] = reason
         else:
             writers[schema_id] = text
     for schema_id, reason in routed.items():
-        log.info("%s: records with schema id %d are decoded in Python: %s", decoder.topic, schema_id, reason)
+        log.info("%s: records with schema id %s are decoded in Python: %s", decoder.topic, schema_id, reason)
     return AvroJvmPlan(reader, writers, routed=routed)
 
 
@@ -116,17 +123,23 @@ def decoded(value: Column, plan: AvroJvmPlan) -> Column:
     """The value decoded to the reader's struct plus the marker field; null for a null value, an unframed value or
     an id without writer schema; a struct of nulls (marker included) where `from_avro` fails."""
     options = {**_FROM_AVRO, "avroSchema": plan.reader_with_marker}
-    body = value.substr(6, 2**31 - 1)
-    framed = F.length(value) > 5
     if plan.inline:
         writer = json.dumps(plan.reader)
-        return F.when(framed & (value.substr(1, 1) == F.lit(bytearray(b"\x00"))), from_avro(body, writer, options))
+        framed = (F.length(value) > 5) & (value.substr(1, 1) == F.lit(bytearray(b"\x00")))
+        return F.when(framed, from_avro(value.substr(6, 2**31 - 1), writer, options))
     result = None
     for schema_id, writer in sorted(plan.writers.items()):
-        prefix = F.lit(bytearray(b"\x00" + schema_id.to_bytes(4, "big")))
-        match = framed & (value.substr(1, 5) == prefix)
-        result = F.when(match, from_avro(body, writer, options)) if result is None else result.when(match, from_avro(body, writer, options))
+        prefix = _frame(schema_id)
+        match = (F.length(value) > len(prefix)) & (value.substr(1, len(prefix)) == F.lit(bytearray(prefix)))
+        body = from_avro(value.substr(len(prefix) + 1, 2**31 - 1), writer, options)
+        result = F.when(match, body) if result is None else result.when(match, body)
     return result if result is not None else F.lit(None)
+
+
+def _frame(schema_id: int | UUID) -> bytes:
+    """The bytes before the body of a record written with `schema_id`: Confluent's magic byte and schema id, or the
+    Glue header of an uncompressed payload."""
+    return glue_registry.frame(schema_id) if isinstance(schema_id, UUID) else b"\x00" + schema_id.to_bytes(4, "big")
 
 
 def exact(value: Column, struct: str, plan: AvroJvmPlan) -> Column:

@@ -5,8 +5,8 @@
           value or their exact error (executor_tasks.redecode_rows). No record of the happy path touches Python.
   python  the per-record path: confluent-kafka, the Python decoders, Arrow (executor_tasks.read_batches).
 
-The path is chosen per table and logged. Avro tables (registry or inline schema) and raw or
-string tables (raw_format) take the JVM path. JSON tables stay
+The path is chosen per table and logged. Avro tables (a Confluent-compatible or AWS Glue registry, or an inline
+schema) and raw or string tables (raw_format) take the JVM path. JSON and JSON Schema tables (also through Glue) stay
 on Python: their inline checks (strict types, `optional: false`, ints given as 1.0, ISO strings and epoch numbers for
 timestamps, base64 binary) have no exact `from_json` equivalent. An Avro table whose schema Avro Java refuses stays
 on Python too.
@@ -31,7 +31,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from . import avro_jvm, raw_format
+from . import avro_jvm, glue_registry, raw_format
 from .avro_jvm import AvroJvmPlan, plan_avro
 from .batch_columns import ERROR_CLASS, ERROR_MESSAGE, KAFKA_COLUMNS, RAW_VALUE, SCHEMA_ID, TOMBSTONE
 from .decoding import DecoderSpec
@@ -58,17 +58,15 @@ def choose_read_path(spark: SparkSession, decoder: DecoderSpec) -> ReadPath:
         return ReadPath(PYTHON, "JSON values are checked against the table's types in Python")
     if decoder.format == "protobuf":
         return ReadPath(PYTHON, "Protobuf has no JVM decoder here (no spark-protobuf for Spark 3.5 on Maven Central)")
-    if decoder.format == "json-schema":
+    if decoder.format == "json-schema" or glue_registry.is_json(decoder.registry_conf):
         return ReadPath(PYTHON, "JSON Schema values are validated against their writer's schema in Python")
-    if decoder.format == "glue":
-        return ReadPath(PYTHON, "AWS Glue Schema Registry framing is decoded in Python")
     if decoder.format in raw_format.FORMATS:
         return ReadPath(JVM, f"Kafka source, values kept as {decoder.format}", raw_format.RawJvmPlan(decoder.format))
     avro = plan_avro(spark, decoder)
     if avro is None:
         return ReadPath(PYTHON, "Avro Java cannot use the table's schema")
-    ids = "inline schema" if avro.inline else f"writer schema ids {sorted(avro.writers)}"
-    return ReadPath(JVM, f"Kafka source and from_avro ({ids})", avro)
+    writers = "inline schema" if avro.inline else f"writer schemas {', '.join(str(i) for i in sorted(avro.writers)) or 'none'}"
+    return ReadPath(JVM, f"Kafka source and from_avro ({writers})", avro)
 
 
 class JvmBatch:

@@ -9,43 +9,18 @@ environment (registry unreachable) raises `SourceError`, which must never be tre
 
 from __future__ import annotations
 
-import datetime as dt
 import io
 import json
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from . import fastavro_gaps
 from .errors import ConfigError, IcefloeError, SourceError
 from .credential_lookup import resolve_credentials
 from .spec import SchemaRegistrySpec, SourceCluster, TableSpec
 
 Decoder = Callable[[bytes], Any]
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-_LOCAL_EPOCH = dt.datetime(1970, 1, 1)
-
-
-def _nanos(epoch: dt.datetime) -> Callable[..., dt.datetime]:
-    # Iceberg v2 timestamps are microseconds: nanoseconds are truncated (rounded down, also before the epoch).
-    return lambda data, *schemas: epoch + dt.timedelta(microseconds=data // 1000)
-
-
-def _duration(data: bytes, *schemas) -> dict[str, int]:
-    """Avro's duration: three unsigned little-endian 32-bit counts."""
-    months, days, millis = (int.from_bytes(data[i : i + 4], "little") for i in (0, 4, 8))
-    return {"months": months, "days": days, "milliseconds": millis}
-
-
-def _register_logical_readers() -> None:
-    """Logical types fastavro does not read yet, read as schema_mapping maps them (one registry for the process,
-    used by confluent-kafka's deserializer too)."""
-    from fastavro.read import LOGICAL_READERS
-
-    LOGICAL_READERS.setdefault("long-timestamp-nanos", _nanos(_EPOCH))
-    LOGICAL_READERS.setdefault("long-local-timestamp-nanos", _nanos(_LOCAL_EPOCH))
-    LOGICAL_READERS.setdefault("fixed-uuid", lambda data, *schemas: uuid.UUID(bytes=data))
-    LOGICAL_READERS.setdefault("fixed-duration", _duration)
 
 
 @dataclass(frozen=True)
@@ -160,15 +135,34 @@ def _latest_schema(conf: dict[str, str], subject: str) -> str:
 
 
 def subject_schemas(conf: dict[str, str], subject: str, newest: int) -> dict[int, tuple[str, list]]:
-    """Schema id -> (Avro schema, its references) for the subject's `newest` versions (driver side)."""
+    """Schema id -> (Avro schema, its references) for the subject's `newest` versions (driver side).
+
+    A schema id's text never changes, but a version's id can: a hard-deleted version's number goes to the next
+    registration. So each batch lists the versions and asks for the latest (two calls), and the window is fetched
+    again only when either changed since this process's previous batch (`_SUBJECTS`). (Deleting versions below the
+    latest and registering as many again, the latest's schema last, goes unseen: their records are decoded in Python,
+    as any id not planned, from their id's own schema.)"""
     client = _registry_client(conf)
     found = {}
     with _registry_errors(conf, subject):
-        for version in sorted(client.get_versions(subject))[-newest:]:
-            registered = client.get_version(subject, version)
+        versions = sorted(client.get_versions(subject))[-newest:]
+        if not versions:
+            return found
+        latest = client.get_version(subject, versions[-1])
+        seen = (tuple(versions), latest.schema_id)
+        cached = _SUBJECTS.get((conf["url"], subject))
+        if cached is not None and cached[0] == seen:
+            return dict(cached[1])
+        for version in versions:
+            registered = latest if version == versions[-1] else client.get_version(subject, version)
             if registered.schema.schema_type in (None, "AVRO"):
                 found[registered.schema_id] = (registered.schema.schema_str, list(registered.schema.references or []))
+    _SUBJECTS[(conf["url"], subject)] = (seen, dict(found))
     return found
+
+
+# Per process: (registry URL, subject) -> ((version numbers, the latest's schema id), what subject_schemas found)
+_SUBJECTS: dict[tuple[str, str], tuple[tuple, dict[int, tuple[str, list]]]] = {}
 
 
 def _registry_client(conf: dict[str, str]):
@@ -301,8 +295,8 @@ def _inline_avro_decoder(schema_str: str) -> Decoder:
     """Confluent wire format (magic byte 0, 4-byte schema id) decoded with the inline schema; the id is ignored."""
     import fastavro
 
-    _register_logical_readers()
-    schema = fastavro.parse_schema(json.loads(schema_str))
+    fastavro_gaps.register()
+    schema = fastavro_gaps.guarded(fastavro.parse_schema(json.loads(schema_str)))
 
     def decode(data: bytes) -> Any:
         if len(data) < 5 or data[0] != 0:
@@ -310,6 +304,8 @@ def _inline_avro_decoder(schema_str: str) -> Decoder:
         buffer = io.BytesIO(data[5:])
         try:
             value = fastavro.schemaless_reader(buffer, schema, None)
+        except fastavro_gaps.UnionIndexError:
+            raise
         except Exception as error:  # fastavro raises many types on corrupt input
             raise ValueError(f"Avro payload does not match the inline schema ({type(error).__name__})") from None  # its text may quote data
         if buffer.tell() != len(data) - 5:
@@ -324,9 +320,13 @@ def _registry_avro_decoder(spec: DecoderSpec, reader_schema: str | None, key: bo
     from confluent_kafka.schema_registry.avro import AvroDeserializer
     from confluent_kafka.serialization import MessageField, SerializationContext, SerializationError
 
-    _register_logical_readers()
+    class GuardedAvroDeserializer(AvroDeserializer):
+        def _get_parsed_schema(self, schema):  # writer and reader schemas (parsed once, cached by confluent-kafka)
+            return fastavro_gaps.guarded(super()._get_parsed_schema(schema))
+
+    fastavro_gaps.register()
     client = SchemaRegistryClient(spec.registry_conf)
-    deserializer = AvroDeserializer(client, schema_str=reader_schema, return_record_name=names)
+    deserializer = GuardedAvroDeserializer(client, schema_str=reader_schema, return_record_name=names)
     context = SerializationContext(spec.topic, MessageField.KEY if key else MessageField.VALUE)
 
     def avro(data: bytes) -> Any:

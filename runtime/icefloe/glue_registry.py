@@ -4,7 +4,9 @@ Wire format (the AWS serializers', Java `GlueSchemaRegistryKafkaSerializer` and 
 byte 0x03, a compression byte (0x00 none, 0x05 zlib), the 16-byte schema version UUID, then the payload as the
 version's data format writes it. The table's schema is the latest version of the schema named `schemaName` in the
 registry (default `{topic}-value`, the Python serializer's naming; the Java serializer names a schema after the
-topic: `schemaName: "{topic}"`). Executors fetch each writer version by its UUID (GetSchemaVersion) once.
+topic: `schemaName: "{topic}"`). Executors fetch each writer version by its UUID (GetSchemaVersion) once; for the
+JVM path (avro_jvm) the driver fetches the schema's newest Avro versions by number (`avro_versions`). An available
+version is immutable: each process fetches it once, so a continuous run asks Glue only for the latest version per batch.
 
 Keys framed the same way (`keyFormat` avro, json-schema or protobuf on a Glue registry) are decoded as they were
 written, with no reader schema: each key by its own writer version, a Protobuf key as whichever message type its
@@ -72,20 +74,67 @@ def _where(conf: dict[str, str]) -> str:
 
 def latest_version(conf: dict[str, str]) -> tuple[str, str]:
     """(data format, definition) of the latest version of the table's schema (driver side)."""
+    found = _latest(glue_client(conf), conf)
+    return found["DataFormat"], found["SchemaDefinition"]
+
+
+def avro_versions(conf: dict[str, str], newest: int) -> dict[UUID, str]:
+    """Version UUID -> definition of the `newest` available versions of the table's Avro schema (driver side: the
+    JVM path decodes the records written with them). Asked by version number: ListSchemaVersions gives no
+    definitions (one GetSchemaVersion each anyway), and moto does not serve it. Only the latest is asked every
+    batch; an available version is immutable and comes from this process's cache (`_AVAILABLE`)."""
+    client = glue_client(conf)
+    latest = _latest(client, conf)
+    schema = (conf["endpoint"], latest["SchemaArn"])
+    numbers = _AVAILABLE.setdefault(schema, {})
+    if numbers.get(latest["VersionNumber"], latest["SchemaVersionId"]) != latest["SchemaVersionId"]:
+        numbers.clear()  # the schema was deleted and created again under the same name: its numbers start over
+    found = {}
+    for number in range(max(1, latest["VersionNumber"] - newest + 1), latest["VersionNumber"] + 1):
+        if number not in numbers:
+            where = {"SchemaId": _schema_id(conf), "SchemaVersionNumber": {"VersionNumber": number}}
+            version = latest if number == latest["VersionNumber"] else _schema_version(client, conf, **where)
+            # (a deleted version is gone; a pending or failed one is left to the Python decoder, as any unknown UUID)
+            if version is None or version["Status"] != "AVAILABLE":
+                continue
+            numbers[number] = version["SchemaVersionId"]
+            _VERSIONS[UUID(version["SchemaVersionId"])] = version
+        version = _VERSIONS[UUID(numbers[number])]
+        if version["DataFormat"] == "AVRO":
+            found[UUID(version["SchemaVersionId"])] = version["SchemaDefinition"]
+    return found
+
+
+# Per process: (endpoint, schema ARN) -> version number -> UUID of an AVAILABLE version, and UUID -> that version
+# (GetSchemaVersion's answer). An available version never changes, so continuous runs ask only for the latest.
+_AVAILABLE: dict[tuple[str, str], dict[int, str]] = {}
+_VERSIONS: dict[UUID, dict] = {}
+
+
+def _latest(client, conf: dict[str, str]) -> dict:
+    found = _schema_version(client, conf, SchemaId=_schema_id(conf), SchemaVersionNumber={"LatestVersion": True})
+    if found is None:
+        raise ConfigError(f"no schema named {conf['schema']!r} in the {_where(conf)}")
+    return found
+
+
+def _schema_id(conf: dict[str, str]) -> dict[str, str]:
+    return {"RegistryName": conf["registry"], "SchemaName": conf["schema"]}
+
+
+def _schema_version(client, conf: dict[str, str], missing=("EntityNotFoundException",), **where) -> dict | None:
+    """GetSchemaVersion; None where the registry does not have the version (error codes `missing`); any other
+    failure is the environment's (`SourceError`)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        found = glue_client(conf).get_schema_version(
-            SchemaId={"RegistryName": conf["registry"], "SchemaName": conf["schema"]},
-            SchemaVersionNumber={"LatestVersion": True},
-        )
+        return client.get_schema_version(**where)
     except ClientError as error:
-        if error.response["Error"]["Code"] == "EntityNotFoundException":
-            raise ConfigError(f"no schema named {conf['schema']!r} in the {_where(conf)}") from None
+        if error.response["Error"]["Code"] in missing:
+            return None
         raise SourceError(f"{_where(conf)}: {error}") from None
     except BotoCoreError as error:
         raise SourceError(f"{_where(conf)} unreachable: {error}") from None
-    return found["DataFormat"], found["SchemaDefinition"]
 
 
 def value_fields(data_format: str, definition: str, subject: str, message_type: str | None = None) -> list:
@@ -93,6 +142,11 @@ def value_fields(data_format: str, definition: str, subject: str, message_type: 
     if data_format not in VALUE_FIELDS:
         raise ConfigError(f"{subject}: the Glue schema's data format {data_format} has no decoder in icefloe")
     return VALUE_FIELDS[data_format](definition, subject, message_type)
+
+
+def frame(version: UUID) -> bytes:
+    """The bytes before an uncompressed payload written with `version`."""
+    return bytes([HEADER, 0x00]) + version.bytes
 
 
 def split(data: bytes) -> tuple[UUID, bytes]:
@@ -114,20 +168,16 @@ def decoder(conf: dict[str, str], table_schema: str | None = None, message_type:
     """Decodes Glue-framed values (or keys: no `table_schema`): writer versions fetched by UUID, payloads by the
     version's data format. A version that cannot decode (unknown, another data format, a definition that does not
     parse) is remembered: every record written with it fails alike without asking the registry again."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     client = glue_client(conf)
     decoders: dict[UUID, Decoder | ValueError] = {}
 
     def for_version(version: UUID) -> Decoder:
-        try:
-            found = client.get_schema_version(SchemaVersionId=str(version))
-        except ClientError as error:
-            if error.response["Error"]["Code"] in ("EntityNotFoundException", "InvalidInputException"):
-                raise ValueError(f"schema version {version} is not in the {_where(conf)}") from None
-            raise SourceError(f"{_where(conf)}: {error}") from None
-        except BotoCoreError as error:
-            raise SourceError(f"{_where(conf)} unreachable: {error}") from None
+        found = _VERSIONS.get(version) or _schema_version(
+            client, conf, ("EntityNotFoundException", "InvalidInputException"), SchemaVersionId=str(version))
+        if found is None:
+            raise ValueError(f"schema version {version} is not in the {_where(conf)}")
+        if found["Status"] == "AVAILABLE":
+            _VERSIONS[version] = found
         data_format = found["DataFormat"]
         if data_format != conf["data_format"]:  # the table's columns (or key) come from a schema of another format
             raise ValueError(f"schema version {version} is {data_format}; the table reads {conf['data_format']}")
@@ -157,17 +207,22 @@ def avro_payload(writer: str, reader: str | None, message_type: str | None = Non
     import fastavro
 
     from .avro_unions import needs_record_names, rewriter
+    from .fastavro_gaps import UnionIndexError, guarded, register, unpadded
 
     reader = reader or writer
-    writer_schema, reader_schema = fastavro.parse_schema(json.loads(writer)), fastavro.parse_schema(json.loads(reader))
+    register()
+    writer_schema = guarded(fastavro.parse_schema(json.loads(writer)))
+    reader_schema = guarded(fastavro.parse_schema(json.loads(reader)))
     names = needs_record_names(reader)
     rewrite = rewriter(reader, names) or (lambda value: value)
 
     def decode(payload: bytes) -> Any:
         try:
             value = fastavro.schemaless_reader(io.BytesIO(payload), writer_schema, reader_schema, names)
+        except UnionIndexError:
+            raise
         except Exception as error:  # fastavro raises many types on corrupt input
-            raise ValueError(f"Avro payload cannot be decoded: {type(error).__name__}: {error}") from None
+            raise ValueError(f"Avro payload cannot be decoded: {type(error).__name__}: {unpadded(str(error))}") from None
         return rewrite(value)
 
     return decode
