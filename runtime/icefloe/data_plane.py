@@ -56,9 +56,9 @@ def choose_read_path(spark: SparkSession, decoder: DecoderSpec) -> ReadPath:
     """The JVM path where the JVM has a decoder for the table's format, else Python."""
     if decoder.format in ("json", "json-inferred"):
         return ReadPath(PYTHON, "JSON values are checked against the table's types in Python")
-    if decoder.format == "protobuf":
+    if decoder.format == "protobuf" or glue_registry.reads(decoder.registry_conf, "PROTOBUF"):
         return ReadPath(PYTHON, "Protobuf has no JVM decoder here (no spark-protobuf for Spark 3.5 on Maven Central)")
-    if decoder.format == "json-schema" or glue_registry.is_json(decoder.registry_conf):
+    if decoder.format == "json-schema" or glue_registry.reads(decoder.registry_conf, "JSON"):
         return ReadPath(PYTHON, "JSON Schema values are validated against their writer's schema in Python")
     if decoder.format in raw_format.FORMATS:
         return ReadPath(JVM, f"Kafka source, values kept as {decoder.format}", raw_format.RawJvmPlan(decoder.format))

@@ -57,9 +57,9 @@ def checked_conf(registry, topic: str, fmt: str, where: str, key: bool = False) 
     return conf | {"data_format": data_format}, definition
 
 
-def is_json(conf: dict[str, str] | None) -> bool:
-    """Whether a table reads JSON Schema values through Glue (their types are checked by hand, as for json-schema)."""
-    return bool(conf) and conf.get("type") == "glue" and conf.get("data_format") == "JSON"
+def reads(conf: dict[str, str] | None, data_format: str) -> bool:
+    """Whether a table reads values of `data_format` (AVRO, JSON, PROTOBUF) through Glue."""
+    return bool(conf) and conf.get("type") == "glue" and conf.get("data_format") == data_format
 
 
 def glue_client(conf: dict[str, str]):

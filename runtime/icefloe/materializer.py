@@ -173,7 +173,7 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
         decoder=decoder,
         batch_schema_json=batch_struct(struct).json(),
         value_fields=tuple(f.name for f in value_fields),
-        strict=decoder.format in ("json", "json-schema", json_inference.FORMAT) or glue_registry.is_json(decoder.registry_conf),
+        strict=decoder.format in ("json", "json-schema", json_inference.FORMAT) or glue_registry.reads(decoder.registry_conf, "JSON"),
         required=required_paths(table.inline_schema) if decoder.format == "json" else frozenset(),
         needs_key=table.mode == "upsert" and not table.key,
         max_record_bytes=table.max_record_bytes,
