@@ -52,15 +52,7 @@ def test_a_later_batch_lists_the_versions_and_asks_only_for_the_latest(registry,
     from icefloe import decoding
     from icefloe_dev.schema_registry import _request
 
-    subject, calls = f"{topic}-value", []
-    real_client = decoding._registry_client
-
-    def counted(conf):
-        client = real_client(conf)
-        get = client._rest_client.get
-        client._rest_client.get = lambda url, query=None: calls.append(url) or get(url, query)
-        return client
-
+    subject, calls = f"{topic}-value", counted_registry_calls(monkeypatch)
     def register(extra: str) -> int:
         fields = [*V1["fields"], *({"name": name, "type": ["null", "string"], "default": None} for name in extra)]
         return _request("POST", f"{registry.url}/subjects/{subject}/versions", {"schema": json.dumps({**V1, "fields": fields})})[1]["id"]
@@ -70,7 +62,6 @@ def test_a_later_batch_lists_the_versions_and_asks_only_for_the_latest(registry,
         found = decoding.subject_schemas({"url": registry.url}, subject, 100)
         return {schema_id: [f["name"] for f in json.loads(text)["fields"]][-1] for schema_id, (text, _) in found.items()}
 
-    monkeypatch.setattr(decoding, "_registry_client", counted)
     ids = [register(""), register("a"), register("ab")]
     assert batch() == dict(zip(ids, ["owner", "a", "b"])) and len(calls) == 4  # the list, then each version
     assert batch() == dict(zip(ids, ["owner", "a", "b"])) and len(calls) == 2  # the list and the latest only
@@ -80,3 +71,37 @@ def test_a_later_batch_lists_the_versions_and_asks_only_for_the_latest(registry,
         assert _request("DELETE", f"{registry.url}/subjects/{subject}/versions/4{permanent}")[0] == 200
     replacement = register("abd")
     assert batch() == dict(zip([*ids[:3], replacement], ["owner", "a", "b", "d"])) and len(calls) == 5
+
+
+def counted_registry_calls(monkeypatch) -> list[str]:
+    """The paths the driver's registry clients GET, in order."""
+    from icefloe import decoding
+
+    calls, real_client = [], decoding._registry_client
+
+    def counted(conf):
+        client = real_client(conf)
+        get = client._rest_client.get
+        client._rest_client.get = lambda url, query=None: calls.append(url) or get(url, query)
+        return client
+
+    monkeypatch.setattr(decoding, "_registry_client", counted)
+    return calls
+
+
+def test_the_second_of_two_batches_asks_the_registry_only_what_can_change(spark, broker, registry, state_dir, topic, make_config, monkeypatch):
+    broker.create_topic(topic, 1)
+    calls, schema = counted_registry_calls(monkeypatch), V1
+    for i, name in enumerate(["balance", "note", "memo"]):
+        schema = {**schema, "fields": [*schema["fields"], {"name": name, "type": ["null", "string"], "default": None}]}
+        produce_avro(broker.bootstrap_servers, registry.url, topic, json.dumps(schema), [(None, {"id": i, "owner": "a"})])
+    config = make_config({"topic": topic})
+    materialize_once(spark, config, config.tables[0])
+    assert f"subjects/{topic}-value/versions/1" in calls  # every version, on the first batch
+    produce_avro(broker.bootstrap_servers, registry.url, topic, json.dumps(schema), [(None, {"id": 3, "owner": "b"})])
+    calls.clear()
+    result = materialize_once(spark, config, config.tables[0])
+    subject = f"subjects/{topic}-value/versions"
+    # the table's schema (before and after planning), then the JVM plan's version list and its latest version's id
+    assert sorted(calls) == [subject, f"{subject}/3", f"{subject}/latest", f"{subject}/latest"]
+    assert sorted(r["id"] for r in read_pyiceberg(state_dir, result.identifier)) == [0, 1, 2, 3]
