@@ -403,9 +403,12 @@ def counted_glue_calls(monkeypatch) -> list[tuple[str, dict]]:
 
     calls, real_client = [], glue_registry.glue_client
 
+    def record(params, model, **_):
+        calls.append((model.name, params))
+
     def counted(conf):
         client = real_client(conf)
-        client.meta.events.register("provide-client-params.glue.*", lambda params, model, **_: calls.append((model.name, params)))
+        client.meta.events.register("provide-client-params.glue.*", record)
         return client
 
     monkeypatch.setattr(glue_registry, "glue_client", counted)
@@ -414,11 +417,13 @@ def counted_glue_calls(monkeypatch) -> list[tuple[str, dict]]:
 
 @pytest.mark.spark
 @pytest.mark.broker
-def test_the_second_of_two_glue_batches_asks_only_for_the_latest_version(spark, broker, moto_aws, aws_env, state_dir, topic, monkeypatch):
+def test_the_second_of_two_glue_batches_asks_only_for_the_latest_version(
+    spark, broker, moto_aws, aws_env, state_dir, topic, monkeypatch
+):
     glue, calls = Glue(moto_aws, f"reg-{topic}"[:60]), counted_glue_calls(monkeypatch)
     broker.create_topic(topic, 1)
-    produce(broker.bootstrap_servers, topic, [{"value": glue.serialize(topic, schema, payment(i, schema is V2)), "partition": 0}
-                                              for i, schema in enumerate([V1, V2])])  # fmt: skip
+    values = [glue.serialize(topic, schema, payment(i, schema is V2)) for i, schema in enumerate([V1, V2])]
+    produce(broker.bootstrap_servers, topic, [{"value": value, "partition": 0} for value in values])
     config = _parsed(glue.config(topic), broker)
     assert materialize_once(spark, config, config.tables[0]).read_path == JVM
     assert {"VersionNumber": 1} in [params.get("SchemaVersionNumber") for _, params in calls]  # every version, once
@@ -426,5 +431,6 @@ def test_the_second_of_two_glue_batches_asks_only_for_the_latest_version(spark, 
     calls.clear()
     result = materialize_once(spark, config, config.tables[0])
     # the table's schema (before and after planning), then the JVM plan's latest version
-    assert [(name, params["SchemaVersionNumber"]) for name, params in calls] == [("GetSchemaVersion", {"LatestVersion": True})] * 3
+    latest = ("GetSchemaVersion", {"LatestVersion": True})
+    assert [(name, params["SchemaVersionNumber"]) for name, params in calls] == [latest] * 3
     assert result.rows_written == 1 and sorted(r["id"] for r in read_pyiceberg(state_dir, result.identifier)) == [0, 1, 2]
