@@ -483,15 +483,7 @@ def test_a_later_batch_asks_glue_only_for_the_latest_version(moto_aws, monkeypat
         monkeypatch.setenv(key, value)
     glue = Glue(moto_aws, glue_registry)
     v3 = {**V2, "fields": [*V2["fields"], {"name": "memo", "type": ["null", "string"], "default": None}]}
-    calls = []
-    real_client = registry_module.glue_client
-
-    def counted(conf):
-        client = real_client(conf)
-        client.meta.events.register("provide-client-params.glue.*", lambda params, model, **_: calls.append((model.name, params)))
-        return client
-
-    monkeypatch.setattr(registry_module, "glue_client", counted)
+    calls = counted_glue_calls(monkeypatch)
     for schema in (V1, V2):
         glue.serialize(topic, schema, payment(1))
     conf = {"registry": glue.name, "region": "us-east-1", "endpoint": moto_aws.endpoint, "schema": f"{topic}-value"}
@@ -515,3 +507,41 @@ def test_a_later_batch_asks_glue_only_for_the_latest_version(moto_aws, monkeypat
     again = batch()
     assert list(again.values()) == ["memo"] and not again.keys() & third.keys() and len(calls) == 1
 
+
+def counted_glue_calls(monkeypatch) -> list[tuple[str, dict]]:
+    """The (operation, parameters) the driver's Glue clients send, in order."""
+    from icefloe import glue_registry as registry_module
+
+    calls, real_client = [], registry_module.glue_client
+
+    def record(params, model, **_):
+        calls.append((model.name, params))
+
+    def counted(conf):
+        client = real_client(conf)
+        client.meta.events.register("provide-client-params.glue.*", record)
+        return client
+
+    monkeypatch.setattr(registry_module, "glue_client", counted)
+    return calls
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_the_second_of_two_glue_batches_asks_only_for_the_latest_version(
+    spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry, monkeypatch
+):
+    glue, calls = Glue(moto_aws, glue_registry), counted_glue_calls(monkeypatch)
+    broker.create_topic(topic, 1)
+    values = [glue.serialize(topic, schema, payment(i, schema is V2)) for i, schema in enumerate([V1, V2])]
+    produce(broker.bootstrap_servers, topic, [{"value": value, "partition": 0} for value in values])
+    config = _parsed(glue.config(topic), broker)
+    assert materialize_once(spark, config, config.tables[0]).read_path == JVM
+    assert {"VersionNumber": 1} in [params.get("SchemaVersionNumber") for _, params in calls]  # every version, once
+    produce(broker.bootstrap_servers, topic, [{"value": glue.serialize(topic, V2, payment(2, True)), "partition": 0}])
+    calls.clear()
+    result = materialize_once(spark, config, config.tables[0])
+    # the table's schema (before and after planning), then the JVM plan's latest version
+    latest = ("GetSchemaVersion", {"LatestVersion": True})
+    assert [(name, params["SchemaVersionNumber"]) for name, params in calls] == [latest] * 3
+    assert result.rows_written == 1 and sorted(r["id"] for r in read_pyiceberg(state_dir, result.identifier)) == [0, 1, 2]

@@ -52,8 +52,33 @@ def test_a_later_batch_lists_the_versions_and_asks_only_for_the_latest(registry,
     from icefloe import decoding
     from icefloe_dev.schema_registry import _request
 
-    subject, calls = f"{topic}-value", []
-    real_client = decoding._registry_client
+    subject, calls = f"{topic}-value", counted_registry_calls(monkeypatch)
+    def register(extra: str) -> int:
+        fields = [*V1["fields"], *({"name": name, "type": ["null", "string"], "default": None} for name in extra)]
+        body = {"schema": json.dumps({**V1, "fields": fields})}
+        return _request("POST", f"{registry.url}/subjects/{subject}/versions", body)[1]["id"]
+
+    def batch() -> dict[int, str]:
+        calls.clear()
+        found = decoding.subject_schemas({"url": registry.url}, subject, 100)
+        return {schema_id: json.loads(text)["fields"][-1]["name"] for schema_id, (text, _) in found.items()}
+
+    ids = [register(""), register("a"), register("ab")]
+    assert batch() == dict(zip(ids, ["owner", "a", "b"])) and len(calls) == 4  # the list, then each version
+    assert batch() == dict(zip(ids, ["owner", "a", "b"])) and len(calls) == 2  # the list and the latest only
+    ids.append(register("abc"))  # registered between two batches
+    assert batch() == dict(zip(ids, ["owner", "a", "b", "c"])) and len(calls) == 5  # all again
+    for permanent in ("", "?permanent=true"):  # version 4 hard-deleted, its number given to another schema
+        assert _request("DELETE", f"{registry.url}/subjects/{subject}/versions/4{permanent}")[0] == 200
+    replacement = register("abd")
+    assert batch() == dict(zip([*ids[:3], replacement], ["owner", "a", "b", "d"])) and len(calls) == 5
+
+
+def counted_registry_calls(monkeypatch) -> list[str]:
+    """The paths the driver's registry clients GET, in order."""
+    from icefloe import decoding
+
+    calls, real_client = [], decoding._registry_client
 
     def counted(conf):
         client = real_client(conf)
@@ -61,22 +86,25 @@ def test_a_later_batch_lists_the_versions_and_asks_only_for_the_latest(registry,
         client._rest_client.get = lambda url, query=None: calls.append(url) or get(url, query)
         return client
 
-    def register(extra: str) -> int:
-        fields = [*V1["fields"], *({"name": name, "type": ["null", "string"], "default": None} for name in extra)]
-        return _request("POST", f"{registry.url}/subjects/{subject}/versions", {"schema": json.dumps({**V1, "fields": fields})})[1]["id"]
-
-    def batch() -> dict[int, str]:
-        calls.clear()
-        found = decoding.subject_schemas({"url": registry.url}, subject, 100)
-        return {schema_id: [f["name"] for f in json.loads(text)["fields"]][-1] for schema_id, (text, _) in found.items()}
-
     monkeypatch.setattr(decoding, "_registry_client", counted)
-    ids = [register(""), register("a"), register("ab")]
-    assert batch() == dict(zip(ids, ["owner", "a", "b"])) and len(calls) == 4  # the list, then each version
-    assert batch() == dict(zip(ids, ["owner", "a", "b"])) and len(calls) == 2  # the list and the latest only
-    ids.append(register("abc"))  # registered between two batches
-    assert batch() == dict(zip(ids, ["owner", "a", "b", "c"])) and len(calls) == 5  # all again: a number may name another schema
-    for permanent in ("", "?permanent=true"):  # version 4 hard-deleted, its number given to another schema
-        assert _request("DELETE", f"{registry.url}/subjects/{subject}/versions/4{permanent}")[0] == 200
-    replacement = register("abd")
-    assert batch() == dict(zip([*ids[:3], replacement], ["owner", "a", "b", "d"])) and len(calls) == 5
+    return calls
+
+
+def test_the_second_of_two_batches_asks_the_registry_only_what_can_change(
+    spark, broker, registry, state_dir, topic, make_config, monkeypatch
+):
+    broker.create_topic(topic, 1)
+    calls, schema = counted_registry_calls(monkeypatch), V1
+    for i, name in enumerate(["balance", "note", "memo"]):
+        schema = {**schema, "fields": [*schema["fields"], {"name": name, "type": ["null", "string"], "default": None}]}
+        produce_avro(broker.bootstrap_servers, registry.url, topic, json.dumps(schema), [(None, {"id": i, "owner": "a"})])
+    config = make_config({"topic": topic})
+    materialize_once(spark, config, config.tables[0])
+    assert f"subjects/{topic}-value/versions/1" in calls  # every version, on the first batch
+    produce_avro(broker.bootstrap_servers, registry.url, topic, json.dumps(schema), [(None, {"id": 3, "owner": "b"})])
+    calls.clear()
+    result = materialize_once(spark, config, config.tables[0])
+    subject = f"subjects/{topic}-value/versions"
+    # the table's schema (before and after planning), then the JVM plan's version list and its latest version's id
+    assert sorted(calls) == [subject, f"{subject}/3", f"{subject}/latest", f"{subject}/latest"]
+    assert sorted(r["id"] for r in read_pyiceberg(state_dir, result.identifier)) == [0, 1, 2, 3]
