@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -89,3 +91,14 @@ def json_schema_serializer(registry_url: str, topic: str, schema, key: bool = Fa
     serializer = JSONSerializer(schema, SchemaRegistryClient({"url": registry_url}), conf=conf)
     context = SerializationContext(topic, MessageField.KEY if key else MessageField.VALUE)
     return lambda value: serializer(value, context)
+
+
+def crash_trials() -> int:
+    """SIGKILL trials per crash test: one by default (a new random point on every run of the suite);
+    ICEFLOE_CRASH_TRIALS=N runs N in a row, each on the table the previous one left."""
+    return int(os.environ.get("ICEFLOE_CRASH_TRIALS", "1"))
+
+
+def crash_seed() -> int:
+    """The seed of a crash test's random points: ICEFLOE_CRASH_SEED replays a failed run (its seed is in the failure)."""
+    return int(os.environ.get("ICEFLOE_CRASH_SEED", time.time()))

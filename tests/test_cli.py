@@ -22,7 +22,7 @@ from icefloe import cli, kafka_source, runner
 from icefloe.errors import SourceError
 from icefloe_dev import demo, stock_trades
 from icefloe_dev.producer import produce_avro
-from support import by_position, read_pyiceberg
+from support import by_position, crash_seed, crash_trials, read_pyiceberg
 
 ICEFLOE = [sys.executable, "-m", "icefloe.cli"]
 
@@ -67,7 +67,7 @@ def test_sigkill_midway_then_rerun_is_exactly_once(broker, registry, spark, stat
     path = trades_stack(tmp_path / "Pulumi.crash.yaml", broker, registry, topic, records, max_records=40_000)
     env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[2]"}
     command = [*ICEFLOE, "run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)]
-    rng = random.Random(int(os.environ.get("ICEFLOE_CRASH_SEED", time.time())))
+    rng = random.Random(crash_seed())
     kills = 0
     for _ in range(2):  # a second try only if the first run finished before the kill landed
         if kills:
@@ -92,26 +92,31 @@ UNLOCKED = [sys.executable, "-c", "import contextlib, sys; from icefloe import c
 @pytest.mark.broker
 def test_two_overlapping_writers_one_killed_at_random_is_exactly_once(broker, registry, spark, state_dir, topic, tmp_path):
     """Two runs of one table overlap (no lock between them); one of them, chosen at random, is SIGKILLed at a random
-    point while the other goes on to commit. Each trial overlaps the next batch of the same table."""
-    records = 30_000
-    path = trades_stack(tmp_path / "Pulumi.crash2.yaml", broker, registry, topic, records, max_records=6_000)
+    point while the other goes on to commit. Each trial (ICEFLOE_CRASH_TRIALS, one by default) overlaps the next
+    batch of the same table; a trial whose victim finished before the kill is tried again."""
+    trials, batch = crash_trials(), 6_000
+    attempts = trials + 1
+    records = batch * (2 * attempts + 1)  # an attempt commits at most two batches: the rerun always has one left
+    path = trades_stack(tmp_path / "Pulumi.crash2.yaml", broker, registry, topic, records, max_records=batch)
     env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[1]"}
-    arguments = ["run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)]
-    seed = int(os.environ.get("ICEFLOE_CRASH_SEED", time.time()))
+    arguments = ["run", "--once", "--json", "--state-dir", str(state_dir)]
+    seed = crash_seed()
     rng = random.Random(seed)
     kills = 0
-    for trial in range(2):
-        first, first_reading = start_run([*UNLOCKED, *arguments], env)
+    for attempt in range(attempts):
+        if kills == trials:
+            break
+        first, first_reading = start_run([*UNLOCKED, *arguments, "--config", str(path)], env)
         time.sleep(rng.uniform(0.0, 3.0))  # the second writer starts while the first plans, reads or commits
-        second, second_reading = start_run([*UNLOCKED, *arguments], env)
+        second, second_reading = start_run([*UNLOCKED, *arguments, "--config", str(path)], env)
         victim, victim_reading, survivor = (first, first_reading, second) if rng.random() < 0.5 else (second, second_reading, first)
         victim_reading.wait(180)
         time.sleep(rng.uniform(0.0, 5.0))
         kills += kill_if_running(victim)
         victim.wait(timeout=120)
-        assert survivor.wait(timeout=600) in (0, 1), f"trial {trial} (seed {seed}): the surviving writer crashed"
-    assert kills >= 1, f"seed {seed}: no writer was still running when killed; the test did not test a crash"
-    run_to_the_end(command=[*ICEFLOE, *arguments], env=env)
+        assert survivor.wait(timeout=600) in (0, 1), f"attempt {attempt} (seed {seed}): the surviving writer crashed"
+    assert kills == trials, f"seed {seed}: {kills} of {trials} victims still running when killed; the test did not test a crash"
+    run_to_the_end([*ICEFLOE, *arguments, "--config", str(catch_up_stack(path))], env)
     assert_exactly_once(state_dir, f"local.{topic}", records)
 
 
@@ -121,6 +126,17 @@ def trades_stack(path: Path, broker, registry, topic: str, records: int, max_rec
     produce_avro(broker.bootstrap_servers, registry.url, topic, stock_trades.SCHEMA, stock_trades.trades(records))
     return stack_file(path, broker.bootstrap_servers, registry.url,
                       [{"topic": topic, "partitionBy": ["hour(event_time)"], "maxRecordsPerRun": max_records}])  # fmt: skip
+
+
+def catch_up_stack(path: Path) -> Path:
+    """The same stack without `maxRecordsPerRun`: the rerun after the trials (whose survivors committed, so it resumes
+    from a checkpoint) takes the rest in one batch, one Spark start instead of one per batch."""
+    document = yaml.safe_load(path.read_text())
+    for table in document["config"]["icefloe:tables"]:
+        del table["maxRecordsPerRun"]
+    catch_up = path.with_name(f"catch-up-{path.name}")
+    catch_up.write_text(yaml.safe_dump(document))
+    return catch_up
 
 
 def start_run(command: list[str], env: dict) -> tuple[subprocess.Popen, threading.Event]:

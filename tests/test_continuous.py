@@ -28,12 +28,22 @@ def records(start: int, count: int, partitions: int = 2, timestamp: int | None =
             for i in range(start, start + count)]  # fmt: skip
 
 
-def start_continuous(config_path: Path, state_dir: Path, log: Path | None = None) -> subprocess.Popen:
-    command = [sys.executable, "-m", "icefloe.cli", "run", "--config", str(config_path), "--continuous", "--json",
+def start_continuous(config_path: Path, state_dir: Path, log: Path | None = None, quick_retries: bool = False) -> subprocess.Popen:
+    """The `icefloe run --continuous` command; `quick_retries` shortens its Kafka timeout and backoff (QUICK_RETRIES)."""
+    program = QUICK_RETRIES if quick_retries else ["-m", "icefloe.cli"]
+    command = [sys.executable, *program, "run", "--config", str(config_path), "--continuous", "--json",
                "--state-dir", str(state_dir)]  # fmt: skip
     env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[2]"}
     stderr = open(log, "w") if log else subprocess.DEVNULL
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+
+
+# The job as `icefloe run`, with a 2 s Kafka metadata timeout and 0.5 s first backoff instead of 15 s and 2 s: a run
+# against an absent broker gives up within seconds (backing off 0.5 + 1 s instead of 2 + 4 s, and no metadata request
+# waits 15 s), so an outage spans several of the loop's retries quickly. The loop (runner.run_continuously) is as shipped.
+QUICK_RETRIES = ["-c", "import sys; from icefloe import cli, kafka_source, runner; kafka_source.METADATA_TIMEOUT_S = 2.0; "
+                 "runner.SOURCE_BACKOFF_S = 0.5; sys.exit(cli.main())"]  # fmt: skip
+RUN_RETRY = "; retrying in "  # runner.run_table's line for each retry inside one run
 
 
 def continuous_stack(path: Path, bootstrap: str, topic: str) -> Path:
@@ -157,39 +167,49 @@ def test_retention_ttl_deletes_rows_older_than_the_window(spark, broker, state_d
 
 
 def test_continuous_mode_rides_out_a_broker_outage(spark, state_dir, topic, tmp_path):
-    """The broker goes away for minutes: the job keeps waiting (no exit, no suspension), resumes within a few
-    refreshes of the broker coming back, and every record lands exactly once."""
+    """The broker goes away for longer than one run's retries, several times over: the job keeps waiting (no exit,
+    no suspension), resumes within a few refreshes of the broker coming back, and every record lands exactly once."""
+    from icefloe import runner
     from icefloe_dev.kafka_broker import KafkaBroker
     from icefloe_dev.readers import pyiceberg_catalog
 
-    outage_s = float(os.environ.get("ICEFLOE_TEST_OUTAGE_S", "150"))
+    # Runs that gave up on the absent broker before it comes back (each logs SOURCE_ATTEMPTS - 1 retries); the first
+    # one is where a job without the outage handling exits or suspends the table. ICEFLOE_TEST_OUTAGE_S keeps the
+    # broker away at least that long as well (minutes, as on a real outage).
+    failed_runs = 3
+    outage_s = float(os.environ.get("ICEFLOE_TEST_OUTAGE_S", "0"))
     broker = KafkaBroker(tmp_path / "own-broker").start()  # its own broker: the shared one must stay up
     try:
         broker.create_topic(topic, 2)
         path = continuous_stack(tmp_path / "Pulumi.outage.yaml", broker.bootstrap_servers, topic)
         identifier = f"local.{topic}"
 
-        def wait_for_rows(count: int, within: float) -> None:
+        def wait_until(done, what: str, within: float) -> None:
             deadline = time.monotonic() + within
-            while not (pyiceberg_catalog(state_dir).table_exists(identifier)
-                       and len(read_pyiceberg(state_dir, identifier)) == count):  # fmt: skip
+            while not done():
                 assert process.poll() is None, f"the continuous job exited:\n{job_log.read_text()[-3000:]}"
-                assert time.monotonic() < deadline, f"{count} rows not visible within {within:g}s:\n{job_log.read_text()[-3000:]}"
-                time.sleep(1)
+                assert time.monotonic() < deadline, f"{what} not within {within:g}s:\n{job_log.read_text()[-3000:]}"
+                time.sleep(0.5)
+
+        def rows_visible(count: int):
+            return lambda: (pyiceberg_catalog(state_dir).table_exists(identifier)
+                            and len(read_pyiceberg(state_dir, identifier)) == count)  # fmt: skip
 
         job_log = tmp_path / "job.log"
-        process = start_continuous(path, state_dir, job_log)
+        process = start_continuous(path, state_dir, job_log, quick_retries=True)
         threading.Thread(target=lambda: [None for _ in process.stdout], daemon=True).start()  # drain --json lines
         try:
             produce(broker.bootstrap_servers, topic, records(0, 50))
-            wait_for_rows(50, 240)
+            wait_until(rows_visible(50), "50 rows visible", 240)
             broker.stop()
-            time.sleep(outage_s)
-            assert process.poll() is None, f"the job exited during the broker outage:\n{job_log.read_text()[-3000:]}"
+            away_since = time.monotonic()
+            retries = job_log.read_text().count(RUN_RETRY) + failed_runs * (runner.SOURCE_ATTEMPTS - 1)
+            wait_until(lambda: job_log.read_text().count(RUN_RETRY) >= retries and time.monotonic() - away_since >= outage_s,
+                       f"{failed_runs} runs failing on the absent broker", 180 + outage_s)  # fmt: skip
             assert "waiting for its source/catalog to come back" in job_log.read_text()
             broker.start()  # same ports, same data: the broker is back
             produce(broker.bootstrap_servers, topic, records(50, 50))
-            wait_for_rows(100, 120)
+            wait_until(rows_visible(100), "100 rows visible after the outage", 120)
         finally:
             process.send_signal(signal.SIGTERM)
             assert process.wait(90) == 0, "SIGTERM must stop the loop cleanly after an outage too"

@@ -12,7 +12,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -97,7 +96,7 @@ def test_glue_catalog_on_moto_materializes_and_pyiceberg_reads_it_back(broker, r
     # A file no snapshot references, as a crashed run leaves behind: maintenance after the first batch removes it.
     orphan = f"warehouse/local.db/{topic}/data/left-by-a-crashed-run.parquet"
     s3.put_object(Bucket=bucket, Key=orphan, Body=b"PAR1 not referenced by any snapshot")
-    put_at = time.time()
+    moto_aws.backdate_object(bucket, orphan, 600)  # older than orphanFileAge (>= runTimeout): no run can still own it
     broker.create_topic(topic, 3)
     produced = orders.produce_orders(broker, registry, topic, range(150), random.Random(11))
     config = tmp_path / "Pulumi.glue.yaml"
@@ -111,7 +110,6 @@ def test_glue_catalog_on_moto_materializes_and_pyiceberg_reads_it_back(broker, r
     # No AWS settings of the machine leak in: credentials and region come from the environment, as on EMR.
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | moto_aws.aws_env()
 
-    time.sleep(max(0.0, put_at + 62 - time.time()))  # the orphan must be older than orphanFileAge (>= runTimeout)
     first, log = run_once(config, tmp_path / "state", env)
 
     identifier = f"local.{topic}"

@@ -1,7 +1,7 @@
 """The local moto server keeps Glue's optimistic concurrency: a stale table version is refused, no commit is lost.
 
 Each check also runs against plain moto (the wrapper switched off) to show what it would silently lose there: a
-concurrency test on plain moto proves nothing.
+concurrency test on plain moto proves nothing. The server also backdates S3 objects, so tests plant old files at once.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from icefloe_dev.moto_server import MotoServer
+from icefloe_dev.processes import ServiceError
 
 SCHEMA = pa.schema([pa.field("writer", pa.string()), pa.field("n", pa.int64())])
 
@@ -140,3 +141,15 @@ def test_two_writers_appending_in_loops_lose_nothing(moto_aws):
     rows = sorted((r["writer"], r["n"]) for r in table.scan().to_arrow().to_pylist())
     assert rows == [(w, i) for w in ("a", "b") for i in range(appends)]
     assert len(table.history()) == 2 * appends
+
+
+def test_an_object_can_be_backdated_so_tests_need_not_wait_for_it_to_age(moto_aws):
+    s3 = moto_aws.client("s3")
+    s3.create_bucket(Bucket="icefloe-backdate")
+    s3.put_object(Bucket="icefloe-backdate", Key="data/left behind.parquet", Body=b"x")
+    written = s3.head_object(Bucket="icefloe-backdate", Key="data/left behind.parquet")["LastModified"]
+    moto_aws.backdate_object("icefloe-backdate", "data/left behind.parquet", 600)
+    listed = s3.list_objects_v2(Bucket="icefloe-backdate")["Contents"][0]["LastModified"]
+    assert (written - listed).total_seconds() == 600
+    with pytest.raises(ServiceError, match="s3://icefloe-backdate/missing"):
+        moto_aws.backdate_object("icefloe-backdate", "missing", 600)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from icefloe.runner import run_table
-from support import produce, read_duckdb, read_pyiceberg
+from support import crash_seed, crash_trials, produce, read_duckdb, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 SCHEMA = {"fields": [{"name": "account", "type": "string"}, {"name": "balance", "type": "long"}, {"name": "seq", "type": "long"}]}
@@ -105,16 +105,23 @@ def stack_file(path, bootstrap, table: dict):
 
 
 def test_sigkill_at_random_points_then_rerun_gives_the_last_value_per_key(broker, spark, state_dir, topic, tmp_path):
+    """SIGKILL trials (ICEFLOE_CRASH_TRIALS, one by default; a run that finished before its kill is tried again),
+    each on the table the previous one left, then reruns to the end. The topic holds one batch more than the trials,
+    so some batch always resumes from a committed checkpoint."""
     broker.create_topic(topic, 3)
-    rng = random.Random(int(os.environ.get("ICEFLOE_CRASH_SEED", time.time())))
-    sent = changes(rng, keys=5000, count=40_000)
+    trials, seed = crash_trials(), crash_seed()
+    rng = random.Random(seed)
+    batch = 15_000
+    sent = changes(rng, keys=5000, count=batch * (trials + 1))
     produce(broker.bootstrap_servers, topic, sent)
     path = stack_file(tmp_path / "Pulumi.upsert.yaml", broker.bootstrap_servers,
-                      {"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert", "maxRecordsPerRun": 15_000})  # fmt: skip
+                      {"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert", "maxRecordsPerRun": batch})  # fmt: skip
     env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[2]"}
     command = [sys.executable, "-m", "icefloe.cli", "run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)]
     kills = 0
-    for _ in range(2):
+    for _ in range(trials + 1):
+        if kills == trials:
+            break
         process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
         started = threading.Event()
 
@@ -130,8 +137,8 @@ def test_sigkill_at_random_points_then_rerun_gives_the_last_value_per_key(broker
             process.send_signal(signal.SIGKILL)
             kills += 1
         process.wait(60)
-    assert kills >= 1, "no run was killed mid-way: the test did not test a crash"
-    for _ in range(4):
+    assert kills == trials, f"seed {seed}: {kills} of {trials} runs killed mid-way: the test did not test a crash"
+    for _ in range(trials + 3):
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         if json.loads(done.stdout.strip().splitlines()[-1])["status"] == "up-to-date":

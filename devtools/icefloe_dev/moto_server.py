@@ -9,7 +9,9 @@ Iceberg (Java and pyiceberg) retries the commit. A concurrency test on plain mot
 module is also the child's entry point (`python -m icefloe_dev.moto_server --port N`): it wraps moto's Glue
 `UpdateTable` handler so that, under one lock, a request whose `VersionId` is not the table's current one is refused
 with Glue's error. The wrapper relies on moto internals (`GlueResponse.update_table`, `FakeTable._current_version`),
-hence moto is pinned (`MOTO_VERSION`, pyproject's dev extra) and the child refuses any other version.
+hence moto is pinned (`MOTO_VERSION`, pyproject's dev extra) and the child refuses any other version. The child also
+moves an S3 object's LastModified back on request (`MotoServer.backdate_object`): a test plants a file "left by a
+crashed run" older than `orphanFileAge` (at least a minute) without waiting for it to age.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import sys
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -28,6 +31,7 @@ REGION = "us-east-1"
 # moto accepts any credentials; these only have to exist so that no client looks for real ones.
 ACCESS_KEY_ID = "testing"
 SECRET_ACCESS_KEY = "testing"
+BACKDATE_PATH = "/moto-api/icefloe/backdate"
 
 
 class MotoServer(LocalService):
@@ -78,6 +82,16 @@ class MotoServer(LocalService):
     def catalog_endpoints(self) -> dict[str, str]:
         """The `icefloe:catalog.endpoints` block (stack-file spelling) for a Glue catalog served by this server."""
         return {"glue": self.endpoint, "s3": self.endpoint, "region": REGION}
+
+    def backdate_object(self, bucket: str, key: str, seconds: float) -> None:
+        """Move an S3 object's LastModified `seconds` into the past (`allow_backdating_objects`): a file a crashed
+        run left behind long ago, without waiting for it to age."""
+        query = urllib.parse.urlencode({"bucket": bucket, "key": key, "seconds": seconds})
+        request = urllib.request.Request(f"{self.endpoint}{BACKDATE_PATH}?{query}", method="POST")
+        try:
+            urllib.request.urlopen(request, timeout=10).close()
+        except urllib.error.HTTPError as error:
+            raise ServiceError(f"the moto server did not backdate s3://{bucket}/{key}: {error.code} {error.read().decode()}") from None
 
     def client(self, service: str):
         import boto3
@@ -149,6 +163,27 @@ def enforce_glue_table_versions() -> None:
     GlueResponse.update_table = update_table
 
 
+def allow_backdating_objects() -> None:
+    """Serve `POST /moto-api/icefloe/backdate?bucket=&key=&seconds=`, which moves an S3 object's LastModified back
+    (moto 5.2.5 internals: moto's API routes are read from `url_paths` when the app is built)."""
+    from datetime import timedelta
+
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.moto_api._internal import urls
+    from moto.s3.models import s3_backends
+
+    def backdate(request, full_url, headers):
+        query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(full_url).query))
+        stored = s3_backends[DEFAULT_ACCOUNT_ID]["aws"].get_object(query["bucket"], query["key"])
+        if stored is None:
+            return 404, {}, f"no object s3://{query['bucket']}/{query['key']}"
+        stored.last_modified -= timedelta(seconds=float(query["seconds"]))
+        _say(f"s3 {query['bucket']}/{query['key']}: LastModified moved back {query['seconds']}s")
+        return 200, {}, "{}"
+
+    urls.url_paths["{0}" + BACKDATE_PATH] = backdate
+
+
 def _say(line: str) -> None:
     print(line, flush=True)  # stdout is the server's log file
 
@@ -160,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from moto.server import main as moto_main
 
+    allow_backdating_objects()
     if args.plain:
         _say("plain moto: Glue UpdateTable VersionId is NOT enforced")
     else:
