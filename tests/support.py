@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import random
+import signal
+import subprocess
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -99,6 +104,73 @@ def crash_trials() -> int:
     return int(os.environ.get("ICEFLOE_CRASH_TRIALS", "1"))
 
 
+# One seed for the whole suite, so the crash tests can split the phases between them (see `crash_point`).
+_CRASH_SEED = int(os.environ.get("ICEFLOE_CRASH_SEED", time.time()))
+
+
 def crash_seed() -> int:
-    """The seed of a crash test's random points: ICEFLOE_CRASH_SEED replays a failed run (its seed is in the failure)."""
-    return int(os.environ.get("ICEFLOE_CRASH_SEED", time.time()))
+    """The seed of the crash tests' random points: ICEFLOE_CRASH_SEED replays a failed run (its seed is in the failure)."""
+    return _CRASH_SEED
+
+
+# Where a crash test's SIGKILL lands: after a line the run logs as it enters a step (materializer.py, commit.py),
+# at most some seconds later. "publish" is the window between the branch write and main's fast-forward, or right
+# after the fast-forward (before the branch is dropped): a run killed there must leave main all or nothing.
+CRASH_PHASES: dict[str, list[tuple[str, float]]] = {
+    "read": [("records from", 1.0)],
+    "write": [("writing the batch on branch", 2.0)],
+    "publish": [("publishing branch", 0.3), ("published branch", 0.0)],
+}
+
+
+@dataclass(frozen=True)
+class CrashPoint:
+    phase: str
+    marker: str
+    delay: float
+
+
+def crash_point(rng: random.Random, test: int, trial: int) -> CrashPoint:
+    """Where trial `trial` of crash test number `test` kills its run. The phase cycles over tests and trials from the
+    suite's seed, so the three crash tests (0, 1, 2; one trial each by default) kill in every phase on every run."""
+    phase = list(CRASH_PHASES)[(crash_seed() + test + trial) % len(CRASH_PHASES)]
+    marker, longest = rng.choice(CRASH_PHASES[phase])
+    return CrashPoint(phase, marker, rng.uniform(0.0, longest))
+
+
+class WatchedRun:
+    """An `icefloe` subprocess whose log (stderr) is drained, so the run never blocks on it, and watched for markers."""
+
+    def __init__(self, command: list[str], env: dict) -> None:
+        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+        self.lines: list[str] = []
+        self.ended = False
+        self._changed = threading.Condition()
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        for line in self.process.stderr:
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self.ended = True
+            self._changed.notify_all()
+
+    def logged(self, marker: str, timeout: float) -> bool:
+        """Wait until the run logs a line holding `marker`; False if it ended (or timed out) without one."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._seen(marker) or self.ended, timeout) and self._seen(marker)
+
+    def _seen(self, marker: str) -> bool:
+        return any(marker in line for line in self.lines)
+
+    def kill_at(self, point: CrashPoint, timeout: float = 300) -> int:
+        """SIGKILL the run at `point`; 1 if it was killed, 0 if it had already ended."""
+        self.logged(point.marker, timeout)
+        time.sleep(point.delay)
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            return 1
+        print(f"the run ended (exit {self.process.returncode}) before {point}; its log ends:", *self.lines[-5:], sep="\n")
+        return 0

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
@@ -22,7 +20,7 @@ from icefloe import cli, kafka_source, runner
 from icefloe.errors import SourceError
 from icefloe_dev import demo, stock_trades
 from icefloe_dev.producer import produce_avro
-from support import by_position, crash_seed, crash_trials, read_pyiceberg
+from support import WatchedRun, by_position, crash_point, crash_seed, crash_trials, read_pyiceberg
 
 ICEFLOE = [sys.executable, "-m", "icefloe.cli"]
 
@@ -67,17 +65,18 @@ def test_sigkill_midway_then_rerun_is_exactly_once(broker, registry, spark, stat
     path = trades_stack(tmp_path / "Pulumi.crash.yaml", broker, registry, topic, records, max_records=40_000)
     env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[2]"}
     command = [*ICEFLOE, "run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)]
-    rng = random.Random(crash_seed())
+    seed = crash_seed()
+    rng = random.Random(seed)
     kills = 0
     for _ in range(2):  # a second try only if the first run finished before the kill landed
         if kills:
             break
-        process, reading = start_run(command, env)
-        assert reading.wait(120), "the run never started reading"
-        time.sleep(rng.uniform(0.0, 4.0))
-        kills += kill_if_running(process)
-        process.wait(timeout=120)
-    assert kills >= 1, "the run finished before it could be killed; the test did not test a crash"
+        run, point = WatchedRun(command, env), crash_point(rng, test=0, trial=0)
+        print(f"seed {seed}: killing at {point}")
+        assert run.logged("records from", 120), "the run never started reading"
+        kills += run.kill_at(point)
+        run.process.wait(timeout=120)
+    assert kills >= 1, f"seed {seed}: the run finished before it could be killed; the test did not test a crash"
 
     run_to_the_end(command, env)
     assert_exactly_once(state_dir, f"local.{topic}", records)
@@ -92,10 +91,10 @@ UNLOCKED = [sys.executable, "-c", "import contextlib, sys; from icefloe import c
 @pytest.mark.broker
 def test_two_overlapping_writers_one_killed_at_random_is_exactly_once(broker, registry, spark, state_dir, topic, tmp_path):
     """Two runs of one table overlap (no lock between them); one of them, chosen at random, is SIGKILLed at a random
-    point while the other goes on to commit. Each trial (ICEFLOE_CRASH_TRIALS, one by default) overlaps the next
+    point of a phase (`crash_point`) while the other goes on to commit. Each trial (ICEFLOE_CRASH_TRIALS, one by default) overlaps the next
     batch of the same table; a trial whose victim finished before the kill is tried again."""
     trials, batch = crash_trials(), 6_000
-    attempts = trials + 1
+    attempts = 2 * trials + 1  # a victim may lose a catalog commit race and end on its own before its kill point
     records = batch * (2 * attempts + 1)  # an attempt commits at most two batches: the rerun always has one left
     path = trades_stack(tmp_path / "Pulumi.crash2.yaml", broker, registry, topic, records, max_records=batch)
     env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[1]"}
@@ -106,15 +105,15 @@ def test_two_overlapping_writers_one_killed_at_random_is_exactly_once(broker, re
     for attempt in range(attempts):
         if kills == trials:
             break
-        first, first_reading = start_run([*UNLOCKED, *arguments, "--config", str(path)], env)
+        first = WatchedRun([*UNLOCKED, *arguments, "--config", str(path)], env)
         time.sleep(rng.uniform(0.0, 3.0))  # the second writer starts while the first plans, reads or commits
-        second, second_reading = start_run([*UNLOCKED, *arguments, "--config", str(path)], env)
-        victim, victim_reading, survivor = (first, first_reading, second) if rng.random() < 0.5 else (second, second_reading, first)
-        victim_reading.wait(180)
-        time.sleep(rng.uniform(0.0, 5.0))
-        kills += kill_if_running(victim)
-        victim.wait(timeout=120)
-        assert survivor.wait(timeout=600) in (0, 1), f"attempt {attempt} (seed {seed}): the surviving writer crashed"
+        second = WatchedRun([*UNLOCKED, *arguments, "--config", str(path)], env)
+        victim, survivor = (first, second) if rng.random() < 0.5 else (second, first)
+        point = crash_point(rng, test=1, trial=kills)
+        print(f"seed {seed}, attempt {attempt}: killing the {'first' if victim is first else 'second'} writer at {point}")
+        kills += victim.kill_at(point)
+        victim.process.wait(timeout=120)
+        assert survivor.process.wait(timeout=600) in (0, 1), f"attempt {attempt} (seed {seed}): the surviving writer crashed"
     assert kills == trials, f"seed {seed}: {kills} of {trials} victims still running when killed; the test did not test a crash"
     run_to_the_end([*ICEFLOE, *arguments, "--config", str(catch_up_stack(path))], env)
     assert_exactly_once(state_dir, f"local.{topic}", records)
@@ -137,27 +136,6 @@ def catch_up_stack(path: Path) -> Path:
     catch_up = path.with_name(f"catch-up-{path.name}")
     catch_up.write_text(yaml.safe_dump(document))
     return catch_up
-
-
-def start_run(command: list[str], env: dict) -> tuple[subprocess.Popen, threading.Event]:
-    """Start a run; the event is set once it logs that it reads its planned records."""
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
-    reading = threading.Event()
-
-    def watch(stream=process.stderr, seen=reading) -> None:  # drain stderr so the run never blocks on it
-        for line in stream:
-            if "reading" in line and "records from" in line:
-                seen.set()
-
-    threading.Thread(target=watch, daemon=True).start()
-    return process, reading
-
-
-def kill_if_running(process: subprocess.Popen) -> int:
-    if process.poll() is None:
-        process.send_signal(signal.SIGKILL)
-        return 1
-    return 0
 
 
 def run_to_the_end(command: list[str], env: dict) -> None:

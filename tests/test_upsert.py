@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
-import threading
 import time
 import zlib
 
@@ -16,7 +14,7 @@ import pytest
 import yaml
 
 from icefloe.runner import run_table
-from support import crash_seed, crash_trials, produce, read_duckdb, read_pyiceberg
+from support import WatchedRun, crash_point, crash_seed, crash_trials, produce, read_duckdb, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 SCHEMA = {"fields": [{"name": "account", "type": "string"}, {"name": "balance", "type": "long"}, {"name": "seq", "type": "long"}]}
@@ -122,21 +120,11 @@ def test_sigkill_at_random_points_then_rerun_gives_the_last_value_per_key(broker
     for _ in range(trials + 1):
         if kills == trials:
             break
-        process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
-        started = threading.Event()
-
-        def watch(stream=process.stderr, seen=started) -> None:
-            for line in stream:
-                if "records from" in line:
-                    seen.set()
-
-        threading.Thread(target=watch, daemon=True).start()
-        assert started.wait(120)
-        time.sleep(rng.uniform(0.0, 5.0))  # somewhere in reading, merging, the offsets commit or publishing
-        if process.poll() is None:
-            process.send_signal(signal.SIGKILL)
-            kills += 1
-        process.wait(60)
+        run, point = WatchedRun(command, env), crash_point(rng, test=2, trial=kills)
+        print(f"seed {seed}: killing at {point}")  # somewhere in reading, merging or publishing
+        assert run.logged("records from", 120)
+        kills += run.kill_at(point)
+        run.process.wait(60)
     assert kills == trials, f"seed {seed}: {kills} of {trials} runs killed mid-way: the test did not test a crash"
     for _ in range(trials + 3):
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)

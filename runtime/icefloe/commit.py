@@ -142,13 +142,18 @@ def commit_on_branch(
         raise ValueError("a commit's checkpoint names the run that writes it")
     branch = Branch(table, branch_name(checkpoint.run_id), checkpoint)
     table.create_branch(branch.name, base_snapshot_id)
+    # Each step logs as it starts: an operator (and the crash tests) can tell where a run stopped.
+    log.info("%s: writing the batch on branch %s (from snapshot %d)", table.identifier, branch.name, base_snapshot_id)
     try:
         written = write(branch)
         if not branch.checkpointed:  # e.g. after a MERGE: the checkpoint rides on an empty append
             branch.append(table.spark.createDataFrame([], table.schema()))
+        log.info("%s: publishing branch %s to main", table.identifier, branch.name)
         verify_publishable(branch, base_snapshot_id, run_timeout_s)
         try:
-            return table.fast_forward("main", branch.name), written
+            published = table.fast_forward("main", branch.name)
+            log.info("%s: published branch %s: main is at snapshot %d", table.identifier, branch.name, published)
+            return published, written
         except Exception as error:
             if "not an ancestor" in str(error):
                 raise CommitConflict(
