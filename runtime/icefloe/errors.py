@@ -45,6 +45,7 @@ _TRANSIENT_MARKS = (
     "sdkclientexception", "serviceunavailable", "service unavailable", "throttl", "slowdown", "slow down",
     "requesttimeout", "timed out", "timeout", "temporarily", "too many requests", "broker transport failure",
     "all brokers are down", "unknownhost", "no route to host",
+    "sqlite_busy", "database is locked",  # the local catalog held by another run: re-plan once it is free
 )
 
 
