@@ -280,6 +280,7 @@ def bench_shape(spark, state: Path, shape: str, records: int, rounds: int, broke
         cached.unpersist()
         print(f"{shape} round {round_ + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]['seconds']:.1f} s" for k, v in runs.items()), flush=True)
 
+    files = spark.sql(f"SELECT count(*) AS n, sum(file_size_in_bytes) AS bytes FROM icefloe.{result.identifier}.files").first()
     stages = [summarize("python-source: confluent-kafka, 1 consumer", [python_source], size, cores)]
     stages += [summarize(name, items, size, cores) for name, items in runs.items()]
     by_name = {s["stage"].split(":")[0]: s for s in stages}
@@ -297,6 +298,9 @@ def bench_shape(spark, state: Path, shape: str, records: int, rounds: int, broke
             "icefloe_vs_sink": round(by_name["icefloe"]["mib_per_s"] / by_name["sink"]["mib_per_s"], 3),
         },
         "icefloe_memory_per_round": icefloe_memory,
+        "table_data_files": files.n,
+        "table_data_mib": round(files.bytes / 2**20, 1),
+        "table_properties": {k: v for k, v in DEFAULT_PROPERTIES.items() if k.startswith("write.parquet")},
     }
 
 
@@ -426,6 +430,9 @@ def markdown(report: dict) -> str:
               f"{s['spark_cpu_s']} | {s['mib_per_spark_cpu_s']} | {s['broker_cpu_s']} | {s['load_1m']} |" for s in shape["stages"]],
             "",
             "Ratios (MiB/s): " + ", ".join(f"{k} {v}" for k, v in shape["ratios"].items()) + ".",
+            "",
+            f"Table written by icefloe's last round: {shape['table_data_files']} data files, {shape['table_data_mib']} MiB "
+            f"({', '.join(f'{k}={v}' for k, v in shape['table_properties'].items())}).",
             "",
         ]  # fmt: skip
     fixed = report.get("fixed_cost")

@@ -190,6 +190,78 @@ def test_every_row_of_the_jvm_path_is_the_python_paths_row(spark, broker, regist
     assert observation.get == {"rows": len(values), "for_python": len(for_python)}, "only those records go to Python"
 
 
+# Strings inside collections, reached without lambdas where Spark allows (flatten, field extraction, map_values):
+# arrays of arrays, of nullable arrays (a null must not hide its neighbours' strings), of records holding arrays,
+# of nullable records, of maps, and maps of arrays.
+LINE = {"type": "record", "name": "Line", "fields": [
+    {"name": "sku", "type": "string"}, {"name": "tags", "type": {"type": "array", "items": "string"}}]}
+NESTED = {
+    "type": "record", "name": "Nested", "namespace": "test.jvm",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "grid", "type": {"type": "array", "items": {"type": "array", "items": "string"}}},
+        {"name": "holes", "type": {"type": "array", "items": ["null", {"type": "array", "items": "string"}]}},
+        {"name": "lines", "type": {"type": "array", "items": LINE}},
+        {"name": "maybe_lines", "type": {"type": "array", "items": ["null", "Line"]}},
+        {"name": "dicts", "type": {"type": "array", "items": {"type": "map", "values": "string"}}},
+        {"name": "groups", "type": {"type": "map", "values": {"type": "array", "items": "string"}}},
+        {"name": "choice", "type": {"type": "array", "items": ["long", {"type": "array", "items": "string"}]}},
+    ],
+}  # fmt: skip
+
+
+def nested(i: int, rng: random.Random) -> dict:
+    words = ["a", "ñ", "\ufffd", "zz"]  # U+FFFD is valid UTF-8: Python decodes it
+
+    def some(n: int = 3) -> list:
+        return [rng.choice(words) + str(j) for j in range(rng.randrange(n))]
+
+    return {
+        "id": i, "grid": [some() for _ in range(rng.randrange(3))],
+        "holes": [None if rng.random() < 0.3 else some() for _ in range(rng.randrange(4))],
+        "lines": [{"sku": rng.choice(words), "tags": some()} for _ in range(rng.randrange(3))],
+        "maybe_lines": [None if rng.random() < 0.3 else {"sku": "s", "tags": some()} for _ in range(rng.randrange(4))],
+        "dicts": [{f"k{j}": rng.choice(words) for j in range(rng.randrange(3))} for _ in range(rng.randrange(3))],
+        "groups": {f"g{j}": some() for j in range(rng.randrange(3))},
+        "choice": [rng.choice([7, some()]) for _ in range(rng.randrange(4))],
+    }  # fmt: skip
+
+
+NESTED_MUTATIONS = [
+    ("array of arrays", {"grid": [["ok"], [b"\xff"]]}),
+    ("after a null array", {"holes": [None, [b"ok", b"\xc3"]]}),
+    ("before a null array", {"holes": [[b"\xe2\x28"], None]}),
+    ("array in a record in an array", {"lines": [{"sku": "a", "tags": []}, {"sku": "b", "tags": [b"\x80"]}]}),
+    ("string of a record in an array", {"lines": [{"sku": b"\xed\xa0\x80", "tags": []}]}),  # a surrogate
+    ("after a null record", {"maybe_lines": [None, {"sku": "s", "tags": [b"\xf0\x28"]}]}),
+    ("map value in an array", {"dicts": [{}, {"k": b"\xc0\xaf"}]}),  # an overlong encoding
+    ("map key in an array", {"dicts": [{"QZ": "v"}]}),
+    ("array in a map", {"groups": {"g": [b"ok"], "h": [b"\xfe"]}}),
+    ("array in a union", {"choice": [7, [b"\xff"]]}),  # the long's member1 is null
+]
+
+
+def test_strings_in_nested_collections_are_checked_as_python_decodes_them(spark, broker, registry, topic, make_config):
+    broker.create_topic(topic, 1)
+    schema_id = SchemaRegistryClient({"url": registry.url}).register_schema(f"{topic}-value", Schema(json.dumps(NESTED), "AVRO"))
+    rng = random.Random(9)
+    valid = [framed(schema_id, encode(NESTED, nested(i, rng))) for i in range(150)]
+    bad = [framed(schema_id, encode(NESTED, {**nested(1000 + n, rng), **change})) for n, (_, change) in enumerate(NESTED_MUTATIONS)]
+    produce(broker.bootstrap_servers, topic, [{"key": b"k", "value": v} for v in valid + bad])
+
+    config = make_config({"topic": topic, "errors": "skip"})
+    path, jvm, jvm_rows, python_rows = rows_on_both_paths(spark, config)
+    assert path.name == JVM
+    failed = [position for position, row in python_rows.items() if row["icefloe_error_class"] is not None]
+    assert len(failed) == len(NESTED_MUTATIONS), "every mutation is a bad record for Python"
+    for position, expected in python_rows.items():
+        assert jvm_rows[position] == expected, position
+    exact, observation = jvm.exact_rows("probe")
+    exact.write.format("noop").mode("overwrite").save()
+    with_fffd = sum("\ufffd" in json.dumps(row, ensure_ascii=False, default=str) for row in python_rows.values())
+    assert observation.get["for_python"] == len(NESTED_MUTATIONS) + with_fffd, "bad UTF-8 and U+FFFD go to Python"
+
+
 def test_older_records_resolve_to_the_evolved_schema_and_logical_type_changes_go_to_python(
     spark, broker, registry, state_dir, topic, make_config
 ):

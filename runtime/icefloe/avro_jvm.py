@@ -228,27 +228,38 @@ def _checks(schema: Any, expr: str, names: _Names, ids: count, namespace: str = 
     return None  # boolean, numbers, bytes, fixed, enum, decimal: Avro Java's result is Python's; strings apart
 
 
-def _strings(schema: Any, expr: str, names: _Names, ids: count, namespace: str = "") -> list[str]:
+def _strings(schema: Any, expr: str, names: _Names, ids: count, namespace: str = "", depth: int = 0,
+             nulls: bool = False) -> list[str]:
     """SQL expressions (string or array<string>) giving every string at `expr`, map keys included (not uuids, which
-    `_checks` matches, nor enums, whose symbols come from the schema)."""
+    `_checks` matches, nor enums, whose symbols come from the schema). At depth 1 `expr` is an array of the schema's
+    values (`nulls`: it may hold nulls). Collections are reached with field extraction, `map_keys`, `map_values`
+    and `flatten`, which Spark generates code for; a lambda (`transform`, which Spark interprets: several times
+    slower) only where `flatten` could meet a null array (it would return null, hiding the other arrays' strings)
+    or for an array of maps."""
+    nullable = _nullable(schema)
     schema, namespace = names.resolve(_nonnull(schema), namespace)
     kind, logical = _kind(schema)
     if kind == "string":
         return [] if logical == "uuid" else [expr]
     if kind == "record" or kind == "union":
-        return [p for name, t in _members(schema) for p in _strings(t, f"{expr}.`{name}`", names, ids, namespace)]
+        nulls = nulls or kind == "union"  # the members of a union not taken are null
+        return [p for name, t in _members(schema) for p in _strings(t, f"{expr}.`{name}`", names, ids, namespace, depth, nulls)]
+    if kind == "array" and depth == 0:
+        return _strings(schema["items"], expr, names, ids, namespace, 1, _nullable(schema["items"]))
+    if kind == "map" and depth == 0:
+        values = _strings(schema["values"], f"map_values({expr})", names, ids, namespace, 1, _nullable(schema["values"]))
+        return [f"map_keys({expr})", *values]
+    if kind == "array" and not (nulls or nullable):  # an array of arrays: one array of their items
+        return _strings(schema["items"], f"flatten({expr})", names, ids, namespace, 1, _nullable(schema["items"]))
     if kind in ("array", "map"):
-        items = expr if kind == "array" else f"map_values({expr})"
         var = f"x{next(ids)}"
-        inner = _strings(schema["items" if kind == "array" else "values"], var, names, ids, namespace)
-        if inner == [var]:
-            found = [items]
-        elif inner:
-            found = [f"transform({items}, {var} -> {_joined(inner)})"]
-        else:
-            found = []
-        return [f"map_keys({expr})", *found] if kind == "map" else found
+        inner = _strings(schema, var, names, ids, namespace)
+        return [f"transform({expr}, {var} -> {_joined(inner)})"] if inner else []
     return []
+
+
+def _nullable(schema: Any) -> bool:
+    return isinstance(schema, list) and "null" in schema
 
 
 def _members(schema: Any) -> list[tuple[str, Any]]:
@@ -267,10 +278,11 @@ def _joined(parts: list[str]) -> str:
 
 def _utf8(parts: list[str]) -> str:
     """True where all the strings are valid UTF-8, checked once per record over their concatenation: Spark keeps
-    Avro's string bytes as they are; `encode` goes through a Java String, which replaces bad UTF-8. (No lambda:
-    Spark generates code for this form; the concatenation is one common subexpression, built once.)"""
-    joined = _joined(parts)
-    return f"(encode({joined}, 'UTF-8') = CAST({joined} AS BINARY))"
+    Avro's string bytes as they are; `encode` goes through a Java String, which replaces each invalid sequence with
+    U+FFFD (bytes EF BF BD). A valid U+FFFD in the data also sends its record to Python, which decodes it the same.
+    The concatenation appears once: Spark does not share a subexpression inside a CASE branch, and this check is
+    one (data_plane's tombstone case). No lambda: Spark generates code for this form."""
+    return f"NOT contains(encode({_joined(parts)}, 'UTF-8'), X'EFBFBD')"
 
 
 def _conform(schema: Any, expr: str, names: _Names, ids: count, namespace: str) -> str | None:

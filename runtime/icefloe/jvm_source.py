@@ -21,11 +21,19 @@ from .kafka_source import OffsetRange
 from .msk_iam import JVM_OPTIONS as MSK_IAM_OPTIONS
 from .msk_iam import MskIamToken
 
-# Larger fetches than the Java client's defaults (1 MiB per partition, 64 KiB socket buffer): fewer round trips.
+# The Java client's defaults tuned for reading a bounded range that already exists:
+#  - larger fetches (default 1 MiB per partition, 64 KiB socket buffer): fewer round trips;
+#  - fetch.max.wait.ms 10 (default 500): once a task's records are in, the client has already asked for the offset
+#    after its range's end, where nothing is to come; the broker held that fetch 500 ms, and the task's next request
+#    on the connection waited behind it (measured: a 1M-record count took 1.5 s, 0.5 s with 10 ms);
+#  - max.poll.records 10000 (default 500): Spark asks the broker for the partition's earliest and latest offsets
+#    after every poll (two ListOffsets round trips per 500 records at the default).
 FETCH_TUNING = {
     "kafka.max.partition.fetch.bytes": str(8 * 1024 * 1024),
     "kafka.fetch.max.bytes": str(64 * 1024 * 1024),
     "kafka.receive.buffer.bytes": str(1024 * 1024),
+    "kafka.fetch.max.wait.ms": "10",
+    "kafka.max.poll.records": "10000",
 }
 _JAAS_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
