@@ -8,7 +8,8 @@ SparkSession (`local[*]`), interleaved R times so load from other users hits eve
   sink          Spark appending the same rows, already decoded and cached, to a fresh Iceberg table
 and once: python-source, one confluent-kafka consumer in this process (`fetch.queue.backoff.ms=5`).
 A run's fixed cost is measured apart: batches of 1,000 records on a table that already exists.
-Medians over the R rounds are reported. MiB = key + value bytes; per core = MiB/s / the machine's cores. CPU
+Medians over the R rounds are reported; a warm-up round before them (JIT compilation of a shape's code paths, seconds
+on a 2-core machine) is reported apart. MiB = key + value bytes; per core = MiB/s / the machine's cores. CPU
 columns give the CPU seconds the Spark JVM (with its Python workers) and the broker used: MiB per Spark CPU-second
 is a rate that load from other processes barely moves. Then a batch of --memory-records `trades` records runs
 through icefloe with the JVM's heap peaks reset first: peak heap and peak RSS of the JVM (driver and executor are one
@@ -158,12 +159,17 @@ def consume_all(bootstrap: str, topic: str) -> tuple[int, int]:
 
 
 class Stage:
-    """Times one stage: wall seconds, CPU seconds of the Spark JVM tree and of the broker, machine load."""
+    """Times one stage: wall seconds, CPU seconds of the Spark JVM tree and of the broker, machine load. A full
+    garbage collection of Spark's JVM before each stage (not timed): what one stage leaves in the heap (the sink's
+    cached rows, a large batch's garbage) must not cost the next one GC work (a scheduled run starts a new JVM)."""
 
-    def __init__(self, spark_pid: int, broker_pid: int):
+    def __init__(self, spark_pid: int, broker_pid: int, collect_garbage=lambda: None):
         self.pids = {"spark": spark_pid, "broker": broker_pid}
+        self.collect_garbage = collect_garbage
 
-    def run(self, action) -> dict:
+    def run(self, action, before=lambda: None) -> dict:
+        self.collect_garbage()
+        before()  # after the collection: peaks then start from this stage's own heap
         cpu = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
         own = time.process_time()
         started = time.monotonic()
@@ -265,20 +271,22 @@ def bench_shape(spark, state: Path, shape: str, records: int, rounds: int, broke
 
     runs: dict[str, list[dict]] = {"spark-source": [], "icefloe": [], "sink": []}
     icefloe_memory, read_paths = [], set()
-    for round_ in range(rounds):
+    for round_ in range(rounds + 1):  # round 0 warms the JVM up (JIT) for this shape: reported apart
         runs["spark-source"].append(stage.run(lambda: read_ranges(spark, conf, ranges).count()))
         assert runs["spark-source"][-1]["result"] == count
         config = table_config(broker.bootstrap_servers, registry.url, topic, f"{shape}_{round_}", records)
-        peaks.reset()
-        runs["icefloe"].append(stage.run(lambda: run_table(spark, config, config.tables[0], state)))
+        runs["icefloe"].append(stage.run(lambda: run_table(spark, config, config.tables[0], state), before=peaks.reset))
         result = runs["icefloe"][-1]["result"]
         assert result.rows_written == count, result.describe()
         read_paths.add(result.read_path)
         icefloe_memory.append(peaks.read())
         cached = sink_write(spark, result.identifier, f"{result.identifier}_sink")
         runs["sink"].append(stage.run(lambda: cached.writeTo(f"icefloe.{result.identifier}_sink").append()))
-        cached.unpersist()
-        print(f"{shape} round {round_ + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]['seconds']:.1f} s" for k, v in runs.items()), flush=True)
+        cached.unpersist(blocking=True)
+        print(f"{shape} round {round_}/{rounds}: " + ", ".join(f"{k} {v[-1]['seconds']:.1f} s" for k, v in runs.items()), flush=True)
+
+    warm_up = {name: round(items.pop(0)["seconds"], 2) for name, items in runs.items()}
+    icefloe_memory.pop(0)
 
     files = spark.sql(f"SELECT count(*) AS n, sum(file_size_in_bytes) AS bytes FROM icefloe.{result.identifier}.files").first()
     stages = [summarize("python-source: confluent-kafka, 1 consumer", [python_source], size, cores)]
@@ -298,6 +306,7 @@ def bench_shape(spark, state: Path, shape: str, records: int, rounds: int, broke
             "icefloe_vs_sink": round(by_name["icefloe"]["mib_per_s"] / by_name["sink"]["mib_per_s"], 3),
         },
         "icefloe_memory_per_round": icefloe_memory,
+        "warm_up_round_seconds": warm_up,
         "table_data_files": files.n,
         "table_data_mib": round(files.bytes / 2**20, 1),
         "table_properties": {k: v for k, v in DEFAULT_PROPERTIES.items() if k.startswith("write.parquet")},
@@ -311,8 +320,7 @@ def bench_memory(spark, state: Path, records: int, broker, registry, stage: Stag
     config = table_config(broker.bootstrap_servers, registry.url, topic, "memory", records)
     sampler = RssSampler(jvm_pid)
     sampler.start()
-    peaks.reset()
-    run = stage.run(lambda: run_table(spark, config, config.tables[0], state))
+    run = stage.run(lambda: run_table(spark, config, config.tables[0], state), before=peaks.reset)
     sampler.stop.set()
     assert run["result"].rows_written == count, run["result"].describe()
     memory = peaks.read()
@@ -363,7 +371,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000, help="records of the ~200 B shape")
     parser.add_argument("--orders", type=int, default=300_000, help="records of the ~1 KB shape")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5, help="measured rounds per shape, after one warm-up round")
     parser.add_argument("--memory-records", type=int, default=5_000_000)
     args = parser.parse_args()
     cores = os.cpu_count() or 1
@@ -378,7 +386,7 @@ def main() -> None:
             spark = spark_session(config.catalog, work / "state")
             spark_start_s = time.monotonic() - started
             jvm_pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())
-            stage, peaks = Stage(jvm_pid, broker.pid), HeapPeaks(spark, jvm_pid)
+            stage, peaks = Stage(jvm_pid, broker.pid, spark._jvm.java.lang.System.gc), HeapPeaks(spark, jvm_pid)
             shapes = [bench_shape(spark, work / "state", "trades", args.records, args.rounds, broker, registry, stage, cores, peaks)]
             fixed_cost = bench_fixed_cost(spark, work / "state", broker, registry, stage, args.rounds + 2)
             if args.orders:
@@ -430,6 +438,9 @@ def markdown(report: dict) -> str:
               f"{s['spark_cpu_s']} | {s['mib_per_spark_cpu_s']} | {s['broker_cpu_s']} | {s['load_1m']} |" for s in shape["stages"]],
             "",
             "Ratios (MiB/s): " + ", ".join(f"{k} {v}" for k, v in shape["ratios"].items()) + ".",
+            "",
+            "Warm-up round before these (a JVM that has not run this shape yet, not in the medians): "
+            + ", ".join(f"{k} {v} s" for k, v in shape["warm_up_round_seconds"].items()) + ".",
             "",
             f"Table written by icefloe's last round: {shape['table_data_files']} data files, {shape['table_data_mib']} MiB "
             f"({', '.join(f'{k}={v}' for k, v in shape['table_properties'].items())}).",

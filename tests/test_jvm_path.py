@@ -12,13 +12,14 @@ import random
 import struct
 import uuid
 from decimal import Decimal
+from itertools import count
 
 import fastavro
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-from icefloe import materializer
+from icefloe import avro_jvm, materializer
 from icefloe.data_plane import JVM, PYTHON, JvmBatch, choose_read_path
 from icefloe.decoding import DecoderSpec, decoder_spec
 from icefloe.errors import ConfigError
@@ -260,6 +261,19 @@ def test_strings_in_nested_collections_are_checked_as_python_decodes_them(spark,
     exact.write.format("noop").mode("overwrite").save()
     with_fffd = sum("\ufffd" in json.dumps(row, ensure_ascii=False, default=str) for row in python_rows.values())
     assert observation.get["for_python"] == len(NESTED_MUTATIONS) + with_fffd, "bad UTF-8 and U+FFFD go to Python"
+
+
+def test_strings_are_reached_without_lambdas_unless_a_null_or_a_map_is_in_the_way():
+    """Spark interprets lambdas (`transform`): several times slower than the generated code of field extraction,
+    `flatten` and `map_values`."""
+    def lambdas(schema: dict) -> dict:
+        names = avro_jvm._Names()  # one for the whole schema: later fields name types defined by earlier ones
+        return {f["name"]: "transform(" in " ".join(avro_jvm._strings(f["type"], f["name"], names, count()))
+                for f in schema["fields"]}  # fmt: skip
+
+    assert not any(lambdas(SCHEMA).values())
+    assert lambdas(NESTED) == {"id": False, "grid": False, "holes": True, "lines": False, "maybe_lines": True,
+                               "dicts": True, "groups": False, "choice": True}  # fmt: skip
 
 
 def test_older_records_resolve_to_the_evolved_schema_and_logical_type_changes_go_to_python(
