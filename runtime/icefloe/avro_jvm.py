@@ -242,7 +242,7 @@ def _strings(schema: Any, expr: str, names: _Names, ids: count, namespace: str =
     if kind == "string":
         return [] if logical == "uuid" else [expr]
     if kind == "record" or kind == "union":
-        nulls = nulls or kind == "union"  # the members of a union not taken are null
+        nulls = nulls or nullable or kind == "union"  # a null record, or the members of a union not taken
         return [p for name, t in _members(schema) for p in _strings(t, f"{expr}.`{name}`", names, ids, namespace, depth, nulls)]
     if kind == "array" and depth == 0:
         return _strings(schema["items"], expr, names, ids, namespace, 1, _nullable(schema["items"]))
