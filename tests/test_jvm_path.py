@@ -193,7 +193,7 @@ def test_every_row_of_the_jvm_path_is_the_python_paths_row(spark, broker, regist
 
 # Strings inside collections, reached without lambdas where Spark allows (flatten, field extraction, map_values):
 # arrays of arrays, of nullable arrays (a null must not hide its neighbours' strings), of records holding arrays,
-# of nullable records, of maps, and maps of arrays.
+# of nullable records, of records holding nullable records, of maps, of unions; maps of arrays.
 LINE = {"type": "record", "name": "Line", "fields": [
     {"name": "sku", "type": "string"}, {"name": "tags", "type": {"type": "array", "items": "string"}}]}
 NESTED = {
