@@ -145,6 +145,7 @@ class WatchedRun:
         self.process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
         self.lines: list[str] = []
         self.ended = False
+        self.stopped = False  # SIGSTOPped by a test
         self._changed = threading.Condition()
         threading.Thread(target=self._drain, daemon=True).start()
 
@@ -160,9 +161,9 @@ class WatchedRun:
     def logged(self, marker: str, timeout: float) -> bool:
         """Wait until the run logs a line holding `marker`; False if it ended (or timed out) without one."""
         with self._changed:
-            return self._changed.wait_for(lambda: self._seen(marker) or self.ended, timeout) and self._seen(marker)
+            return self._changed.wait_for(lambda: self.seen(marker) or self.ended, timeout) and self.seen(marker)
 
-    def _seen(self, marker: str) -> bool:
+    def seen(self, marker: str) -> bool:
         return any(marker in line for line in self.lines)
 
     def kill_at(self, point: CrashPoint, timeout: float = 300) -> int:

@@ -10,8 +10,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
+import signal
 import subprocess
 import sys
+import threading
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -21,6 +25,7 @@ import test_materialize as orders
 from icefloe.catalog import CATALOG, spark_catalog_conf
 from icefloe.errors import ConfigError
 from icefloe.spec import CatalogSpec, parse_config
+from support import WatchedRun, by_position
 
 ICEFLOE = [sys.executable, "-m", "icefloe.cli"]
 PREFIX = f"spark.sql.catalog.{CATALOG}"
@@ -70,6 +75,22 @@ def test_bad_endpoints_are_config_errors_naming_the_key(catalog, message):
         parse_config({"sourceClusters": [cluster], "catalog": catalog})
 
 
+def glue_stack(path: Path, broker, registry, server, warehouse: str, table: dict) -> Path:
+    """A stack file with one table of `test_materialize`'s orders in a Glue catalog served by `server`."""
+    path.write_text(yaml.safe_dump({"config": {
+        "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers,
+                                    "schemaRegistry": {"url": registry.url}}],
+        "icefloe:tables": [{"sourceCluster": "local", "partitionBy": ["day(created_ms)"], **table}],
+        "icefloe:catalog": {"type": "glue", "warehouse": warehouse, "endpoints": server.catalog_endpoints()},
+    }}))  # fmt: skip
+    return path
+
+
+def glue_env(server) -> dict[str, str]:
+    """No AWS settings of the machine leak in: credentials and region come from the environment, as on EMR."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | server.aws_env()
+
+
 def run_once(config: Path, state_dir: Path, env: dict[str, str]) -> tuple[dict, str]:
     """`icefloe run --once --json` as its own process: (the table's JSON result, the log)."""
     done = subprocess.run(
@@ -99,16 +120,9 @@ def test_glue_catalog_on_moto_materializes_and_pyiceberg_reads_it_back(broker, r
     moto_aws.backdate_object(bucket, orphan, 600)  # older than orphanFileAge (>= runTimeout): no run can still own it
     broker.create_topic(topic, 3)
     produced = orders.produce_orders(broker, registry, topic, range(150), random.Random(11))
-    config = tmp_path / "Pulumi.glue.yaml"
-    config.write_text(yaml.safe_dump({"config": {
-        "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers,
-                                    "schemaRegistry": {"url": registry.url}}],
-        "icefloe:tables": [{"sourceCluster": "local", "topic": topic, "partitionBy": ["day(created_ms)"],
-                            "runTimeout": "1m", "maintenance": {"orphanFileAge": "1m"}}],
-        "icefloe:catalog": {"type": "glue", "warehouse": warehouse, "endpoints": moto_aws.catalog_endpoints()},
-    }}))  # fmt: skip
-    # No AWS settings of the machine leak in: credentials and region come from the environment, as on EMR.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | moto_aws.aws_env()
+    config = glue_stack(tmp_path / "Pulumi.glue.yaml", broker, registry, moto_aws, warehouse,
+                        {"topic": topic, "runTimeout": "1m", "maintenance": {"orphanFileAge": "1m"}})  # fmt: skip
+    env = glue_env(moto_aws)
 
     first, log = run_once(config, tmp_path / "state", env)
 
@@ -134,3 +148,82 @@ def test_glue_catalog_on_moto_materializes_and_pyiceberg_reads_it_back(broker, r
     again, _ = run_once(config, tmp_path / "state", env)
     assert again["status"] == "up-to-date" and again["offsets"] == first["offsets"]
     assert glue_metadata_location(moto_aws, identifier) == before, "a run with nothing new must not commit"
+
+
+@pytest.mark.broker
+def test_two_runs_publishing_at_once_on_glue_keep_every_reported_commit(broker, registry, moto_aws, topic, tmp_path):
+    """Two `icefloe run` processes of one Glue table (nothing serializes them, as two EMR job runs) plan from the
+    same snapshot and reach their publish step together: each is stopped (SIGSTOP) as it logs that step, the server
+    holds the table's next two `UpdateTable` requests until both have arrived, and both runs go on. Glue refuses the
+    second fast-forward (its `VersionId` is stale); retried on the table reloaded, it is refused (main moved, it is
+    no longer an ancestor of the branch) and that run re-plans: every publish a run reports is in main's history and
+    every record is in the table once. (Plain moto accepts both fast-forwards, the later replacing the earlier, so
+    one run's reported commit is gone from main's history; it also loses the runs' earlier concurrent commits, such
+    as a branch created while the other run appended, so it is not a reliable second case here.)"""
+    bucket = "icefloe-race-" + topic.replace("_", "-")[:40].strip("-")
+    moto_aws.client("s3").create_bucket(Bucket=bucket)
+    broker.create_topic(topic, 3)
+    produced = orders.produce_orders(broker, registry, topic, range(240), random.Random(5))
+    stack = partial(glue_stack, broker=broker, registry=registry, server=moto_aws, warehouse=f"s3://{bucket}/warehouse")
+    first_batch = stack(tmp_path / "Pulumi.first.yaml", table={"topic": topic, "maxRecordsPerRun": 60})
+    everything = stack(tmp_path / "Pulumi.all.yaml", table={"topic": topic})
+    smaller = stack(tmp_path / "Pulumi.smaller.yaml", table={"topic": topic, "maxRecordsPerRun": 60})
+    env = glue_env(moto_aws) | {"ICEFLOE_SPARK_MASTER": "local[1]"}
+    run_once(first_batch, tmp_path / "state", env)  # the table exists, with a snapshot both runs plan from
+
+    identifier = f"local.{topic}"
+    command = [*ICEFLOE, "run", "--once", "--json", "--state-dir", str(tmp_path / "state")]
+    runs = [WatchedRun([*command, "--config", str(path)], env) for path in (everything, smaller)]
+    try:
+        stoppers = [threading.Thread(target=stop_at, args=(run, "publishing branch")) for run in runs]
+        for stopper in stoppers:
+            stopper.start()
+        for stopper in stoppers:
+            stopper.join(600)
+        assert all(run.stopped for run in runs), [run.lines[-5:] for run in runs]
+        assert not any(run.seen("published branch") for run in runs), "a run published before the other got there"
+        moto_aws.gate_updates(identifier, 2)
+        for run in runs:
+            run.process.send_signal(signal.SIGCONT)
+        codes = [run.process.wait(timeout=600) for run in runs]
+    finally:
+        for run in runs:
+            if run.process.poll() is None:
+                run.process.send_signal(signal.SIGCONT)
+                run.process.kill()
+    logs = ["".join(run.lines) for run in runs]
+    assert codes == [0, 0], [log[-3000:] for log in logs]
+
+    lines = moto_aws.log_path.read_text().splitlines()
+    armed = lines.index(f"glue UpdateTable {identifier}: the next 2 requests wait for each other")
+    raced = [line.split(": ", 1)[1] for line in lines[armed + 1 :] if f"glue UpdateTable {identifier}:" in line]
+    assert raced[0] == "2 requests held, released together", raced[:3]
+    # The branch head each run says it published (a run that lost the race logged "publishing" but not "published").
+    published = [
+        int(re.findall(rf"publishing branch {re.escape(branch)} \(snapshot (\d+)\)", log)[-1])
+        for log in logs for branch in re.findall(r"published branch (\S+):", log)
+    ]  # fmt: skip
+    table = moto_aws.pyiceberg_catalog().load_table(identifier)
+    history = ancestry(table)
+    # The first of the two held requests to take the lock won; the other was refused and its run re-planned.
+    assert raced[1].endswith("is current, accepted") and "is stale" in raced[2], raced[:3]
+    assert sum("commit conflict, re-planning" in log for log in logs) == 1, [log[-3000:] for log in logs]
+    assert published and set(published) <= history, f"published {published}, main's history {sorted(history)}"
+    rows = table.scan().to_arrow().to_pylist()
+    assert sorted(by_position(rows)) == sorted(produced), "every (partition, offset) exactly once"
+
+
+def stop_at(run: WatchedRun, marker: str) -> None:
+    """SIGSTOP `run` as soon as it logs `marker` (its Python process: the JVM it drives waits for its next call)."""
+    if run.logged(marker, 600):
+        run.process.send_signal(signal.SIGSTOP)
+        run.stopped = True
+
+
+def ancestry(table) -> set[int]:
+    """The snapshot ids of main's history: its head and the head's ancestors."""
+    ids, snapshot = set(), table.current_snapshot()
+    while snapshot is not None:
+        ids.add(snapshot.snapshot_id)
+        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+    return ids

@@ -11,7 +11,9 @@ module is also the child's entry point (`python -m icefloe_dev.moto_server --por
 with Glue's error. The wrapper relies on moto internals (`GlueResponse.update_table`, `FakeTable._current_version`),
 hence moto is pinned (`MOTO_VERSION`, pyproject's dev extra) and the child refuses any other version. The child also
 moves an S3 object's LastModified back on request (`MotoServer.backdate_object`): a test plants a file "left by a
-crashed run" older than `orphanFileAge` (at least a minute) without waiting for it to age.
+crashed run" older than `orphanFileAge` (at least a minute) without waiting for it to age. And it can hold a table's
+next Glue `UpdateTable` requests until a given number of them have arrived (`MotoServer.gate_updates`): two writers
+stopped just before their commits then send them based on the same version, the race a test wants to show.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ REGION = "us-east-1"
 ACCESS_KEY_ID = "testing"
 SECRET_ACCESS_KEY = "testing"
 BACKDATE_PATH = "/moto-api/icefloe/backdate"
+GATE_PATH = "/moto-api/icefloe/gate-updates"
 
 
 class MotoServer(LocalService):
@@ -93,6 +96,14 @@ class MotoServer(LocalService):
         except urllib.error.HTTPError as error:
             raise ServiceError(f"the moto server did not backdate s3://{bucket}/{key}: {error.code} {error.read().decode()}") from None
 
+    def gate_updates(self, identifier: str, count: int, timeout: float = 120) -> None:
+        """Hold the next `count` Glue `UpdateTable` requests of table `identifier` (`database.table`) until all `count`
+        have arrived (at most `timeout` seconds), then let them through together: each was sent with the version its
+        writer read, so all but the first are stale (refused when versions are enforced, lost on plain moto)."""
+        query = urllib.parse.urlencode({"table": identifier, "count": count, "timeout": timeout})
+        request = urllib.request.Request(f"{self.endpoint}{GATE_PATH}?{query}", method="POST")
+        urllib.request.urlopen(request, timeout=10).close()
+
     def client(self, service: str):
         import boto3
 
@@ -115,6 +126,62 @@ class MotoServer(LocalService):
 
 
 # -- the child process ---------------------------------------------------------------------------------------------
+
+
+class UpdateGates:
+    """Tables whose next Glue `UpdateTable` requests wait for each other (`MotoServer.gate_updates`)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._gates: dict[str, dict] = {}  # "database.table" -> {"count", "arrived", "timeout"}
+
+    def arm(self, identifier: str, count: int, timeout: float) -> None:
+        with self._changed:
+            self._gates[identifier] = {"count": count, "arrived": 0, "timeout": timeout}
+        _say(f"glue UpdateTable {identifier}: the next {count} requests wait for each other")
+
+    def pass_through(self, identifier: str) -> None:
+        """Wait, if `identifier` is gated, until the gate's count of requests have arrived (or its timeout)."""
+        with self._changed:
+            gate = self._gates.get(identifier)
+            if gate is None:
+                return
+            gate["arrived"] += 1
+            if gate["arrived"] >= gate["count"]:
+                del self._gates[identifier]
+                _say(f"glue UpdateTable {identifier}: {gate['count']} requests held, released together")
+                self._changed.notify_all()
+                return
+            if not self._changed.wait_for(lambda: self._gates.get(identifier) is not gate, gate["timeout"]):
+                self._gates.pop(identifier, None)
+                _say(f"glue UpdateTable {identifier}: gate timed out with {gate['arrived']} of {gate['count']} requests")
+
+
+GATES = UpdateGates()
+
+
+def gate_glue_table_updates() -> None:
+    """Serve `POST /moto-api/icefloe/gate-updates?table=&count=&timeout=` and make moto's Glue `UpdateTable` pass
+    `GATES` first, outside the version check's lock (moto 5.2.5 internals)."""
+    from moto.glue.responses import GlueResponse
+    from moto.moto_api._internal import urls
+
+    def gate(request, full_url, headers):
+        query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(full_url).query))
+        GATES.arm(query["table"], int(query["count"]), float(query["timeout"]))
+        return 200, {}, "{}"
+
+    urls.url_paths["{0}" + GATE_PATH] = gate
+
+    original = GlueResponse.update_table
+
+    def update_table(self: GlueResponse):
+        database = self.parameters.get("DatabaseName")
+        name = (self.parameters.get("TableInput") or {}).get("Name")
+        GATES.pass_through(f"{database}.{name}")
+        return original(self)
+
+    GlueResponse.update_table = update_table
 
 
 def enforce_glue_table_versions() -> None:
@@ -201,6 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         enforce_glue_table_versions()
         _say("Glue UpdateTable VersionId enforced (stale versions get ConcurrentModificationException)")
+    gate_glue_table_updates()  # outermost: a held request is checked when it is let through
     moto_main(["--host", "127.0.0.1", "--port", str(args.port)])
 
 

@@ -148,7 +148,7 @@ def commit_on_branch(
         written = write(branch)
         if not branch.checkpointed:  # e.g. after a MERGE: the checkpoint rides on an empty append
             branch.append(table.spark.createDataFrame([], table.schema()))
-        log.info("%s: publishing branch %s to main", table.identifier, branch.name)
+        log.info("%s: publishing branch %s (snapshot %d) to main", table.identifier, branch.name, branch.written[-1])
         verify_publishable(branch, base_snapshot_id, run_timeout_s)
         try:
             published = table.fast_forward("main", branch.name)

@@ -5,7 +5,10 @@ What icefloe records in a snapshot's summary (the offsets) is `commit_state`'s b
 
 from __future__ import annotations
 
-from typing import Mapping
+import logging
+import random
+import time
+from typing import Any, Callable, Mapping
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -14,6 +17,12 @@ from pyspark.sql import types as T
 from .catalog import CATALOG
 from .errors import ConfigError
 from .partitioning import PartitionField
+
+log = logging.getLogger(__name__)
+# Attempts of a refs change (create, drop or fast-forward a branch) that lost a commit race, each on the table
+# reloaded; the delay before the next grows from REF_RETRY_DELAY_S, jittered so that racing runs spread out.
+REF_COMMIT_ATTEMPTS = 6
+REF_RETRY_DELAY_S = 0.2
 
 # Managed-table defaults: format v2, zstd Parquet, ~128 MiB files,
 # row-level changes as merge-on-read deletes (cheap upserts; compaction folds them away).
@@ -132,24 +141,50 @@ class IcebergTable:
         return [name for name in refs.keySet() if name.startswith(prefix) and refs.get(name).isBranch()]
 
     def create_branch(self, name: str, snapshot_id: int) -> None:
-        self.java().manageSnapshots().createBranch(name, int(snapshot_id)).commit()
+        self._change_refs(lambda table: table.manageSnapshots().createBranch(name, int(snapshot_id)))
 
     def drop_branch(self, name: str) -> None:
         """Drop the branch if it exists (another run may have dropped it already)."""
-        table = self.java()
-        if table.refs().containsKey(name):
-            try:
-                table.manageSnapshots().removeBranch(name).commit()
-            except Exception as error:  # dropped meanwhile
-                if "does not exist" not in str(error):
-                    raise
+
+        def remove(table):
+            return table.manageSnapshots().removeBranch(name) if table.refs().containsKey(name) else None
+
+        try:
+            self._change_refs(remove)
+        except Exception as error:  # dropped meanwhile
+            if "does not exist" not in str(error):
+                raise
 
     def fast_forward(self, target: str, source: str) -> int:
-        """Move branch `target` to `source`'s head, which must descend from it (Iceberg refuses otherwise, also when
-        another writer moved `target` meanwhile: the commit re-checks after a refresh); returns `target`'s new head."""
-        table = self.java()
-        table.manageSnapshots().fastForwardBranch(target, source).commit()
+        """Move branch `target` to `source`'s head, which must descend from it: Iceberg refuses otherwise ("not an
+        ancestor"), also when another writer moved `target` meanwhile; returns `target`'s new head."""
+        table = self._change_refs(lambda table: table.manageSnapshots().fastForwardBranch(target, source))
         return _ref_snapshot_id(table, target)
+
+    def _change_refs(self, change: Callable[[Any], Any]) -> Any:
+        """Commit `change(table)` (a `ManageSnapshots`, or None for nothing to do) on the table loaded now; returns
+        that table. Iceberg retries a refs commit that lost a race against the metadata it first read, which fails
+        every time ("Table metadata refresh is required"): on Glue, any other writer's commit in between (another
+        run's branch append, create or drop) failed the run. So a lost race (`CommitFailedException`: nothing was
+        committed) is retried here on the table reloaded, where the change is checked again (a fast-forward whose
+        target moved is refused)."""
+        attempt = 1
+        while True:
+            table = self.java()
+            update = change(table)
+            if update is None:
+                return table
+            try:
+                update.commit()
+                return table
+            except Exception as error:
+                if "CommitFailedException" not in str(error) or attempt == REF_COMMIT_ATTEMPTS:
+                    raise
+            delay = REF_RETRY_DELAY_S * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)
+            log.info("%s: a refs commit lost a race with another writer (attempt %d of %d), retried in %.1fs on the "
+                     "table as it is then", self.identifier, attempt, REF_COMMIT_ATTEMPTS, delay)  # fmt: skip
+            time.sleep(delay)
+            attempt += 1
 
 
 def _ref_snapshot_id(table, ref: str) -> int | None:
