@@ -93,7 +93,7 @@ def orders(count: int, seed: int = 11):
             {"sku": f"SKU-{rng.randint(0, 99999):05d}", "title": " ".join(rng.choices(WORDS, k=4)),
              "quantity": rng.randint(1, 9), "unit_price": Decimal(rng.randint(100, 99999)).scaleb(-2),
              "tags": rng.choices(WORDS, k=3)}
-            for _ in range(rng.randint(4, 8))
+            for _ in range(rng.randint(8, 14))  # ~1 KB a record
         ]  # fmt: skip
         customer = rng.randint(1, 50_000)
         yield f"customer-{customer}".encode(), {
@@ -105,7 +105,7 @@ def orders(count: int, seed: int = 11):
                                      "city": rng.choice(WORDS).title(), "zip": f"{rng.randint(10000, 99999)}",
                                      "country": rng.choice(["DE", "FR", "NL", "US", "GB"])}},
             "items": items,
-            "attributes": {f"attr_{rng.choice(WORDS)}": " ".join(rng.choices(WORDS, k=3)) for _ in range(rng.randint(3, 7))},
+            "attributes": {f"attr_{rng.choice(WORDS)}": " ".join(rng.choices(WORDS, k=3)) for _ in range(rng.randint(4, 8))},
             "note": None if rng.random() < 0.5 else " ".join(rng.choices(WORDS, k=12)),
             "total": sum((i["unit_price"] * i["quantity"] for i in items), Decimal("0.00")),
         }  # fmt: skip
@@ -370,7 +370,7 @@ def bench_fixed_cost(spark, state: Path, broker, registry, stage: Stage, runs: i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000, help="records of the ~200 B shape")
-    parser.add_argument("--orders", type=int, default=300_000, help="records of the ~1 KB shape")
+    parser.add_argument("--orders", type=int, default=200_000, help="records of the ~1 KB shape")
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds per shape, after one warm-up round")
     parser.add_argument("--memory-records", type=int, default=5_000_000)
     args = parser.parse_args()
