@@ -25,7 +25,7 @@ import test_materialize as orders
 from icefloe.catalog import CATALOG, spark_catalog_conf
 from icefloe.errors import ConfigError
 from icefloe.spec import CatalogSpec, parse_config
-from support import WatchedRun, by_position
+from support import WatchedRun, avro_serializer, by_position, produce
 
 ICEFLOE = [sys.executable, "-m", "icefloe.cli"]
 PREFIX = f"spark.sql.catalog.{CATALOG}"
@@ -227,3 +227,43 @@ def ancestry(table) -> set[int]:
         ids.add(snapshot.snapshot_id)
         snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
     return ids
+
+
+@pytest.mark.broker
+def test_two_runs_evolving_the_schema_at_once_on_glue_both_finish(broker, registry, moto_aws, topic, tmp_path):
+    """A new schema version reaches two runs of one Glue table at once: both add its column. The server holds the
+    table's next two `UpdateTable` requests (both runs' first commit: the schema change) until both arrive; Glue
+    refuses the second as stale and Iceberg does not retry a schema change, so that run fails its attempt with
+    `CommitFailedException`, which nothing committed: the run retries it (a transient failure), finds the column
+    there and goes on. Both runs end well, every record is in the table once, the newer ones with the new column."""
+    bucket = "icefloe-evolve-" + topic.replace("_", "-")[:40].strip("-")
+    moto_aws.client("s3").create_bucket(Bucket=bucket)
+    broker.create_topic(topic, 3)
+    produced = set(orders.produce_orders(broker, registry, topic, range(60), random.Random(3)))
+    config = glue_stack(tmp_path / "Pulumi.evolve.yaml", broker, registry, moto_aws, f"s3://{bucket}/warehouse", {"topic": topic})
+    env = glue_env(moto_aws) | {"ICEFLOE_SPARK_MASTER": "local[1]"}
+    run_once(config, tmp_path / "state", env)
+    newer = json.loads(orders.ORDER_SCHEMA)
+    newer["fields"].append({"name": "coupon", "type": ["null", "string"], "default": None})
+    serialize = avro_serializer(registry.url, topic, json.dumps(newer))
+    rng = random.Random(4)
+    values = [{**orders.order(i, rng), "coupon": f"c{i}"} for i in range(60, 120)]
+    produced |= set(produce(broker.bootstrap_servers, topic, [{"value": serialize(v), "partition": i % 3} for i, v in enumerate(values)]))
+
+    identifier = f"local.{topic}"
+    moto_aws.gate_updates(identifier, 2)
+    command = [*ICEFLOE, "run", "--once", "--json", "--state-dir", str(tmp_path / "state"), "--config", str(config)]
+    runs = [WatchedRun(command, env) for _ in range(2)]
+    codes = [run.process.wait(timeout=600) for run in runs]
+    logs = ["".join(run.lines) for run in runs]
+    assert codes == [0, 0], [log[-3000:] for log in logs]
+
+    lines = moto_aws.log_path.read_text().splitlines()
+    armed = lines.index(f"glue UpdateTable {identifier}: the next 2 requests wait for each other")
+    raced = [line.split(": ", 1)[1] for line in lines[armed + 1 :] if f"glue UpdateTable {identifier}:" in line]
+    assert raced[0] == "2 requests held, released together" and "is stale" in raced[2], raced[:3]
+    assert sum("schema evolved" in log for log in logs) == 1, "one run added the column, the other found it"
+    table = moto_aws.pyiceberg_catalog().load_table(identifier)
+    rows = table.scan().to_arrow().to_pylist()
+    assert sorted(by_position(rows)) == sorted(produced), "every (partition, offset) exactly once"
+    assert sorted(r["coupon"] for r in rows if r["coupon"] is not None) == sorted(v["coupon"] for v in values)

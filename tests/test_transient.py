@@ -14,7 +14,11 @@ SQLITE_BUSY = (
 )
 
 
-@pytest.mark.parametrize("text", [SQLITE_BUSY, "Connection refused: localhost/127.0.0.1:9092", "ThrottlingException: Rate exceeded"])
+# What a schema change that lost a Glue commit race raises (tests/test_glue_catalog.py races two for real).
+LOST_COMMIT = ": org.apache.iceberg.exceptions.CommitFailedException: Table metadata refresh is required"
+
+
+@pytest.mark.parametrize("text", [SQLITE_BUSY, LOST_COMMIT, "Connection refused: localhost/127.0.0.1:9092", "ThrottlingException: Rate exceeded"])
 def test_a_busy_or_unreachable_catalog_or_source_is_retried(text):
     assert is_transient(RuntimeError(text))
 

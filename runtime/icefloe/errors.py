@@ -46,6 +46,9 @@ _TRANSIENT_MARKS = (
     "requesttimeout", "timed out", "timeout", "temporarily", "too many requests", "broker transport failure",
     "all brokers are down", "unknownhost", "no route to host",
     "sqlite_busy", "database is locked",  # the local catalog held by another run: re-plan once it is free
+    # A catalog commit that lost a race and was not retried by Iceberg (a schema change: Iceberg re-applies it to the
+    # metadata it first read, and Glue refuses that every time). Nothing was committed; the next attempt re-reads.
+    "commitfailedexception",
 )
 
 
