@@ -194,10 +194,11 @@ def test_two_runs_publishing_at_once_on_glue_keep_every_reported_commit(broker, 
     logs = ["".join(run.lines) for run in runs]
     assert codes == [0, 0], [log[-3000:] for log in logs]
 
-    lines = moto_aws.log_path.read_text().splitlines()
-    armed = lines.index(f"glue UpdateTable {identifier}: the next 2 requests wait for each other")
-    raced = [line.split(": ", 1)[1] for line in lines[armed + 1 :] if f"glue UpdateTable {identifier}:" in line]
+    raced = held_updates(moto_aws, identifier)
+    # Both fast-forwards were held, then the first to take the lock won; the other was refused and its run re-planned.
     assert raced[0] == "2 requests held, released together", raced[:3]
+    assert raced[1].endswith("is current, accepted") and "is stale" in raced[2], raced[:3]
+    assert sum("commit conflict, re-planning" in log for log in logs) == 1, [log[-3000:] for log in logs]
     # The branch head each run says it published (a run that lost the race logged "publishing" but not "published").
     published = [
         int(re.findall(rf"publishing branch {re.escape(branch)} \(snapshot (\d+)\)", log)[-1])
@@ -205,12 +206,17 @@ def test_two_runs_publishing_at_once_on_glue_keep_every_reported_commit(broker, 
     ]  # fmt: skip
     table = moto_aws.pyiceberg_catalog().load_table(identifier)
     history = ancestry(table)
-    # The first of the two held requests to take the lock won; the other was refused and its run re-planned.
-    assert raced[1].endswith("is current, accepted") and "is stale" in raced[2], raced[:3]
-    assert sum("commit conflict, re-planning" in log for log in logs) == 1, [log[-3000:] for log in logs]
     assert published and set(published) <= history, f"published {published}, main's history {sorted(history)}"
     rows = table.scan().to_arrow().to_pylist()
     assert sorted(by_position(rows)) == sorted(produced), "every (partition, offset) exactly once"
+
+
+def held_updates(server, identifier: str) -> list[str]:
+    """What the server logged of the table's `UpdateTable` requests since it was told to hold the next ones."""
+    prefix = f"glue UpdateTable {identifier}: "
+    said = [line.split(prefix, 1)[1] for line in server.log_path.read_text().splitlines() if prefix in line]
+    armed = max(i for i, text in enumerate(said) if text.startswith("the next "))
+    return said[armed + 1 :]
 
 
 def stop_at(run: WatchedRun, marker: str) -> None:
@@ -258,9 +264,7 @@ def test_two_runs_evolving_the_schema_at_once_on_glue_both_finish(broker, regist
     logs = ["".join(run.lines) for run in runs]
     assert codes == [0, 0], [log[-3000:] for log in logs]
 
-    lines = moto_aws.log_path.read_text().splitlines()
-    armed = lines.index(f"glue UpdateTable {identifier}: the next 2 requests wait for each other")
-    raced = [line.split(": ", 1)[1] for line in lines[armed + 1 :] if f"glue UpdateTable {identifier}:" in line]
+    raced = held_updates(moto_aws, identifier)
     assert raced[0] == "2 requests held, released together" and "is stale" in raced[2], raced[:3]
     assert sum("schema evolved" in log for log in logs) == 1, "one run added the column, the other found it"
     table = moto_aws.pyiceberg_catalog().load_table(identifier)
