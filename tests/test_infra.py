@@ -480,6 +480,38 @@ def test_short_refreshes_run_continuously_and_schedule_settings_apply(tmp_path):
                                               "events.daily": "rate(1440 minutes)"}
 
 
+def test_every_job_passes_its_time_limit_and_its_batches_fit_inside_it(tmp_path):
+    """EMR Serverless stops a job at ExecutionTimeoutMinutes (a continuous job at streamingJobMinutes): the runtime is
+    told that limit, and a batch is planned to end well inside it, also where runTimeout (12h here) is far longer."""
+    document_ = yaml.safe_load(MINIMAL.read_text())
+    document_["config"]["icefloe:tables"] = [
+        {"sourceCluster": "events", "topic": "orders"},  # refresh 15m: stopped after 60 minutes
+        {"sourceCluster": "events", "topic": "payments", "refresh": "5m"},  # 30 minutes
+        {"sourceCluster": "events", "topic": "daily", "refresh": "1d", "runTimeout": "1d",
+         "maintenance": {"orphanFileAge": "3d"}},  # 720 minutes
+        {"sourceCluster": "events", "topic": "clicks", "refresh": "10s", "continuous": True},  # streamingJobMinutes
+    ]
+    document_["config"]["icefloe:emr"] = {"streamingJobMinutes": 45}
+    path = tmp_path / "Pulumi.deadline.yaml"
+    path.write_text(yaml.safe_dump(document_))
+    run = run_program(path)
+    config = load_config(str(path))
+    timeouts = {}
+    for identifier, schedule in scheduled(run).items():
+        request = json.loads(schedule["target"]["input"])
+        args = build_parser().parse_args(request["JobDriver"]["SparkSubmit"]["EntryPointArguments"])
+        minutes = request["ExecutionTimeoutMinutes"]
+        assert args.deadline_minutes == minutes, identifier
+        timeouts[identifier] = minutes
+        from icefloe.budget import Deadline, seconds_for_batch
+
+        (table,) = config.select([identifier])
+        deadline = Deadline.after_minutes(args.deadline_minutes, started=0.0)
+        planned = seconds_for_batch(table.run_timeout_seconds, deadline, now=0.0)
+        assert 0 < planned <= 0.5 * minutes * 60, f"{identifier}: a batch planned for {planned:.0f}s in a {minutes} min job"
+    assert timeouts == {"events.orders": 60, "events.payments": 30, "events.daily": 720, "events.clicks": 45}
+
+
 # --- the job's config and secrets ---------------------------------------------------------------------------------
 
 def test_job_config_is_the_validated_spec_on_glue_with_secrets_by_arn(program, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+import time
 import uuid
 from decimal import Decimal
 
@@ -270,19 +271,85 @@ def test_added_columns_quote_nested_field_names(spark, state_dir):
     assert spark.table(table.full_name).schema["price info"].dataType == nested
 
 
-def test_without_max_records_per_run_a_backlog_is_read_in_batches_that_fit_the_run_timeout(
-    spark, broker, state_dir, topic, make_config, monkeypatch
-):  # fmt: skip
-    from icefloe import spec
+N_SCHEMA = json.dumps({"type": "record", "name": "N", "fields": [{"name": "n", "type": "long"}]})
+SECONDS_PER_RECORD = 0.03  # the slowed writer of the budget tests: at most 33 records/s
 
-    monkeypatch.setattr(spec, "BUDGET_RECORDS_PER_SECOND", 1)  # so runTimeout 1m allows 30 records per batch
+
+class StoppedByTimeLimit(Exception):
+    """A batch still writing when its job's time limit passed: EMR stops the job, nothing is published."""
+
+
+def small_backlog_table(fmt: str, broker, registry, topic: str, records: int) -> tuple[dict, list]:
+    """A 2-partition topic of `records` tiny records (JSON or registry Avro) and the table spec reading it."""
     broker.create_topic(topic, 2)
-    positions = produce(broker.bootstrap_servers, topic, [{"value": json.dumps({"n": n}).encode(), "partition": n % 2}
-                                                          for n in range(100)])  # fmt: skip
-    config = make_config({"topic": topic, "format": "json", "schema": {"fields": [{"name": "n", "type": "long"}]},
-                          "runTimeout": "1m", "maintenance": {"enabled": False, "orphanFileAge": "1m"}})  # fmt: skip
+    if fmt == "json":
+        encode, spec = (lambda n: json.dumps({"n": n}).encode()), {"format": "json", "schema": {"fields": [{"name": "n", "type": "long"}]}}
+    else:
+        serialize = avro_serializer(registry.url, topic, N_SCHEMA)
+        encode, spec = (lambda n: serialize({"n": n})), {"format": "avro"}
+    positions = produce(broker.bootstrap_servers, topic, [{"value": encode(n), "partition": n % 2} for n in range(records)])
+    return {"topic": topic, **spec, "runTimeout": "1m", "maintenance": {"enabled": False, "orphanFileAge": "1m"}}, positions
+
+
+@pytest.mark.parametrize("fmt", ["json", "avro"])  # the Python read path and the JVM one
+def test_backlog_in_batches_that_each_publish_under_a_short_time_limit(
+    fmt, spark, broker, registry, state_dir, topic, make_config, monkeypatch
+):  # fmt: skip
+    """Each run is a job stopped after 90 s (`--deadline-minutes 1.5`; a loaded machine needs tens of seconds for a
+    batch of nothing), its writer slowed to 33 records/s: a batch of the whole backlog (2,000 records) would write
+    for 60 s after that. Every run must publish (be done before its time limit); the first, unmeasured, is sized by
+    the default rate, the next ones by the rate their predecessors measured."""
+    from icefloe import budget, commit
+    from icefloe.budget import Deadline
+
+    monkeypatch.setattr(budget, "DEFAULT_BYTES_PER_SECOND", 200)  # a first batch of a few hundred tiny records
+    spec, positions = small_backlog_table(fmt, broker, registry, topic, 2_000)
+    config = make_config(spec)
+    deadlines: list[Deadline] = []
+    append = commit.Branch.append
+
+    def slow_append(branch, frame) -> None:
+        time.sleep(SECONDS_PER_RECORD * branch.checkpoint.throughput.records)
+        if time.time() > deadlines[-1].at:
+            raise StoppedByTimeLimit(f"batch of {branch.checkpoint.throughput.records} records")
+        append(branch, frame)
+
+    monkeypatch.setattr(commit.Branch, "append", slow_append)
     written = []
-    while (result := run_table(spark, config, config.tables[0], state_dir)).status == "committed":
+    while True:
+        deadlines.append(Deadline.after_minutes(1.5, time.time()))
+        result = run_table(spark, config, config.tables[0], state_dir, deadline=deadlines[-1])
+        if result.status != "committed":
+            break
         written.append(result.rows_written)
-    assert written == [30, 30, 30, 10]
+    assert len(written) >= 3 and sum(written) == 2_000, written
+    assert sorted(by_position(read_pyiceberg(state_dir, result.identifier))) == sorted(positions)
+
+
+def test_a_run_stopped_before_it_published_halves_the_next_plan(spark, broker, registry, state_dir, topic, make_config,
+                                                                monkeypatch):  # fmt: skip
+    """A run stopped at its job's time limit (or SIGKILLed) leaves its branch and publishes nothing; the next run
+    plans half of what that run planned from the same checkpoint, so a backlog cannot wedge the table."""
+    from icefloe import budget, commit
+
+    monkeypatch.setattr(budget, "DEFAULT_BYTES_PER_SECOND", 200)
+    spec, positions = small_backlog_table("json", broker, registry, topic, 20_000)
+    config = make_config(spec)
+    first = run_table(spark, config, config.tables[0], state_dir)  # measures the rate of this table's batches
+    planned = []
+
+    def stopped(branch, frame) -> None:
+        planned.append(branch.checkpoint.throughput.records)
+        raise StoppedByTimeLimit()
+
+    with monkeypatch.context() as patched:  # stopped: no cleanup either, its branch stays
+        patched.setattr(commit.Branch, "append", stopped)
+        patched.setattr(IcebergTable, "drop_branch", lambda self, name: None)
+        with pytest.raises(StoppedByTimeLimit):
+            materialize_once(spark, config, config.tables[0])
+    second = run_table(spark, config, config.tables[0], state_dir)
+    assert second.status == "committed" and 1 < planned[0] < 20_000 - first.rows_written
+    assert second.rows_written == planned[0] // 2
+    while (result := run_table(spark, config, config.tables[0], state_dir)).status == "committed":
+        pass
     assert sorted(by_position(read_pyiceberg(state_dir, result.identifier))) == sorted(positions)

@@ -143,11 +143,3 @@ def test_glue_safe_name():
     assert glue_safe_name("123abc") == "t_123abc"
 
 
-def test_the_default_record_budget_fits_the_run_timeout():
-    from icefloe.spec import BUDGET_RECORDS_PER_SECOND
-
-    default = parse_config(config()).tables[0]
-    assert default.record_budget == 12 * 3600 / 2 * BUDGET_RECORDS_PER_SECOND
-    short = parse_config(config(runTimeout="10m")).tables[0]
-    assert short.record_budget == 600 / 2 * BUDGET_RECORDS_PER_SECOND
-    assert parse_config(config(runTimeout="10m", maxRecordsPerRun=7)).tables[0].record_budget == 7

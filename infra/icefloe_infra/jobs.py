@@ -85,7 +85,9 @@ class TableJob:
         """The entry point's arguments: the runtime's own CLI (`icefloe.cli.build_parser`)."""
         mode = "--continuous" if self.continuous else "--once"
         # --metrics emf: a CloudWatch embedded-metric line per batch, which the tables' alarms watch (alarms.py).
-        return ["run", "--config", config_uri, "--table", self.identifier, mode, "--json", "--metrics", "emf"]
+        # --deadline-minutes: EMR stops the job at ExecutionTimeoutMinutes; batches are sized to publish before.
+        return ["run", "--config", config_uri, "--table", self.identifier, mode, "--json", "--metrics", "emf",
+                "--deadline-minutes", str(self.timeout_minutes)]
 
     def start_job_run_request(
         self, *, application_id: str, role_arn: str, entry_point_uri: str, config_uri: str,

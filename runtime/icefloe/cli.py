@@ -10,11 +10,13 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 from .errors import IcefloeError
 
 DEFAULT_STATE_DIR = ".icefloe"
+STARTED = time.time()  # the job's time limit (--deadline-minutes) counts from about here
 # Committed, but records were deleted from the topic before they were read (a table with `onDataLoss: warn`).
 EXIT_DATA_LOSS = 3
 # `icefloe status --max-lag`: a table is further behind than allowed.
@@ -35,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON summary per table")
     run.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="local catalog and warehouse (local catalog only)")
     run.add_argument("--metrics", choices=["emf"], help="emf: a CloudWatch embedded-metric line per table and batch on stdout")
+    run.add_argument("--deadline-minutes", type=float, metavar="N",
+                     help="the job is stopped after N minutes (the deployed jobs pass their timeout): batches are sized "
+                          "to publish well before, and a continuous run ends before it")  # fmt: skip
 
     status = commands.add_parser("status", help="freshness per table: last commit, lag, rows, DLQ, data loss")
     status.add_argument("--config", required=True)
@@ -91,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from .budget import Deadline
     from .runner import run_tables
 
     lost = []
@@ -109,6 +115,7 @@ def _run(args: argparse.Namespace) -> int:
         continuous=args.continuous,
         on_result=report,
         metrics=args.metrics == "emf",
+        deadline=Deadline.after_minutes(args.deadline_minutes, STARTED) if args.deadline_minutes else None,
     )
     if failures:
         return 1

@@ -29,8 +29,27 @@ RUN_ID_KEY = "icefloe.run-id"
 TOPIC_ID_KEY = "icefloe.topic-id"  # the Kafka topic id the offsets belong to (a recreated topic has a new one)
 DATA_LOSS_KEY = "icefloe.data-loss"  # ranges deleted before they were read (onDataLoss: warn), as JSON
 CARRIED_KEY = "icefloe.carried-from"  # on a maintenance commit: the snapshot whose checkpoint it carries forward
+THROUGHPUT_KEY = "icefloe.throughput"  # the batch's size and start, as JSON (see `Throughput`)
 Found = TypeVar("Found")
-SUMMARY_KEYS = (OFFSETS_KEY, TOPIC_KEY, RUN_ID_KEY, TOPIC_ID_KEY, DATA_LOSS_KEY, CARRIED_KEY)
+SUMMARY_KEYS = (OFFSETS_KEY, TOPIC_KEY, RUN_ID_KEY, TOPIC_ID_KEY, DATA_LOSS_KEY, CARRIED_KEY, THROUGHPUT_KEY)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """What a batch read (records; bytes of keys and values, from the mean of a sample) and when it started (epoch
+    ms): its snapshot's commit time ends the measurement, the rate the next batch is sized by (`budget`)."""
+
+    records: int
+    bytes: int
+    started_ms: int
+
+    def to_json(self) -> str:
+        return json.dumps({"records": self.records, "bytes": self.bytes, "started_ms": self.started_ms})
+
+    @classmethod
+    def from_json(cls, text: str) -> "Throughput":
+        found = json.loads(text)
+        return cls(int(found["records"]), int(found["bytes"]), int(found["started_ms"]))
 
 
 @dataclass(frozen=True)
@@ -44,6 +63,7 @@ class Checkpoint:
     topic_id: str | None = None  # None where the broker reports none
     lost: tuple[LostRange, ...] = ()
     carried_from: int | None = None  # a copy carried forward by maintenance: the snapshot a batch wrote it in
+    throughput: Throughput | None = None  # the batch's measurement (None on maintenance copies and older commits)
 
     def to_summary(self) -> dict[str, str]:
         summary = {OFFSETS_KEY: json.dumps({str(p): o for p, o in self.offsets.items()})}
@@ -57,6 +77,8 @@ class Checkpoint:
             summary[DATA_LOSS_KEY] = json.dumps(lost_as_json(self.lost))
         if self.carried_from is not None:
             summary[CARRIED_KEY] = str(self.carried_from)
+        if self.throughput is not None:
+            summary[THROUGHPUT_KEY] = self.throughput.to_json()
         return summary
 
     @classmethod
@@ -72,12 +94,14 @@ class Checkpoint:
             topic_id=summary.get(TOPIC_ID_KEY),
             lost=tuple(LostRange(**r) for r in json.loads(summary.get(DATA_LOSS_KEY) or "[]")),
             carried_from=int(summary[CARRIED_KEY]) if summary.get(CARRIED_KEY) else None,
+            throughput=Throughput.from_json(summary[THROUGHPUT_KEY]) if summary.get(THROUGHPUT_KEY) else None,
         )
 
     def carried(self, snapshot_id: int) -> "Checkpoint":
         """This checkpoint (found in `snapshot_id`) as a maintenance commit carries it: the same position, without
-        the run and the lost ranges, which belong to the batch that wrote it."""
-        return replace(self, run_id=None, lost=(), carried_from=snapshot_id if self.carried_from is None else self.carried_from)
+        the run, the lost ranges and the measurement, which belong to the batch that wrote it."""
+        carried_from = snapshot_id if self.carried_from is None else self.carried_from
+        return replace(self, run_id=None, lost=(), throughput=None, carried_from=carried_from)
 
 
 def furthest(found: list[tuple[Checkpoint, Found]]) -> tuple[Checkpoint, Found]:

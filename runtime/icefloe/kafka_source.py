@@ -297,3 +297,31 @@ def first_record_timestamps(conf: dict[str, str], topic: str, ranges: dict[int, 
     finally:
         consumer.close()
     return found
+
+
+def sample_record_bytes(conf: dict[str, str], topic: str, ranges: list[OffsetRange], per_partition: int = 20,
+                        timeout_s: float = 10.0) -> float | None:  # fmt: skip
+    """The mean size (key and value bytes) of up to `per_partition` records at the start of each range: what a
+    batch's records weigh, to size it. None when none could be read in time (the caller then keeps its estimate)."""
+    wanted = {r.partition: min(r.end, r.start + per_partition) for r in ranges if r.count}
+    if not wanted:
+        return None
+    consumer = _consumer(conf, **{"fetch.max.bytes": 4 * 1024 * 1024, "max.partition.fetch.bytes": 256 * 1024})
+    sizes: list[int] = []
+    try:
+        consumer.assign([TopicPartition(topic, r.partition, r.start) for r in ranges if r.partition in wanted])
+        deadline = time.monotonic() + timeout_s
+        while wanted and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.partition() not in wanted:
+                continue
+            if msg.error() is None and msg.offset() < wanted[msg.partition()]:
+                sizes.append(len(msg.key() or b"") + len(msg.value() or b""))
+            if msg.error() is not None or msg.offset() >= wanted[msg.partition()] - 1:
+                del wanted[msg.partition()]
+                consumer.incremental_unassign([TopicPartition(topic, msg.partition())])
+    except KafkaException as error:  # a sample only: the batch's own read reports what is wrong
+        log.debug("%s: record sizes not sampled: %s", topic, error)
+    finally:
+        consumer.close()
+    return sum(sizes) / len(sizes) if sizes else None

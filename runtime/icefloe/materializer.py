@@ -26,8 +26,9 @@ from pyspark.sql.types import StructField, StructType
 
 from . import glue_registry, json_inference, progress, raw_format
 from .batch_columns import ERROR_CLASS, ERROR_MESSAGE, TOMBSTONE
+from .budget import Deadline, size_batch
 from .commit import Branch, commit_on_branch, drop_stale_branches, new_run_id
-from .commit_state import Checkpoint, CommittedState, committed_state, lost_as_json
+from .commit_state import Checkpoint, CommittedState, Throughput, committed_state, lost_as_json
 from .data_plane import JVM, PYTHON, JvmBatch, ReadPath, choose_read_path
 from .dead_letter import commit_dead_letters
 from .decoding import DecoderSpec, decoder_spec
@@ -122,8 +123,10 @@ class CommitOutcome:
     error_mode: ErrorModeOutcome
 
 
-def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpec) -> BatchResult:
-    started = time.monotonic()
+def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpec,
+                     deadline: Deadline | None = None) -> BatchResult:  # fmt: skip
+    """One batch, sized to publish well inside `runTimeout` and the job's `deadline` (`budget`)."""
+    started, started_ms = time.monotonic(), int(time.time() * 1000)
     run_id = new_run_id()
     identifier = config.identifier(table)
     cluster = config.cluster(table.source_cluster)
@@ -141,9 +144,10 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     drop_stale_branches(iceberg, table.run_timeout_seconds)
     state = committed_state(iceberg, table.topic)
     planned = plan_ranges(
-        kafka_conf, table.topic, state.offsets, table.starting_offsets, table.record_budget,
-        table.on_data_loss, state.topic_id,
+        kafka_conf, table.topic, state.offsets, table.starting_offsets, None, table.on_data_loss, state.topic_id,
     )  # fmt: skip
+    sized = size_batch(iceberg, kafka_conf, table, state, planned, deadline)
+    planned = sized.plan
     ranges, next_offsets = planned.ranges, planned.next_offsets
     batch = Batch(ranges, next_offsets)
     if next_offsets == state.offsets and not planned.lost:
@@ -183,7 +187,8 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     else:
         write = _append_writer(struct)
 
-    checkpoint = Checkpoint(table.topic, next_offsets, run_id, planned.topic_id, tuple(planned.lost))
+    measured = Throughput(sized.records, int(sized.records * sized.mean_record_bytes), started_ms)
+    checkpoint = Checkpoint(table.topic, next_offsets, run_id, planned.topic_id, tuple(planned.lost), throughput=measured)
     try:
         outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, path)
     except _TimestampOverflow:  # nothing was committed: the Python path routes the record per `errors`

@@ -15,6 +15,7 @@ from typing import Callable, Iterator
 from pyspark.sql import SparkSession
 
 from . import progress
+from .budget import Deadline
 from .errors import CommitConflict, ConfigError, IcefloeError, RecordError, SourceError, is_transient
 from .heartbeat import RUNNING, STOPPED, Heartbeat, write_heartbeat
 from .iceberg_table import IcebergTable
@@ -51,15 +52,17 @@ def table_lock(state_dir: Path, identifier: str, local: bool) -> Iterator[None]:
         yield
 
 
-def run_table(spark: SparkSession, config: IcefloeConfig, table: TableSpec, state_dir: Path) -> BatchResult:
+def run_table(spark: SparkSession, config: IcefloeConfig, table: TableSpec, state_dir: Path,
+              deadline: Deadline | None = None) -> BatchResult:  # fmt: skip
     """One batch with retries: a commit conflict re-plans at once; an unreachable source, registry or catalog
-    (or any failure that reads as transient: throttling, timeouts, refused connections) backs off."""
+    (or any failure that reads as transient: throttling, timeouts, refused connections) backs off. Each attempt is
+    sized to publish before `deadline` (the job's time limit) and `runTimeout`."""
     identifier = config.identifier(table)
     commit_tries = source_tries = 0
     with table_lock(state_dir, identifier, config.catalog.type == "local"), progress.watch(spark, identifier):
         while True:
             try:
-                return materialize_once(spark, config, table)
+                return materialize_once(spark, config, table, deadline)
             except CommitConflict:
                 commit_tries += 1
                 if commit_tries >= COMMIT_ATTEMPTS:
@@ -84,19 +87,22 @@ def run_tables(
     on_result: Callable[[BatchResult], None],
     stop: threading.Event | None = None,
     metrics: bool = False,
+    deadline: Deadline | None = None,
 ) -> int:
     """Materialize the chosen tables (once, or until stopped); returns the number of tables that failed.
-    With `metrics`, an EMF line per table follows every batch attempt (`icefloe.metrics`)."""
+    With `metrics`, an EMF line per table follows every batch attempt (`icefloe.metrics`). `deadline`: when the job
+    is stopped (`--deadline-minutes`); batches are sized to publish before it, and a continuous run ends before it."""
     config = load_config(config_path)
     tables = config.select(table_names)
     if not tables:
         raise ConfigError(f"{config_path}: no enabled tables to run")
     spark = spark_session(config.catalog, state_dir, config.uses_msk_iam)
     if continuous:
-        return run_continuously(spark, config, tables, state_dir, on_result, stop or stop_on_signals(), metrics=metrics)
+        return run_continuously(spark, config, tables, state_dir, on_result, stop or stop_on_signals(), metrics=metrics,
+                                deadline=deadline)  # fmt: skip
     failures = 0
     for table in tables:
-        outcome, _, _ = _attempt(spark, config, table, state_dir, on_result, metrics)
+        outcome, _, _ = _attempt(spark, config, table, state_dir, on_result, metrics, deadline=deadline)
         if outcome != Outcome.OK:
             failures += 1
     return failures
@@ -110,7 +116,7 @@ class Outcome:
 
 def _attempt(
     spark: SparkSession, config: IcefloeConfig, table: TableSpec, state_dir: Path, on_result: Callable[[BatchResult], None],
-    metrics: bool, known: dict[int, int] | None = None,
+    metrics: bool, known: dict[int, int] | None = None, deadline: Deadline | None = None,
 ) -> tuple[str, str, BatchResult | None]:  # fmt: skip
     """One batch and its maintenance (`_run_and_maintain`), the table's heartbeat written before and after it, and
     with `metrics` an EMF line after it. `known`: the table's offsets from an earlier batch, for the lag when this
@@ -124,7 +130,7 @@ def _attempt(
         results.append(result)
         on_result(result)
 
-    outcome, why = _run_and_maintain(spark, config, table, state_dir, keep)
+    outcome, why = _run_and_maintain(spark, config, table, state_dir, keep, deadline)
     result = results[-1] if results else None
     status = result.status if result is not None and outcome == Outcome.OK else outcome
     offsets = result.offsets if result is not None else (known or {})
@@ -187,11 +193,12 @@ def _run_and_maintain(
     table: TableSpec,
     state_dir: Path,
     on_result: Callable[[BatchResult], None],
+    deadline: Deadline | None = None,
 ) -> tuple[str, str]:
     """One batch, then maintenance if it is due; (outcome, why) after logging any failure."""
     identifier = config.identifier(table)
     try:
-        on_result(run_table(spark, config, table, state_dir))
+        on_result(run_table(spark, config, table, state_dir, deadline))
         if table.maintenance.enabled:
             with table_lock(state_dir, identifier, config.catalog.type == "local"):
                 iceberg = IcebergTable(spark, identifier)
@@ -251,6 +258,7 @@ def run_continuously(
     stop: threading.Event,
     poll_s: float = 1.0,
     metrics: bool = False,
+    deadline: Deadline | None = None,
 ) -> int:
     """Micro-batches per table: commit when `refresh` has elapsed or `commitRecords` are waiting, whichever first.
 
@@ -263,6 +271,9 @@ def run_continuously(
     suspended: set[str] = set()
     outages: dict[str, _Outage] = {}
     while not stop.is_set() and len(suspended) < len(tables):
+        if deadline is not None and deadline.left() <= 0:  # a batch started now could be stopped with the job
+            log.info("the job's time limit is %.0fs away: stopping before it; the next job goes on", deadline.margin)
+            break
         for table in tables:
             identifier = config.identifier(table)
             if stop.is_set() or identifier in suspended:
@@ -281,7 +292,8 @@ def run_continuously(
             if not due:
                 continue
             last_batch[identifier] = time.monotonic()
-            outcome, why, result = _attempt(spark, config, table, state_dir, on_result, metrics, committed.get(identifier))
+            outcome, why, result = _attempt(spark, config, table, state_dir, on_result, metrics, committed.get(identifier),
+                                            deadline)  # fmt: skip
             if result is not None:
                 committed[identifier] = result.offsets
             if outcome == Outcome.FAILED:

@@ -285,12 +285,6 @@ class AlarmSpec(Model):
         return value
 
 
-# The default `maxRecordsPerRun` assumes a batch reads, decodes and writes at least this many records per second:
-# the slowest path, Python decoding on one core, does ~220k/s Avro decoding and ~250k/s Arrow building
-# (PLATFORM.md); 5k/s leaves ample room for large records, slow sinks and small jobs.
-BUDGET_RECORDS_PER_SECOND = 5_000
-
-
 class TableSpec(Model):
     source_cluster: str
     topic: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,249}$")]
@@ -312,7 +306,7 @@ class TableSpec(Model):
     continuous: bool = False
     commit_records: int | None = Field(default=None, ge=1)
     retention: str | None = None
-    max_records_per_run: int | None = Field(default=None, ge=1)
+    max_records_per_run: int | None = Field(default=None, ge=1)  # a hard cap; batches are sized by time (budget)
     max_record_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
     # The longest a batch may take: an older run does not publish, so other runs may drop its branch.
     run_timeout: str = "12h"
@@ -412,15 +406,6 @@ class TableSpec(Model):
     @property
     def run_timeout_seconds(self) -> float:
         return duration_seconds(self.run_timeout)
-
-    @property
-    def record_budget(self) -> int:
-        """The most records one batch reads: `maxRecordsPerRun`, by default what a batch reads in half its
-        `runTimeout` at a conservative `BUDGET_RECORDS_PER_SECOND` (so a large backlog is taken in batches that
-        publish in time, never in one batch that always runs out of time)."""
-        if self.max_records_per_run is not None:
-            return self.max_records_per_run
-        return int(self.run_timeout_seconds / 2 * BUDGET_RECORDS_PER_SECOND)
 
     @property
     def lag_alarm_seconds(self) -> float:

@@ -1,0 +1,61 @@
+"""Batch sizing (`icefloe.budget`): the time a batch has, the records that fit it, the halving after stopped runs."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from icefloe import budget
+from icefloe.budget import Deadline, Rate, batch_records, limited, measured_rate, seconds_for_batch
+from icefloe.commit_state import Checkpoint, CommittedState, Throughput
+from icefloe.kafka_source import OffsetRange, Plan
+
+UTC = dt.timezone.utc
+
+
+def test_a_batch_is_planned_well_inside_the_least_of_run_timeout_and_the_job_time_limit():
+    hour = Deadline.after_minutes(60, started=1000.0)
+    assert hour.at == 1000.0 + 3600 and hour.margin == budget.DEADLINE_MARGIN_S
+    assert seconds_for_batch(12 * 3600, hour, now=1000.0) == (3600 - 180) * budget.SAFETY  # not runTimeout's 12h
+    assert seconds_for_batch(12 * 3600, hour, now=1000.0 + 3000) == (600 - 180) * budget.SAFETY  # later in the job
+    assert seconds_for_batch(12 * 3600, hour, now=1000.0 + 3500) == 0.0  # past the margin: nothing fits
+    assert seconds_for_batch(600, hour, now=1000.0) == 600 * budget.SAFETY  # runTimeout shorter than the job
+    assert seconds_for_batch(600, None) == 600 * budget.SAFETY  # no job limit (local runs)
+    assert Deadline.after_minutes(1.5, started=0.0).margin == 0.2 * 90  # short limits keep a share, not 3 minutes
+
+
+def test_the_first_batch_assumes_a_default_rate_in_bytes_and_later_ones_the_measured_rate():
+    seconds = 100.0
+    # 100 s at the default rate, records of 1 KiB; capped by FIRST_BATCH_BYTES for long times
+    assert batch_records(seconds, None, 1024) == int(seconds * budget.DEFAULT_BYTES_PER_SECOND / 1024)
+    assert batch_records(1e9, None, 1024) == budget.FIRST_BATCH_BYTES // 1024
+    # measured: 2 MiB/s of 1 KiB records; records of 50 KiB now (a sample where the batch starts) are fewer
+    rate = Rate(records_per_s=2048, bytes_per_s=2 * 1024 * 1024, mean_record_bytes=1024)
+    assert batch_records(seconds, rate, 1024) == 204_800
+    assert batch_records(seconds, rate, 50 * 1024) == 4096
+    # halved per run stopped before it published, capped by maxRecordsPerRun, never nothing
+    assert batch_records(seconds, rate, 1024, halvings=3) == 204_800 // 8
+    assert batch_records(seconds, rate, 1024, cap=1000) == 1000
+    assert batch_records(0.0, rate, 1024) == 1
+    assert batch_records(seconds, rate, 1024, halvings=40) == 1
+
+
+def test_the_rate_comes_from_the_checkpoint_and_its_commit_time():
+    started = dt.datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
+    measured = Throughput(records=10_000, bytes=10_000 * 500, started_ms=int(started.timestamp() * 1000))
+    checkpoint = Checkpoint("t", {0: 10_000}, "run", throughput=measured)
+    state = CommittedState(7, checkpoint, 7, started + dt.timedelta(seconds=20))
+    assert measured_rate(state) == Rate(500.0, 250_000.0, 500.0)
+    assert measured_rate(CommittedState(7, Checkpoint("t", {0: 5}), 7, started)) is None  # older commits: none
+    # the summary round trip, and a maintenance copy does not carry the batch's measurement
+    assert Checkpoint.from_summary(checkpoint.to_summary()) == checkpoint
+    assert Checkpoint.from_summary(checkpoint.carried(7).to_summary()).throughput is None
+
+
+def test_a_plan_is_cut_evenly_and_records_where_each_partition_stops():
+    plan = Plan([OffsetRange("t", 0, 0, 1000), OffsetRange("t", 1, 50, 60), OffsetRange("t", 2, 5, 1005)],
+                {0: 1000, 1: 60, 2: 1005, 3: 7}, [], None)  # fmt: skip
+    cut = limited(plan, 100)
+    assert [(r.partition, r.start, r.end) for r in cut.ranges] == [(0, 0, 45), (1, 50, 60), (2, 5, 50)]
+    assert cut.next_offsets == {0: 45, 1: 60, 2: 50, 3: 7}
+    one = limited(plan, 1)
+    assert sum(r.count for r in one.ranges) == 1 and one.next_offsets[0] + one.next_offsets[2] in (1 + 5, 0 + 6)
