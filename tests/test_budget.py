@@ -37,11 +37,15 @@ def test_the_first_batch_assumes_a_default_rate_in_bytes_and_later_ones_the_meas
     assert batch_records(seconds, rate, 1024, cap=1000) == 1000
     assert batch_records(0.0, rate, 1024) == 1
     assert batch_records(seconds, rate, 1024, halvings=40) == 1
+    # after a batch that read all there was (mostly fixed costs), at least the default rate
+    idle = Rate(records_per_s=10, bytes_per_s=10 * 1024, mean_record_bytes=1024, cut=False)
+    assert batch_records(seconds, idle, 1024) == batch_records(seconds, None, 1024)
+    assert batch_records(seconds, Rate(2048, 2 * 1024 * 1024, 1024, cut=False), 1024) == 204_800
 
 
 def test_the_rate_comes_from_the_checkpoint_and_its_commit_time():
     started = dt.datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
-    measured = Throughput(records=10_000, bytes=10_000 * 500, started_ms=int(started.timestamp() * 1000))
+    measured = Throughput(records=10_000, bytes=10_000 * 500, started_ms=int(started.timestamp() * 1000), cut=True)
     checkpoint = Checkpoint("t", {0: 10_000}, "run", throughput=measured)
     state = CommittedState(7, checkpoint, 7, started + dt.timedelta(seconds=20))
     assert measured_rate(state) == Rate(500.0, 250_000.0, 500.0)

@@ -10,7 +10,8 @@ which this table's batches were really read, decoded and written:
 
 The mean record size is the measured one, or (when the budget binds, or nothing was measured yet) the mean of a few
 records read where the batch starts. A table's first batch assumes DEFAULT_BYTES_PER_SECOND, at most
-FIRST_BATCH_BYTES. A run stopped before it published (the job's time limit, a lost driver) leaves its branch: each
+FIRST_BATCH_BYTES; so does a batch after one that read all there was, unless that one measured more: a small batch
+is mostly fixed costs (starting Spark jobs, commits), so its rate says little about what a large one reaches. A run stopped before it published (the job's time limit, a lost driver) leaves its branch: each
 such branch of a run started since the last commit halves the next plan, so a backlog that a batch could not take
 in time is taken in smaller ones instead of being read and stopped for ever. `maxRecordsPerRun` caps every plan.
 """
@@ -72,6 +73,7 @@ class Rate:
     records_per_s: float
     bytes_per_s: float
     mean_record_bytes: float
+    cut: bool = True  # the batch read less than was pending: its rate is what this table's batches reach
 
 
 def measured_rate(state: CommittedState) -> Rate | None:
@@ -80,17 +82,16 @@ def measured_rate(state: CommittedState) -> Rate | None:
     if found is None or state.checkpoint_committed_at is None or found.records <= 0:
         return None
     seconds = max(0.001, state.checkpoint_committed_at.timestamp() - found.started_ms / 1000)
-    return Rate(found.records / seconds, found.bytes / seconds, max(1.0, found.bytes / found.records))
+    return Rate(found.records / seconds, found.bytes / seconds, max(1.0, found.bytes / found.records), found.cut)
 
 
 def batch_records(seconds: float, rate: Rate | None, mean_record_bytes: float, halvings: int = 0,
                   cap: int | None = None) -> int:  # fmt: skip
-    """The records a batch reads in `seconds` at the measured `rate` (else the default), records of
+    """The records a batch reads in `seconds` at the measured `rate` (else, or if more, the default), records of
     `mean_record_bytes`, halved per unfinished attempt, at most `cap` (`maxRecordsPerRun`), at least one."""
-    if rate is not None:
-        budget_bytes = seconds * rate.bytes_per_s
-    else:
-        budget_bytes = min(FIRST_BATCH_BYTES, seconds * DEFAULT_BYTES_PER_SECOND)
+    budget_bytes = seconds * rate.bytes_per_s if rate is not None else 0.0
+    if rate is None or not rate.cut:
+        budget_bytes = max(budget_bytes, min(FIRST_BATCH_BYTES, seconds * DEFAULT_BYTES_PER_SECOND))
     records = max(1, int(budget_bytes / max(1.0, mean_record_bytes)) // 2**halvings)
     return records if cap is None else min(cap, records)
 
@@ -128,6 +129,7 @@ class Sized:
 
     plan: Plan
     mean_record_bytes: float
+    cut: bool = False  # more was pending
 
     @property
     def records(self) -> int:
@@ -158,7 +160,7 @@ def size_batch(table: IcebergTable, conf: dict, spec: TableSpec, state: Committe
         if halvings:
             log.warning("%s: %d runs since the last commit were stopped before they published; planning smaller "
                         "batches", table.identifier, halvings)  # fmt: skip
-        return Sized(limited(plan, records), mean)
+        return Sized(limited(plan, records), mean, cut=True)
     return Sized(plan, mean)
 
 

@@ -36,20 +36,22 @@ SUMMARY_KEYS = (OFFSETS_KEY, TOPIC_KEY, RUN_ID_KEY, TOPIC_ID_KEY, DATA_LOSS_KEY,
 
 @dataclass(frozen=True)
 class Throughput:
-    """What a batch read (records; bytes of keys and values, from the mean of a sample) and when it started (epoch
-    ms): its snapshot's commit time ends the measurement, the rate the next batch is sized by (`budget`)."""
+    """What a batch read (records; bytes of keys and values, from the mean of a sample), when it started (epoch ms)
+    and whether its budget cut it (more was pending): its snapshot's commit time ends the measurement, the rate the
+    next batch is sized by (`budget`)."""
 
     records: int
     bytes: int
     started_ms: int
+    cut: bool = False
 
     def to_json(self) -> str:
-        return json.dumps({"records": self.records, "bytes": self.bytes, "started_ms": self.started_ms})
+        return json.dumps({"records": self.records, "bytes": self.bytes, "started_ms": self.started_ms, "cut": self.cut})
 
     @classmethod
     def from_json(cls, text: str) -> "Throughput":
         found = json.loads(text)
-        return cls(int(found["records"]), int(found["bytes"]), int(found["started_ms"]))
+        return cls(int(found["records"]), int(found["bytes"]), int(found["started_ms"]), bool(found.get("cut")))
 
 
 @dataclass(frozen=True)

@@ -187,7 +187,7 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     else:
         write = _append_writer(struct)
 
-    measured = Throughput(sized.records, int(sized.records * sized.mean_record_bytes), started_ms)
+    measured = Throughput(sized.records, int(sized.records * sized.mean_record_bytes), started_ms, sized.cut)
     checkpoint = Checkpoint(table.topic, next_offsets, run_id, planned.topic_id, tuple(planned.lost), throughput=measured)
     try:
         outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, path)
