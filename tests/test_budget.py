@@ -63,3 +63,20 @@ def test_a_plan_is_cut_evenly_and_records_where_each_partition_stops():
     assert cut.next_offsets == {0: 45, 1: 60, 2: 50, 3: 7}
     one = limited(plan, 1)
     assert sum(r.count for r in one.ranges) == 1 and one.next_offsets[0] + one.next_offsets[2] in (1 + 5, 0 + 6)
+
+
+def test_a_continuous_run_ends_before_its_job_time_limit_instead_of_starting_a_batch(tmp_path):
+    """55 s into a job stopped at 60 s (margin 12 s): no micro-batch starts (it could not publish), the loop ends."""
+    import threading
+    import time
+
+    from icefloe.runner import run_continuously
+    from icefloe.spec import parse_config
+
+    config = parse_config({"sourceClusters": [{"name": "c", "bootstrapServers": "127.0.0.1:1"}],
+                           "tables": [{"sourceCluster": "c", "topic": "t", "format": "json"}]})  # fmt: skip
+    results: list = []
+    deadline = Deadline.after_minutes(1, started=time.time() - 55)
+    assert run_continuously(None, config, list(config.tables), tmp_path, results.append, threading.Event(),
+                            deadline=deadline) == 0  # fmt: skip
+    assert results == []

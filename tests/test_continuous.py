@@ -241,3 +241,79 @@ def test_maintenance_also_compacts_and_expires_the_dead_letter_table(spark, brok
     produce(broker.bootstrap_servers, topic, [{"value": b"not json either"}])
     run_table(spark, config, table_spec, state_dir)
     assert len(by_position(read_pyiceberg(state_dir, table.identifier + "_dlq"))) == len(dead_before) + 1
+
+
+# What one micro-batch of an append table may cost, whatever came before it: catalog commits (branch create, the
+# append carrying the checkpoint, the fast-forward, the branch drop) and table loads (`iceberg_table.LOADS`).
+COMMITS_PER_BATCH = 4
+LOADS_PER_BATCH = 13
+
+
+def metadata_version(location: str) -> int:
+    """The catalog's version of a table: a metadata file `<version>-<uuid>.metadata.json` per commit."""
+    return int(Path(location).name.split("-", 1)[0])
+
+
+def micro_batches(spark, broker, state_dir, topic: str, make_config, count: int, observe) -> list:
+    """`count` micro-batches of the continuous loop as shipped (runner.run_continuously) on a 1 s refresh, maintenance
+    due daily (so it runs after the first batch only), 5 records produced after each batch so the next has work;
+    `observe(result)` after each. Returns what `observe` returned, and checks every record landed once."""
+    from icefloe.runner import run_continuously
+
+    broker.create_topic(topic, 2)
+    produce(broker.bootstrap_servers, topic, records(0, 5))
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "refresh": "1s", "continuous": True,
+                          "maintenance": {"interval": "1d"}})  # fmt: skip
+    stop, seen = threading.Event(), []
+
+    def on_result(result) -> None:
+        seen.append(observe(result))
+        if len(seen) == count:
+            stop.set()
+        else:
+            produce(broker.bootstrap_servers, topic, records(5 * len(seen), 5))
+
+    run_continuously(spark, config, list(config.tables), state_dir, on_result, stop, poll_s=0.1)
+    rows = by_position(read_pyiceberg(state_dir, f"local.{topic}"))
+    assert sorted(r["n"] for r in rows.values()) == list(range(5 * count))
+    return seen
+
+
+def test_a_micro_batch_costs_the_same_commits_and_loads_however_many_came_before(spark, broker, state_dir, topic,
+                                                                                  make_config):  # fmt: skip
+    """Each micro-batch commits COMMITS_PER_BATCH times and loads the table at most LOADS_PER_BATCH times, the same
+    for the 3rd and the 12th batch (the 1st and 2nd include creating and maintaining the table), so a regression
+    that adds a commit or a load per batch, or one that grows with history, fails."""
+    from icefloe.iceberg_table import LOADS
+
+    def observe(result):
+        return result.status, metadata_version(result.metadata_location), sum(LOADS.values())
+
+    seen = micro_batches(spark, broker, state_dir, topic, make_config, 12, observe)
+    assert [status for status, _, _ in seen] == ["committed"] * 12
+    costs = [(version - seen[i][1], loads - seen[i][2]) for i, (_, version, loads) in enumerate(seen[1:])][1:]
+    print("commits and loads per micro-batch:", costs)
+    assert all(commits == COMMITS_PER_BATCH for commits, _ in costs), costs
+    assert all(loads == costs[0][1] for _, loads in costs) and costs[0][1] <= LOADS_PER_BATCH, costs
+
+
+def test_continuous_mode_bounds_the_snapshots_and_keeps_the_checkpoint(spark, broker, state_dir, topic, make_config,
+                                                                       monkeypatch):  # fmt: skip
+    """Snapshot expiry by count between maintenance runs (maintenance.bound_snapshots, 3 kept here): a table never
+    holds more than twice that and a batch, whatever `snapshotRetention` (1d) says, and the next run resumes from
+    the checkpoint (every record once)."""
+    from icefloe import maintenance
+
+    monkeypatch.setattr(maintenance, "CONTINUOUS_SNAPSHOTS_KEPT", 3)
+
+    def observe(result):
+        return IcebergTable(spark, result.identifier).java().operations().current().snapshots().size()
+
+    counts = micro_batches(spark, broker, state_dir, topic, make_config, 10, observe)
+    print("snapshots after each micro-batch:", counts)
+    assert max(counts[2:]) <= 2 * 3 + 1, counts  # the 1st and 2nd: the table's creation and its first maintenance
+    produce(broker.bootstrap_servers, topic, records(50, 5))
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA})
+    assert run_table(spark, config, config.tables[0], state_dir).rows_written == 5
+    rows = by_position(read_pyiceberg(state_dir, f"local.{topic}"))
+    assert sorted(r["n"] for r in rows.values()) == list(range(55))

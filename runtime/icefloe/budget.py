@@ -96,15 +96,16 @@ def batch_records(seconds: float, rate: Rate | None, mean_record_bytes: float, h
     return records if cap is None else min(cap, records)
 
 
-def unfinished_attempts(table: IcebergTable, state: CommittedState, deadline: Deadline | None,
+def unfinished_attempts(branches: list[str], state: CommittedState, deadline: Deadline | None,
                         now: float | None = None) -> int:  # fmt: skip
-    """Runs started since the table's checkpoint was committed that left their branch: stopped (a job's time limit, a
-    SIGKILL, a lost driver) before they published; a run that fails otherwise drops its branch. With a deadline, a
-    run younger than the job's time limit may still be writing (runs of a table may overlap) and is not counted."""
+    """Runs started since the table's checkpoint was committed that left their branch (of `branches`, the table's
+    run branches): stopped (a job's time limit, a SIGKILL, a lost driver) before they published; a run that fails
+    otherwise drops its branch. With a deadline, a run younger than the job's time limit may still be writing (runs
+    of a table may overlap) and is not counted."""
     since = int(state.checkpoint_committed_at.timestamp()) if state.checkpoint_committed_at is not None else 0
     now = time.time() if now is None else now
     count = 0
-    for branch in table.branches(BRANCH_PREFIX):
+    for branch in branches:
         started = run_started(branch[len(BRANCH_PREFIX) :])
         if started is None or started < since:  # whole seconds: a run that published started before its commit
             continue
@@ -137,15 +138,16 @@ class Sized:
 
 
 def size_batch(table: IcebergTable, conf: dict, spec: TableSpec, state: CommittedState, plan: Plan,
-               deadline: Deadline | None) -> Sized:  # fmt: skip
-    """Cut `plan` (everything pending) to what one batch can publish in time (see the module's docstring)."""
+               deadline: Deadline | None, branches: list[str]) -> Sized:  # fmt: skip
+    """Cut `plan` (everything pending) to what one batch can publish in time (see the module's docstring);
+    `branches`: the table's run branches (`commit.drop_stale_branches`)."""
     pending = sum(r.count for r in plan.ranges)
     rate = measured_rate(state)
     mean = rate.mean_record_bytes if rate is not None else float(spec.max_record_bytes)
     if not pending:
         return Sized(plan, mean)
     seconds = seconds_for_batch(spec.run_timeout_seconds, deadline)
-    halvings = unfinished_attempts(table, state, deadline)
+    halvings = unfinished_attempts(branches, state, deadline)
     records = batch_records(seconds, rate, mean, halvings, spec.max_records_per_run)
     if rate is None or pending > records:  # the size of what this batch starts at decides how many it takes
         sampled = sample_record_bytes(conf, spec.topic, _sampled_ranges(plan.ranges))

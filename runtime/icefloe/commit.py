@@ -24,7 +24,7 @@ from typing import Callable, TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
 
-from .commit_state import Checkpoint, append_with_checkpoint, rows_added
+from .commit_state import Checkpoint, append_with_checkpoint
 from .errors import CommitConflict
 from .iceberg_table import IcebergTable, conformed
 
@@ -61,6 +61,7 @@ class Branch:
     checkpoint: Checkpoint
     checkpointed: bool = False  # a snapshot on the branch carries the checkpoint
     written: list[int] = field(default_factory=list)  # the branch's head after each write: all must be published
+    added: int = 0  # rows the last write added (its snapshot's `added-records`)
 
     @property
     def spark(self) -> SparkSession:
@@ -79,27 +80,33 @@ class Branch:
 
     def wrote(self) -> None:
         """Note the branch's head after a write (every writer calls this after each statement that commits)."""
-        head = self.table.ref_snapshot_id(self.name)
+        loaded = self.table.java()  # one load for the head and what it added
+        head = self.table.ref_snapshot_id(self.name, loaded)
         if head is None:
             raise CommitConflict(f"table {self.table.identifier}: branch {self.name} was dropped while being written")
         self.written.append(head)
+        self.added = int(loaded.snapshot(head).summary().get("added-records") or 0)
 
     def rows_appended(self) -> int:
         """The rows the last `append` added."""
-        return rows_added(self.table, self.written[-1])
+        return self.added
 
 
-def drop_stale_branches(table: IcebergTable, run_timeout_s: float, now: float | None = None) -> None:
+def drop_stale_branches(table: IcebergTable, run_timeout_s: float, now: float | None = None) -> list[str]:
     """Drop branches of runs that started more than `run_timeout_s` ago: such a run can no longer publish (see
     `commit_on_branch`), so its branch holds nothing that will ever be visible. Younger runs may still be writing;
-    a branch whose name does not say when its run started is kept (it cannot be proven dead)."""
+    a branch whose name does not say when its run started is kept (it cannot be proven dead). Returns the runs'
+    branches kept."""
     now = time.time() if now is None else now
+    kept = []
     for branch in table.branches(BRANCH_PREFIX):
         started = run_started(branch[len(BRANCH_PREFIX) :])
         if started is None or now - started <= run_timeout_s:
+            kept.append(branch)
             continue
         log.info("%s: dropping branch %s left by a run that started %.0fs ago", table.identifier, branch, now - started)
         table.drop_branch(branch)
+    return kept
 
 
 def verify_publishable(branch: Branch, base_snapshot_id: int, run_timeout_s: float) -> None:
@@ -113,13 +120,14 @@ def verify_publishable(branch: Branch, base_snapshot_id: int, run_timeout_s: flo
             f"table {table.identifier}: run {branch.checkpoint.run_id} is older than runTimeout "
             f"({run_timeout_s:.0f}s); its branch may have been dropped, nothing was committed, the batch will be re-planned"
         )
-    main = table.ref_snapshot_id("main")
+    loaded = table.java()  # main and the branch as of one load
+    main = table.ref_snapshot_id("main", loaded)
     if main != base_snapshot_id:
         raise CommitConflict(
             f"table {table.identifier}: another writer committed (main is at snapshot {main}, this batch was planned "
             f"from {base_snapshot_id}); nothing was committed, the batch will be re-planned"
         )
-    lineage = table.lineage(branch.name, base_snapshot_id)
+    lineage = table.lineage(branch.name, base_snapshot_id, loaded)
     missing = [snapshot for snapshot in branch.written if snapshot not in lineage]
     if lineage is None or missing:
         raise CommitConflict(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import Counter
 from typing import Any, Callable, Mapping
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -44,6 +45,12 @@ DEFAULT_PROPERTIES = {
 }
 
 
+# Table loads from the catalog by kind (`exists`, `java`, `schema`): each reads the table's current metadata file.
+# Counted for the per-batch cost (tests/test_continuous.py, bench/continuous_cost.py); Spark's own loads for a write
+# or a SQL statement are not counted here.
+LOADS: Counter[str] = Counter()
+
+
 def append_with_properties(frame: DataFrame, target: str, properties: Mapping[str, str]) -> None:
     """Append `frame` to `target` (a table or branch) in one snapshot whose summary carries `properties`."""
     writer = frame.writeTo(target)
@@ -60,6 +67,7 @@ class IcebergTable:
         self.full_name = f"{CATALOG}.{identifier}"
 
     def exists(self) -> bool:
+        LOADS["exists"] += 1
         catalog = self.spark._jsparkSession.sessionState().catalogManager().catalog(CATALOG).icebergCatalog()
         return catalog.tableExists(self.spark._jvm.org.apache.iceberg.catalog.TableIdentifier.parse(self.identifier))
 
@@ -67,6 +75,7 @@ class IcebergTable:
         """The table through Iceberg's Java API, loaded from the catalog now (other writers commit: never cached).
         Reading refs, snapshots and their summaries here is a few calls, where a query of a metadata table would be
         a Spark job."""
+        LOADS["java"] += 1
         return self.spark._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(self.spark._jsparkSession, self.full_name)
 
     def ensure(
@@ -107,19 +116,21 @@ class IcebergTable:
 
     def schema(self) -> T.StructType:
         """The table's current columns."""
+        LOADS["schema"] += 1
         return self.spark.table(self.full_name).schema
 
     def main_snapshot_id(self) -> int | None:
         return self.ref_snapshot_id("main")
 
-    def ref_snapshot_id(self, ref: str) -> int | None:
-        """The snapshot a branch or tag points at; None if there is no such ref."""
-        return _ref_snapshot_id(self.java(), ref)
+    def ref_snapshot_id(self, ref: str, loaded=None) -> int | None:
+        """The snapshot a branch or tag points at; None if there is no such ref. `loaded`: the table as `java()`
+        gave it, to read several things from one load."""
+        return _ref_snapshot_id(self.java() if loaded is None else loaded, ref)
 
-    def lineage(self, ref: str, base_snapshot_id: int) -> list[int] | None:
+    def lineage(self, ref: str, base_snapshot_id: int, loaded=None) -> list[int] | None:
         """The snapshots from `ref`'s head down to `base_snapshot_id` (both included), or None when `ref` is gone
         or does not descend from that base."""
-        table = self.java()
+        table = self.java() if loaded is None else loaded
         snapshot, chain = _ref_snapshot_id(table, ref), []
         while snapshot is not None:
             chain.append(snapshot)

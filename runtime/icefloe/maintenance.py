@@ -24,6 +24,9 @@ from .spec import TableSpec, duration_seconds
 
 log = logging.getLogger(__name__)
 LAST_MAINTENANCE_PROPERTY = "icefloe.last-maintenance-ms"
+# Continuous mode keeps at most twice this many snapshots between maintenance runs (`bound_snapshots`): each
+# micro-batch adds one or two, and every commit rewrites the metadata file that lists them all.
+CONTINUOUS_SNAPSHOTS_KEPT = 200
 
 
 @dataclass
@@ -64,11 +67,31 @@ def _file_counts(table: IcebergTable) -> tuple[int, int]:
     return counts.get(0, 0), counts.get(1, 0) + counts.get(2, 0)
 
 
-def is_due(table: IcebergTable, spec: TableSpec) -> bool:
-    last = table.java().properties().get(LAST_MAINTENANCE_PROPERTY)
+def is_due(table: IcebergTable, spec: TableSpec, loaded=None) -> bool:
+    """`loaded`: the table as `IcebergTable.java()` gave it, if the caller has it."""
+    last = (table.java() if loaded is None else loaded).properties().get(LAST_MAINTENANCE_PROPERTY)
     if last is None or not str(last).isdigit():
         return True
     return time.time() * 1000 - int(last) >= duration_seconds(spec.maintenance.interval) * 1000
+
+
+def bound_snapshots(table: IcebergTable, spec: TableSpec, loaded=None) -> int:
+    """Continuous mode: once the table holds more than twice CONTINUOUS_SNAPSHOTS_KEPT snapshots, expire all but the
+    newest CONTINUOUS_SNAPSHOTS_KEPT of main's history, whatever `snapshotRetention` says; never the snapshot carrying
+    the checkpoint (older than it only), nor the history of a run's branch (a branch keeps as many); returns how many
+    were expired. Otherwise a micro-batch every few seconds piles hours of snapshots into every metadata file
+    between two maintenance runs, and every commit of every batch rewrites that file."""
+    loaded = table.java() if loaded is None else loaded
+    count = loaded.operations().current().snapshots().size()
+    if count <= 2 * CONTINUOUS_SNAPSHOTS_KEPT:
+        return 0
+    offsets_at = committed_state(table, spec.topic).checkpoint_committed_at
+    older_than = offsets_at.timestamp() if offsets_at is not None else time.time()
+    loaded.expireSnapshots().expireOlderThan(int(older_than * 1000)).retainLast(CONTINUOUS_SNAPSHOTS_KEPT).commit()
+    expired = count - table.java().operations().current().snapshots().size()
+    log.info("%s: expired %d snapshots (continuous mode keeps the newest %d between maintenance runs)",
+             table.identifier, expired, CONTINUOUS_SNAPSHOTS_KEPT)  # fmt: skip
+    return expired
 
 
 def maintain(table: IcebergTable, spec: TableSpec, managed: bool = False) -> MaintenanceResult:

@@ -141,12 +141,12 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     first = Checkpoint(table.topic).to_summary()  # a first, empty checkpoint: the base of the first commit
     if iceberg.ensure(table_struct(value_fields), table.partitions, table.maintenance.target_file_size_mb, first):
         log.info("%s: created table", identifier)
-    drop_stale_branches(iceberg, table.run_timeout_seconds)
+    branches = drop_stale_branches(iceberg, table.run_timeout_seconds)
     state = committed_state(iceberg, table.topic)
     planned = plan_ranges(
         kafka_conf, table.topic, state.offsets, table.starting_offsets, None, table.on_data_loss, state.topic_id,
     )  # fmt: skip
-    sized = size_batch(iceberg, kafka_conf, table, state, planned, deadline)
+    sized = size_batch(iceberg, kafka_conf, table, state, planned, deadline, branches)
     planned = sized.plan
     ranges, next_offsets = planned.ranges, planned.next_offsets
     batch = Batch(ranges, next_offsets)

@@ -21,7 +21,7 @@ from .heartbeat import RUNNING, STOPPED, Heartbeat, write_heartbeat
 from .iceberg_table import IcebergTable
 from .kafka_source import client_config, plan_ranges
 from .lag import measure_lag
-from .maintenance import is_due, maintain
+from .maintenance import bound_snapshots, is_due, maintain
 from .materializer import BatchResult, materialize_once
 from .metrics import BatchMetrics, emit
 from .session import spark_session
@@ -116,7 +116,7 @@ class Outcome:
 
 def _attempt(
     spark: SparkSession, config: IcefloeConfig, table: TableSpec, state_dir: Path, on_result: Callable[[BatchResult], None],
-    metrics: bool, known: dict[int, int] | None = None, deadline: Deadline | None = None,
+    metrics: bool, known: dict[int, int] | None = None, deadline: Deadline | None = None, continuous: bool = False,
 ) -> tuple[str, str, BatchResult | None]:  # fmt: skip
     """One batch and its maintenance (`_run_and_maintain`), the table's heartbeat written before and after it, and
     with `metrics` an EMF line after it. `known`: the table's offsets from an earlier batch, for the lag when this
@@ -130,7 +130,7 @@ def _attempt(
         results.append(result)
         on_result(result)
 
-    outcome, why = _run_and_maintain(spark, config, table, state_dir, keep, deadline)
+    outcome, why = _run_and_maintain(spark, config, table, state_dir, keep, deadline, continuous)
     result = results[-1] if results else None
     status = result.status if result is not None and outcome == Outcome.OK else outcome
     offsets = result.offsets if result is not None else (known or {})
@@ -194,16 +194,21 @@ def _run_and_maintain(
     state_dir: Path,
     on_result: Callable[[BatchResult], None],
     deadline: Deadline | None = None,
+    continuous: bool = False,
 ) -> tuple[str, str]:
-    """One batch, then maintenance if it is due; (outcome, why) after logging any failure."""
+    """One batch, then maintenance if it is due (else, `continuous`, the bound on snapshots); (outcome, why) after
+    logging any failure."""
     identifier = config.identifier(table)
     try:
         on_result(run_table(spark, config, table, state_dir, deadline))
         if table.maintenance.enabled:
             with table_lock(state_dir, identifier, config.catalog.type == "local"):
                 iceberg = IcebergTable(spark, identifier)
-                if is_due(iceberg, table):
+                loaded = iceberg.java()
+                if is_due(iceberg, table, loaded):
                     maintain(iceberg, table, config.catalog.managed_maintenance)
+                elif continuous and not config.catalog.managed_maintenance:
+                    bound_snapshots(iceberg, table, loaded)
         return Outcome.OK, ""
     except RecordError as error:
         log.error("table %s (topic %s): %s; nothing at or after offset %d of partition %d was committed",
@@ -293,7 +298,7 @@ def run_continuously(
                 continue
             last_batch[identifier] = time.monotonic()
             outcome, why, result = _attempt(spark, config, table, state_dir, on_result, metrics, committed.get(identifier),
-                                            deadline)  # fmt: skip
+                                            deadline, continuous=True)  # fmt: skip
             if result is not None:
                 committed[identifier] = result.offsets
             if outcome == Outcome.FAILED:
