@@ -11,9 +11,10 @@ which this table's batches were really read, decoded and written:
 The mean record size is the measured one, or (when the budget binds, or nothing was measured yet) the mean of a few
 records read where the batch starts. A table's first batch assumes DEFAULT_BYTES_PER_SECOND, at most
 FIRST_BATCH_BYTES; so does a batch after one that read all there was, unless that one measured more: a small batch
-is mostly fixed costs (starting Spark jobs, commits), so its rate says little about what a large one reaches. A run stopped before it published (the job's time limit, a lost driver) leaves its branch: each
-such branch of a run started since the last commit halves the next plan, so a backlog that a batch could not take
-in time is taken in smaller ones instead of being read and stopped for ever. `maxRecordsPerRun` caps every plan.
+is mostly fixed costs (starting Spark jobs, commits), so its rate says little about what a large one reaches.
+A run stopped before it published (the job's time limit, a lost driver) leaves its branch: each such branch of a
+run started since the last commit halves the next plan, so a backlog that a batch could not take in time is taken
+in smaller ones instead of being read and stopped for ever. `maxRecordsPerRun` caps every plan.
 """
 
 from __future__ import annotations
@@ -155,7 +156,8 @@ def size_batch(table: IcebergTable, conf: dict, spec: TableSpec, state: Committe
             mean = sampled
             records = batch_records(seconds, rate, mean, halvings, spec.max_records_per_run)
     if pending > records:
-        per_s = f"{rate.bytes_per_s / 1024:.0f} KiB/s measured" if rate else f"{DEFAULT_BYTES_PER_SECOND / 1024:.0f} KiB/s assumed"
+        speed = rate.bytes_per_s if rate is not None else DEFAULT_BYTES_PER_SECOND
+        per_s = f"{speed / 1024:.0f} KiB/s {'measured' if rate is not None else 'assumed'}"
         log.info("%s: %d of %d pending records this batch (%.0fs at %s, records of %.0f bytes%s%s)", table.identifier,
                  records, pending, seconds, per_s, mean, f", halved {halvings}x after runs stopped before they published"
                  if halvings else "", ", maxRecordsPerRun" if records == spec.max_records_per_run else "")  # fmt: skip
