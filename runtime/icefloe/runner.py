@@ -316,7 +316,7 @@ def run_continuously(
                 continue
             last_batch[identifier] = time.monotonic()
             outcome, why, result = _attempt(spark, config, table, state_dir, on_result, metrics, committed.get(identifier))
-            if result is not None:
+            if result is not None and outcome == Outcome.OK:  # a run that yielded did not read the offsets
                 committed[identifier] = result.offsets
             if outcome == Outcome.FAILED:
                 suspended.add(identifier)
