@@ -11,7 +11,7 @@ import pytest
 
 from icefloe.heartbeat import read_heartbeat
 from icefloe.iceberg_table import IcebergTable, append_with_properties
-from icefloe import maintenance
+from icefloe import maintenance, runner
 from icefloe.maintenance import LAST_MAINTENANCE_PROPERTY, maintain
 from icefloe.materializer import materialize_once
 from icefloe.runner import _attempt, run_table
@@ -153,3 +153,36 @@ def test_the_dead_letter_table_has_a_retention_of_its_own(spark, broker, state_d
     produce(broker.bootstrap_servers, topic, [{"value": b"not json either"}])
     run_table(spark, config, table_spec, state_dir)
     assert [r["kafka_offset"] for r in read_pyiceberg(state_dir, table.identifier + "_dlq")] == [2]
+
+
+def test_icefloe_maintain_goes_on_with_the_other_tables_after_an_unexpected_failure(
+    spark, broker, state_dir, topic, monkeypatch, tmp_path
+):  # fmt: skip
+    import yaml
+
+    broker.create_topic(topic, 2)
+    produce(broker.bootstrap_servers, topic, records(0, 4))
+    tables = [{"sourceCluster": "local", "topic": topic, "table": f"{topic[:50]}_{n}", "format": "json",
+               "schema": SCHEMA} for n in ("a", "b")]  # fmt: skip
+    stack = tmp_path / "Pulumi.maint.yaml"
+    stack.write_text(yaml.safe_dump({"config": {
+        "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers}],
+        "icefloe:tables": tables}}))  # fmt: skip
+    from icefloe.spec import load_config
+
+    config = load_config(str(stack))
+    for table_spec in config.tables:
+        materialize_once(spark, config, table_spec)
+    original = runner.maintain
+
+    def fail_the_first(table, spec, managed=False, **kwargs):
+        if table.identifier.endswith("_a"):
+            raise RuntimeError("Py4JJavaError: the catalog went away")
+        return original(table, spec, managed, **kwargs)
+
+    monkeypatch.setattr(runner, "maintain", fail_the_first)
+    reported = []
+    failures = runner.maintain_tables(str(stack), [], state_dir, reported.append)
+
+    assert failures == 1
+    assert [r["identifier"] for r in reported] == [config.identifier(config.tables[1])]
