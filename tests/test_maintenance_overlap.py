@@ -70,6 +70,12 @@ def test_a_live_claim_of_another_run_skips_maintenance_and_an_expired_one_does_n
     assert "claimed by run another-run" in skipped.skipped and skipped.steps == []
     assert properties(table)[LEASE_PROPERTY] == live
 
+    # A run that found maintenance due, but another run claimed (and finished) it since: not due any more.
+    claimed_just_now = int(time.time() * 1000)
+    spark.sql(f"ALTER TABLE {table.full_name} UNSET TBLPROPERTIES ('{LEASE_PROPERTY}')")
+    spark.sql(f"ALTER TABLE {table.full_name} SET TBLPROPERTIES ('{LAST_MAINTENANCE_PROPERTY}' = '{claimed_just_now}')")
+    assert "not due" in maintain(table, config.tables[0], only_if_due=True).skipped
+
     expired = f"another-run;{int(time.time() * 1000) - 1}"
     spark.sql(f"ALTER TABLE {table.full_name} SET TBLPROPERTIES ('{LEASE_PROPERTY}' = '{expired}')")
     done = maintain(table, config.tables[0])
