@@ -145,7 +145,7 @@ def test_managed_maintenance_leaves_compaction_expiry_and_orphans_to_the_catalog
 
     result = maintain(table, table_spec, managed=True)
 
-    assert result.steps == ["manifests", "managed-by-catalog"]
+    assert result.steps == ["manifests", "carry-checkpoint", "managed-by-catalog"]
     # What the unmanaged run does to the same table (the test above): one file, one snapshot, no orphan.
     assert result.data_files_after == result.data_files_before >= 3
     assert result.snapshots_after >= 3

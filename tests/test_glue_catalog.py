@@ -271,3 +271,43 @@ def test_two_runs_evolving_the_schema_at_once_on_glue_both_finish(broker, regist
     rows = table.scan().to_arrow().to_pylist()
     assert sorted(by_position(rows)) == sorted(produced), "every (partition, offset) exactly once"
     assert sorted(r["coupon"] for r in rows if r["coupon"] is not None) == sorted(v["coupon"] for v in values)
+
+
+@pytest.mark.broker
+def test_two_maintains_at_once_on_glue_one_maintains_the_other_skips(broker, registry, moto_aws, topic, tmp_path):
+    """Two `icefloe maintain` of one Glue table started together (as two scheduled runs finding maintenance due at
+    once). The server holds the table's next two `UpdateTable` requests (each process's first commit) until both
+    arrive: one wins, Glue refuses the other as stale. Both must exit 0: one maintains, the other finds the table's
+    maintenance claimed by the first and skips it, and no count is negative. (Before the claim both compacted, and
+    the loser's rewrite failed Iceberg's validation after the refused commit: an uncaught traceback, exit 1.)"""
+    bucket = "icefloe-maint-" + topic.replace("_", "-")[:40].strip("-")
+    moto_aws.client("s3").create_bucket(Bucket=bucket)
+    broker.create_topic(topic, 3)
+    produced = set(orders.produce_orders(broker, registry, topic, range(60), random.Random(8)))
+    table = {"topic": topic, "maintenance": {"enabled": False}}
+    config = glue_stack(tmp_path / "Pulumi.maint.yaml", broker, registry, moto_aws, f"s3://{bucket}/warehouse", table)
+    env = glue_env(moto_aws) | {"ICEFLOE_SPARK_MASTER": "local[1]"}
+    run_once(config, tmp_path / "state", env)
+    produced |= set(orders.produce_orders(broker, registry, topic, range(60, 120), random.Random(9)))
+    run_once(config, tmp_path / "state", env)  # two batches: two small files per partition for compaction to rewrite
+
+    identifier = f"local.{topic}"
+    moto_aws.gate_updates(identifier, 2)
+    command = [*ICEFLOE, "maintain", "--json", "--state-dir", str(tmp_path / "state"), "--config", str(config)]
+    outputs = [(tmp_path / f"maintain-{i}.out", tmp_path / f"maintain-{i}.log") for i in range(2)]
+    processes = [subprocess.Popen(command, stdout=open(out, "w"), stderr=open(log, "w"), env=env) for out, log in outputs]
+    codes = [process.wait(timeout=600) for process in processes]
+    logs = [log.read_text() for _, log in outputs]
+    assert codes == [0, 0], [log[-3000:] for log in logs]
+
+    assert held_updates(moto_aws, identifier)[0] == "2 requests held, released together"
+    reports = [json.loads(out.read_text().strip().splitlines()[-1]) for out, _ in outputs]
+    skipped = [r for r in reports if r["skipped"]]
+    assert len(skipped) == 1 and "claimed by" in skipped[0]["skipped"], reports
+    done = [r for r in reports if not r["skipped"]][0]
+    assert "compaction" in done["steps"] and done["data_files_after"] < done["data_files_before"], done
+    counts = [v for r in reports for k, v in r.items() if isinstance(v, int) and not isinstance(v, bool)]
+    assert all(v >= 0 for v in counts), reports
+    assert sum("maintenance skipped" in log for log in logs) == 1, [log[-2000:] for log in logs]
+    rows = moto_aws.pyiceberg_catalog().load_table(identifier).scan().to_arrow().to_pylist()
+    assert sorted(by_position(rows)) == sorted(produced), "every (partition, offset) exactly once"

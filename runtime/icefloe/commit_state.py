@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 from dataclasses import dataclass, field, replace
 from typing import Mapping, TypeVar
 
@@ -32,6 +33,8 @@ CARRIED_KEY = "icefloe.carried-from"  # on a maintenance commit: the snapshot wh
 THROUGHPUT_KEY = "icefloe.throughput"  # the batch's size and start, as JSON (see `Throughput`)
 Found = TypeVar("Found")
 SUMMARY_KEYS = (OFFSETS_KEY, TOPIC_KEY, RUN_ID_KEY, TOPIC_ID_KEY, DATA_LOSS_KEY, CARRIED_KEY, THROUGHPUT_KEY)
+CARRY_ATTEMPTS = 3
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -190,13 +193,35 @@ def for_topic(checkpoint: Checkpoint, identifier: str, topic: str) -> Checkpoint
 
 def carry_checkpoint(table: IcebergTable, topic: str) -> None:
     """Put a copy of the table's checkpoint on main's head (an empty commit), so that it stays reachable from the head
-    whatever maintenance expires below. A batch that commits meanwhile is safe: the walk takes the furthest
-    checkpoint (`furthest`), never the copy's older one."""
-    state = committed_state(table, topic)
-    if state.checkpoint is None or state.checkpoint_snapshot_id == state.snapshot_id:
-        return
-    empty = table.spark.createDataFrame([], table.spark.table(table.full_name).schema)
-    append_with_checkpoint(empty, table.full_name, state.checkpoint.carried(state.checkpoint_snapshot_id))
+    whatever maintenance expires below. The copy is written on a branch at the head it was read from and published
+    by fast-forward, like a batch: a batch that publishes meanwhile makes Iceberg refuse the fast-forward (main is no
+    longer an ancestor), so an older checkpoint never lands above a newer one (an expirer that removed the batch's
+    snapshot would then leave the older one to resume from); the copy is planned again from the new head."""
+    from .commit import BRANCH_PREFIX, new_run_id  # commit imports this module
+
+    for _ in range(CARRY_ATTEMPTS):
+        state = committed_state(table, topic)
+        if state.checkpoint is None or state.checkpoint_snapshot_id == state.snapshot_id:
+            return
+        branch = f"{BRANCH_PREFIX}{new_run_id()}"  # a run branch's name: dropped by other runs if left behind
+        table.create_branch(branch, state.snapshot_id)
+        try:
+            empty = table.spark.createDataFrame([], table.spark.table(table.full_name).schema)
+            append_with_checkpoint(empty, f"{table.full_name}.branch_{branch}",
+                                   state.checkpoint.carried(state.checkpoint_snapshot_id))  # fmt: skip
+            try:
+                table.fast_forward("main", branch)
+                return
+            except Exception as error:
+                if "not an ancestor" not in str(error):
+                    raise
+                log.info("%s: a batch committed while the checkpoint was carried; carrying it again", table.identifier)
+        finally:
+            try:
+                table.drop_branch(branch)
+            except Exception as error:  # best effort: a leftover branch is dropped by a later run
+                log.warning("%s: could not drop branch %s: %s", table.identifier, branch, error)
+    log.info("%s: batches kept committing; the checkpoint was not carried this time", table.identifier)
 
 
 def append_with_checkpoint(frame: DataFrame, target: str, checkpoint: Checkpoint) -> None:

@@ -1,8 +1,8 @@
 """A continuous job's heartbeat per table: when it last checked the table and what it saw.
 
 Written as `<state dir>/heartbeat/<database.table>.json` when a batch starts (`running`), when it ends (`committed`,
-`up-to-date`, `waiting` for an unreachable source or catalog, `failed` on a bad record or config: a continuous job
-suspends the table) and when a continuous job stops cleanly (`stopped`), with the process id and host. `icefloe status` reads it to tell a job that checks an idle table ("idle") from one
+`up-to-date`, `yielded` to other runs that committed first, `waiting` for an unreachable source or catalog,
+`failed` on a bad record or config: a continuous job suspends the table) and when a continuous job stops cleanly (`stopped`), with the process id and host. `icefloe status` reads it to tell a job that checks an idle table ("idle") from one
 that stopped, died or hangs ("stuck"); on AWS the per-batch metric line (`icefloe.metrics`) is the heartbeat.
 """
 
@@ -25,7 +25,7 @@ STOPPED = "stopped"
 class Heartbeat:
     table: str
     checked_at: float  # epoch seconds
-    outcome: str  # running | committed | up-to-date | waiting | failed | stopped
+    outcome: str  # running | committed | up-to-date | yielded | waiting | failed | stopped
     detail: str = ""  # what it saw: the batch's result, or why it waits or failed
     offsets: dict[str, int] = field(default_factory=dict)  # the table's next offsets as the job last saw them
     pid: int = field(default_factory=os.getpid)

@@ -7,6 +7,11 @@ removes below; a batch committing meanwhile cannot move offsets backwards (the w
 Snapshot expiry keeps the snapshot the walk finds.
 In an S3 table bucket (`catalog.type: s3tables`) S3 Tables compact, expire snapshots and remove unreferenced files
 themselves; icefloe then runs only retention TTL, delete-file and manifest rewrites (see `maintain`).
+
+Runs of one table overlap on AWS, so maintenance is claimed before it runs: a table property (`LEASE_PROPERTY`, the
+claimant and until when) committed against the metadata just read, with `LAST_MAINTENANCE_PROPERTY`; a run that
+loses that commit, or finds a live claim of another, skips maintenance. A step that loses a race with a batch
+committing meanwhile (Iceberg's validation refuses the rewrite) is skipped and tried again at the next maintenance.
 """
 
 from __future__ import annotations
@@ -15,18 +20,29 @@ import datetime as dt
 import logging
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from .catalog import CATALOG
+from .commit import new_run_id
 from .commit_state import carry_checkpoint, committed_state
 from .dead_letter import dead_letter_identifier
 from .iceberg_table import IcebergTable
 from .spec import TableSpec, duration_seconds
 
 log = logging.getLogger(__name__)
-LAST_MAINTENANCE_PROPERTY = "icefloe.last-maintenance-ms"
+LAST_MAINTENANCE_PROPERTY = "icefloe.last-maintenance-ms"  # when maintenance was last claimed (epoch ms)
 # Continuous mode keeps at most twice this many snapshots between maintenance runs (`bound_snapshots`): each
 # micro-batch adds one or two, and every commit rewrites the metadata file that lists them all.
 CONTINUOUS_SNAPSHOTS_KEPT = 200
+LEASE_PROPERTY = "icefloe.maintenance-lease"  # "<claimant>;<expiry, epoch ms>" while a run maintains the table
+# A claim lasts the table's maintenance interval, at least this long; a claimant that dies blocks no longer.
+LEASE_MIN_S = 3600
+CLAIM_ATTEMPTS = 5
+# Compaction commits at most this many times (partial progress): file groups that lose a race fail alone.
+COMPACTION_MAX_COMMITS = 10
+# Iceberg's refusals of a commit that lost a race: a rewrite whose files another commit replaced or deleted from.
+_LOST_RACE_MARKS = ("CommitFailedException", "ValidationException", "Missing required files to delete",
+                    "could not be found in the latest snapshot", "found new position delete")  # fmt: skip
 
 
 @dataclass
@@ -44,16 +60,22 @@ class MaintenanceResult:
     seconds: float = 0.0
     steps: list[str] = field(default_factory=list)
     dead_letters: "MaintenanceResult | None" = None  # the `<table>_dlq` table's, when there is one
+    skipped: str = ""  # why nothing was done: another run holds the table's maintenance, or it was not due
+    lost_races: list[str] = field(default_factory=list)  # steps refused because a batch committed meanwhile
+    compaction_failed_files: int = 0  # data files in compaction groups whose commit was refused (partial progress)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     def __str__(self) -> str:
+        if self.skipped:
+            return f"{self.identifier}: maintenance skipped: {self.skipped}"
+        lost = f", lost to other writers' commits: {', '.join(self.lost_races)}" if self.lost_races else ""
         return (
             f"{self.identifier}: data files {self.data_files_before} -> {self.data_files_after}, delete files "
             f"{self.delete_files_before} -> {self.delete_files_after}, expired {self.expired_snapshots} snapshots, "
             f"removed {self.orphan_files_removed} orphan files, TTL deleted {self.rows_expired_by_ttl} rows "
-            f"({self.seconds:.1f}s)" + (f"; {self.dead_letters}" if self.dead_letters else "")
+            f"({self.seconds:.1f}s){lost}" + (f"; {self.dead_letters}" if self.dead_letters else "")
         )
 
 
@@ -94,49 +116,159 @@ def bound_snapshots(table: IcebergTable, spec: TableSpec, loaded=None) -> int:
     return expired
 
 
-def maintain(table: IcebergTable, spec: TableSpec, managed: bool = False) -> MaintenanceResult:
-    """Maintain the table, then its dead-letter table if it has one (same settings: retention, compaction,
-    expiry, orphans), and record when. `managed`: the catalog maintains the tables' files itself (S3 Tables:
-    compaction, snapshot expiry, unreferenced file removal), so only the steps it does not do run here (retention
-    TTL, delete files, manifests); a second compactor and expirer would only race it."""
-    result = _maintain_one(table, spec, managed)
-    dead_letters = IcebergTable(table.spark, dead_letter_identifier(table.identifier))
-    if dead_letters.exists():
-        result.dead_letters = _maintain_one(dead_letters, spec, managed)
-    table.spark.sql(
-        f"ALTER TABLE {table.full_name} SET TBLPROPERTIES ('{LAST_MAINTENANCE_PROPERTY}' = '{int(time.time() * 1000)}')"
-    )
-    return result
+def maintain(
+    table: IcebergTable, spec: TableSpec, managed: bool = False, only_if_due: bool = False
+) -> MaintenanceResult:
+    """Claim the table's maintenance (`claim`), then maintain the table and its dead-letter table if it has one (same
+    settings, but the DLQ's own `deadLetterRetention`), then release the claim. A live claim of another run (or with
+    `only_if_due`, maintenance no longer due) makes this a logged no-op (`skipped`). `managed`: the catalog maintains
+    the tables' files itself (S3 Tables: compaction, snapshot expiry, unreferenced file removal), so only the steps
+    it does not do run here (retention TTL, delete files, manifests); a second compactor and expirer would only race
+    it."""
+    claimant = new_run_id()
+    interval_ms = duration_seconds(spec.maintenance.interval) * 1000 if only_if_due else None
+    why_not = claim(table, claimant, max(duration_seconds(spec.maintenance.interval), LEASE_MIN_S), interval_ms)
+    if why_not:
+        log.info("%s: maintenance skipped: %s", table.identifier, why_not)
+        return MaintenanceResult(table.identifier, skipped=why_not)
+    try:
+        result = _maintain_one(table, spec, managed, spec.retention, "kafka_timestamp")
+        dead_letters = IcebergTable(table.spark, dead_letter_identifier(table.identifier))
+        if dead_letters.exists():  # its rows age from when they were dead-lettered, not from when they were produced
+            result.dead_letters = _maintain_one(dead_letters, spec, managed, spec.dead_letter_retention, "failed_at")
+        return result
+    finally:
+        release(table, claimant)
 
 
-def _maintain_one(table: IcebergTable, spec: TableSpec, managed: bool) -> MaintenanceResult:
+def _java_properties(table: IcebergTable):
+    """(the table's operations, its metadata as read now, and that metadata's properties)."""
+    operations = table.java().operations()
+    base = operations.current()
+    return operations, base, base.properties()
+
+
+def _lease(value: str | None) -> tuple[str, int] | None:
+    """(claimant, expiry in epoch ms) of a lease property, or None for none (or one not of ours)."""
+    claimant, _, expiry = (value or "").rpartition(";")
+    return (claimant, int(expiry)) if claimant and expiry.isdigit() else None
+
+
+def claim(table: IcebergTable, claimant: str, lease_s: float, interval_ms: float | None = None) -> str:
+    """Take the table's maintenance for `lease_s`: commit `LEASE_PROPERTY` and `LAST_MAINTENANCE_PROPERTY` against
+    the metadata just read (the catalog's compare-and-swap: on Glue, the `VersionId`; a lost race is
+    `CommitFailedException`, and the table is read again). Returns "" when claimed, else why not: another run's
+    claim is live, or (`interval_ms`) maintenance was claimed less than that long ago."""
+    jvm = table.spark._jvm
+    for attempt in range(1, CLAIM_ATTEMPTS + 1):
+        operations, base, properties = _java_properties(table)
+        now = int(time.time() * 1000)
+        held = _lease(properties.get(LEASE_PROPERTY))
+        if held is not None and held[0] != claimant and held[1] > now:
+            until = dt.datetime.fromtimestamp(held[1] / 1000, dt.timezone.utc).isoformat(timespec="seconds")
+            return f"claimed by run {held[0]} until {until}"
+        last = str(properties.get(LAST_MAINTENANCE_PROPERTY) or "")
+        if interval_ms is not None and last.isdigit() and now - int(last) < interval_ms:
+            return f"not due: another run claimed it {(now - int(last)) / 1000:.0f}s ago"
+        updated = {LEASE_PROPERTY: f"{claimant};{now + int(lease_s * 1000)}", LAST_MAINTENANCE_PROPERTY: str(now)}
+        try:
+            operations.commit(base, jvm.org.apache.iceberg.TableMetadata.buildFrom(base).setProperties(updated).build())
+        except Exception as error:
+            if "CommitFailedException" not in str(error):
+                raise
+            log.info("%s: claiming maintenance lost a race with another commit (attempt %d of %d); reading the table "
+                     "again", table.identifier, attempt, CLAIM_ATTEMPTS)  # fmt: skip
+            continue
+        # A catalog whose commit checks less than the metadata's version (REST checks only the table's uuid for a
+        # property change) lets the last of two claims win: read back who holds the claim.
+        held = _lease(_java_properties(table)[2].get(LEASE_PROPERTY))
+        if held is not None and held[0] != claimant:
+            return f"claimed by run {held[0]}"
+        log.info("%s: maintenance claimed by run %s for %.0fs", table.identifier, claimant, lease_s)
+        return ""
+    return f"its claim lost {CLAIM_ATTEMPTS} races with other writers' commits"
+
+
+def release(table: IcebergTable, claimant: str) -> None:
+    """Remove `claimant`'s lease (compare-and-swap like `claim`); best effort: an unreleased lease expires."""
+    try:
+        for _ in range(CLAIM_ATTEMPTS):
+            operations, base, properties = _java_properties(table)
+            held = _lease(properties.get(LEASE_PROPERTY))
+            if held is None or held[0] != claimant:
+                return
+            removed = table.spark._jvm.java.util.HashSet()
+            removed.add(LEASE_PROPERTY)
+            try:
+                operations.commit(base, table.spark._jvm.org.apache.iceberg.TableMetadata.buildFrom(base)
+                                  .removeProperties(removed).build())  # fmt: skip
+                return
+            except Exception as error:
+                if "CommitFailedException" not in str(error):
+                    raise
+    except Exception as error:
+        cause = str(error).splitlines()[0] if str(error) else type(error).__name__
+        log.warning("%s: could not release the maintenance claim of run %s (it expires by itself): %s",
+                    table.identifier, claimant, cause)  # fmt: skip
+
+
+def _step(table: IcebergTable, result: MaintenanceResult, name: str, action: Callable[[], object]) -> bool:
+    """Run one maintenance step; a step refused because another writer committed meanwhile (Iceberg's validation of
+    a rewrite, or a commit that lost its race) is skipped, logged, and tried again at the next maintenance."""
+    try:
+        action()
+    except Exception as error:
+        text = str(error)
+        if not any(mark in text for mark in _LOST_RACE_MARKS):
+            raise
+        cause = next((line.strip() for line in text.splitlines() if any(m in line for m in _LOST_RACE_MARKS)), "")
+        log.warning("%s: maintenance step %s lost a race with another writer's commit and was skipped (tried again at "
+                    "the next maintenance): %s", table.identifier, name, cause[:300])  # fmt: skip
+        result.lost_races.append(name)
+        return False
+    result.steps.append(name)
+    return True
+
+
+def _maintain_one(
+    table: IcebergTable, spec: TableSpec, managed: bool, retention: str | None, ttl_column: str
+) -> MaintenanceResult:
     started = time.monotonic()
     spark, name, settings = table.spark, table.full_name, spec.maintenance
     result = MaintenanceResult(table.identifier)
     result.data_files_before, result.delete_files_before = _file_counts(table)
     now = dt.datetime.now(dt.timezone.utc)
 
-    if spec.retention:
-        cutoff = now - dt.timedelta(seconds=duration_seconds(spec.retention))
-        before = spark.table(name).count()
-        spark.sql(f"DELETE FROM {name} WHERE kafka_timestamp < TIMESTAMP '{_millis(cutoff)}+00:00'")
-        result.rows_expired_by_ttl = before - spark.table(name).count()
-        result.steps.append("retention")
+    if retention:
+        cutoff = now - dt.timedelta(seconds=duration_seconds(retention))
+        expired = f"{ttl_column} < TIMESTAMP '{_millis(cutoff)}+00:00'"
+        # Counted before the DELETE, not as the difference of two counts: batches may commit rows meanwhile.
+        rows = spark.table(name).where(expired).count()
+        if _step(table, result, "retention", lambda: spark.sql(f"DELETE FROM {name} WHERE {expired}")):
+            result.rows_expired_by_ttl = rows
 
     if not managed:
         target = settings.target_file_size_mb * 1024 * 1024
-        rewritten = spark.sql(
+        compacted: list = []
+        # Partial progress: file groups commit on their own, so a batch publishing deletes against some files (an
+        # overlapping upsert run) makes only those groups fail, not the whole compaction every time.
+        _step(table, result, "compaction", lambda: compacted.extend(spark.sql(
             f"CALL {CATALOG}.system.rewrite_data_files(table => '{table.identifier}', options => map("
             f"'target-file-size-bytes', '{target}', 'min-input-files', '2', 'delete-file-threshold', '1', "
-            "'remove-dangling-deletes', 'true', 'rewrite-all', 'false'))"
-        ).collect()
-        result.rewritten_files = rewritten[0].rewritten_data_files_count if rewritten else 0
-        result.steps.append("compaction")
+            "'remove-dangling-deletes', 'true', 'rewrite-all', 'false', 'partial-progress.enabled', 'true', "
+            f"'partial-progress.max-commits', '{COMPACTION_MAX_COMMITS}'))"
+        ).collect()))  # fmt: skip
+        if compacted:
+            result.rewritten_files = compacted[0].rewritten_data_files_count
+            result.compaction_failed_files = compacted[0].asDict().get("failed_data_files_count") or 0
     if result.delete_files_before:
-        spark.sql(f"CALL {CATALOG}.system.rewrite_position_delete_files(table => '{table.identifier}')").collect()
-    spark.sql(f"CALL {CATALOG}.system.rewrite_manifests(table => '{table.identifier}')").collect()
-    result.steps.append("manifests")
-    carry_checkpoint(table, spec.topic)  # the checkpoint on main's head: expiry below may remove where it was written
+        _step(table, result, "delete-files", lambda: spark.sql(
+            f"CALL {CATALOG}.system.rewrite_position_delete_files(table => '{table.identifier}')"
+        ).collect())  # fmt: skip
+    _step(table, result, "manifests", lambda: spark.sql(
+        f"CALL {CATALOG}.system.rewrite_manifests(table => '{table.identifier}')").collect())  # fmt: skip
+    # The checkpoint on main's head: expiry below may remove where it was written.
+    _step(table, result, "carry-checkpoint", lambda: carry_checkpoint(table, spec.topic))
     if managed:
         result.steps.append("managed-by-catalog")
         return _finish(table, result, started)
@@ -147,27 +279,27 @@ def _maintain_one(table: IcebergTable, spec: TableSpec, managed: bool) -> Mainte
     offsets_at = committed_state(table, spec.topic).checkpoint_committed_at
     if offsets_at is not None:
         keep_from = min(keep_from, offsets_at)
-    snapshots_before = spark.sql(f"SELECT count(*) AS n FROM {name}.snapshots").collect()[0].n
-    spark.sql(
+    # Counted as the snapshots that went, not as a difference of counts: batches may commit snapshots meanwhile.
+    before = _snapshot_ids(table)
+    if _step(table, result, "expire-snapshots", lambda: spark.sql(
         f"CALL {CATALOG}.system.expire_snapshots(table => '{table.identifier}', "
         f"older_than => TIMESTAMP '{_millis(keep_from.astimezone(dt.timezone.utc))}+00:00', "
         f"retain_last => {settings.min_snapshots_to_keep})"
-    ).collect()
-    result.steps.append("expire-snapshots")
+    ).collect()):  # fmt: skip
+        result.expired_snapshots = len(before - _snapshot_ids(table))
 
     result.orphan_files_removed = _remove_orphans(table, now - dt.timedelta(seconds=duration_seconds(settings.orphan_file_age)))
     result.steps.append("orphans")
-    return _finish(table, result, started, snapshots_before)
+    return _finish(table, result, started)
 
 
+def _snapshot_ids(table: IcebergTable) -> set[int]:
+    return {snapshot.snapshotId() for snapshot in table.java().snapshots()}
 
-def _finish(table: IcebergTable, result: MaintenanceResult, started: float,
-            snapshots_before: int | None = None) -> MaintenanceResult:
-    spark, name = table.spark, table.full_name
+
+def _finish(table: IcebergTable, result: MaintenanceResult, started: float) -> MaintenanceResult:
     result.data_files_after, result.delete_files_after = _file_counts(table)
-    result.snapshots_after = spark.sql(f"SELECT count(*) AS n FROM {name}.snapshots").collect()[0].n
-    if snapshots_before is not None:
-        result.expired_snapshots = snapshots_before - result.snapshots_after
+    result.snapshots_after = len(_snapshot_ids(table))
     result.seconds = time.monotonic() - started
     log.info("%s", result)
     return result

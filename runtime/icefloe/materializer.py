@@ -53,7 +53,7 @@ LOGGED_FAILURES = 20
 class BatchResult:
     identifier: str
     topic: str
-    status: str  # committed | up-to-date
+    status: str  # committed | up-to-date | yielded (other runs committed first each attempt: nothing committed here)
     rows_written: int = 0
     records_failed: int = 0
     snapshot_id: int | None = None
@@ -63,6 +63,8 @@ class BatchResult:
     run_id: str = ""
     data_lost: list[dict] = field(default_factory=list)  # ranges deleted before they were read (onDataLoss: warn)
     read_path: str = ""  # jvm | python (data_plane): how the batch was read and decoded
+    maintenance: dict | None = None  # maintenance after the batch, when it ran (`MaintenanceResult.as_dict`)
+    maintenance_error: str = ""  # why maintenance after the batch failed (the batch stands; tried again when due)
 
     def as_dict(self) -> dict:
         data = asdict(self)
@@ -70,8 +72,15 @@ class BatchResult:
         return data
 
     def describe(self) -> str:
+        failed = self.maintenance_error and f"; maintenance failed (tried again when due): {self.maintenance_error}"
+        return self._describe_batch() + failed
+
+    def _describe_batch(self) -> str:
         if self.status == "up-to-date":
             return f"{self.identifier}: up to date at offsets {self.as_dict()['offsets']} (nothing committed)"
+        if self.status == "yielded":
+            return (f"{self.identifier}: yielded: other runs committed before each of this run's attempts; nothing "
+                    "committed by this run, the next run reads on from what they committed")  # fmt: skip
         failed = f", {self.records_failed} bad records" if self.records_failed else ""
         if self.data_lost:
             lost = sum(r["end"] - r["start"] for r in self.data_lost)

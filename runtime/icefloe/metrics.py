@@ -7,7 +7,8 @@ attempt, including up-to-date and failed ones, so it is also the job's heartbeat
 treats a window without any line as breaching.
 
 Metrics: RecordsCommitted (rows written), BadRecords (skipped or sent to the DLQ), BatchFailed (1 when the attempt
-failed), BatchDuration (s), LagRecords and LagSeconds (after the batch, when the broker answered), BytesWritten
+failed), MaintenanceFailed (1, only when maintenance after a committed batch failed: the batch stands),
+BatchDuration (s), LagRecords and LagSeconds (after the batch, when the broker answered), BytesWritten
 (data and delete files the commit added), RecordsLost (deleted before they were read, `onDataLoss: warn`).
 """
 
@@ -25,6 +26,7 @@ UNITS = {
     "RecordsCommitted": "Count",
     "BadRecords": "Count",
     "BatchFailed": "Count",
+    "MaintenanceFailed": "Count",
     "BatchDuration": "Seconds",
     "LagRecords": "Count",
     "LagSeconds": "Seconds",
@@ -37,7 +39,7 @@ UNITS = {
 class BatchMetrics:
     table: str
     topic: str
-    status: str  # committed | up-to-date | waiting | failed
+    status: str  # committed | up-to-date | yielded | waiting | failed
     duration_s: float
     records_committed: int = 0
     bad_records: int = 0
@@ -47,6 +49,7 @@ class BatchMetrics:
     bytes_written: int | None = None
     run_id: str = ""
     error: str = ""
+    maintenance_error: str = ""  # maintenance after the batch failed (reported apart: the batch stands)
 
     def values(self) -> dict[str, float]:
         """Metric name -> value; metrics not measured this time are left out (EMF forbids declaring them empty)."""
@@ -54,6 +57,7 @@ class BatchMetrics:
             "RecordsCommitted": self.records_committed,
             "BadRecords": self.bad_records,
             "BatchFailed": 1 if self.status in ("waiting", "failed") else 0,
+            "MaintenanceFailed": 1 if self.maintenance_error else None,  # only on a failure: a quiet line stays short
             "BatchDuration": round(self.duration_s, 3),
             "RecordsLost": self.records_lost,
             "LagRecords": self.lag_records,
@@ -82,6 +86,7 @@ def emf_document(metrics: BatchMetrics, timestamp_ms: int | None = None) -> dict
         "Status": metrics.status,
         "RunId": metrics.run_id,
         **({"Error": metrics.error} if metrics.error else {}),
+        **({"MaintenanceError": metrics.maintenance_error} if metrics.maintenance_error else {}),
     }  # fmt: skip
 
 

@@ -103,13 +103,16 @@ def run_tables(
     failures = 0
     for table in tables:
         outcome, _, _ = _attempt(spark, config, table, state_dir, on_result, metrics, deadline=deadline)
-        if outcome != Outcome.OK:
+        if outcome not in (Outcome.OK, Outcome.YIELDED):
             failures += 1
     return failures
 
 
 class Outcome:
     OK = "ok"
+    # Other runs committed before each of this run's attempts (runs of one table overlap on AWS): they made the
+    # progress, nothing of this run's was lost; the next run reads on from what they committed. Not a failure.
+    YIELDED = "yielded"
     WAITING = "waiting"  # the environment failed (source, registry, catalog, Spark): try again later
     FAILED = "failed"  # a bad record or a bad config: trying again gives the same answer
 
@@ -133,7 +136,7 @@ def _attempt(
     outcome, why = _run_and_maintain(spark, config, table, state_dir, keep, deadline, continuous)
     result = results[-1] if results else None
     status = result.status if result is not None and outcome == Outcome.OK else outcome
-    offsets = result.offsets if result is not None else (known or {})
+    offsets = result.offsets if result is not None and result.offsets else (known or {})
     _beat(state_dir, Heartbeat(identifier, time.time(), status, _seen(result) if result else why, _keyed(offsets)))
     if metrics:
         emit(_batch_metrics(spark, config, table, status, why, result, offsets, time.monotonic() - started))
@@ -142,10 +145,13 @@ def _attempt(
 
 def _seen(result: BatchResult) -> str:
     """What a batch saw, in a few words (the heartbeat's detail)."""
+    failed = f"; maintenance failed: {result.maintenance_error}" if result.maintenance_error else ""
     if result.status == "up-to-date":
-        return "nothing new"
+        return "nothing new" + failed
+    if result.status == "yielded":
+        return "other runs committed first"
     lost = sum(r["end"] - r["start"] for r in result.data_lost)
-    return f"{result.rows_written} rows, {result.records_failed} bad records" + (f", {lost} lost" if lost else "")
+    return f"{result.rows_written} rows, {result.records_failed} bad records" + (f", {lost} lost" if lost else "") + failed
 
 
 def _keyed(offsets: dict[int, int]) -> dict[str, int]:
@@ -184,6 +190,7 @@ def _batch_metrics(
         records_lost=sum(r["end"] - r["start"] for r in result.data_lost) if result else 0,
         lag_records=lag.records if lag else None, lag_seconds=lag.seconds if lag else None,
         bytes_written=added_bytes, run_id=result.run_id if result else "", error=why,
+        maintenance_error=result.maintenance_error if result else "",
     )  # fmt: skip
 
 
@@ -197,19 +204,24 @@ def _run_and_maintain(
     continuous: bool = False,
 ) -> tuple[str, str]:
     """One batch, then maintenance if it is due (else, `continuous`, the bound on snapshots); (outcome, why) after
-    logging any failure."""
+    logging any failure. The batch's result is reported once maintenance is over, with maintenance's result or
+    failure: a failure there does not undo the batch, so it does not fail the run (it is logged, reported apart and
+    tried again when next due)."""
     identifier = config.identifier(table)
     try:
-        on_result(run_table(spark, config, table, state_dir, deadline))
+        result = run_table(spark, config, table, state_dir, deadline)
         if table.maintenance.enabled:
-            with table_lock(state_dir, identifier, config.catalog.type == "local"):
-                iceberg = IcebergTable(spark, identifier)
-                loaded = iceberg.java()
-                if is_due(iceberg, table, loaded):
-                    maintain(iceberg, table, config.catalog.managed_maintenance)
-                elif continuous and not config.catalog.managed_maintenance:
-                    bound_snapshots(iceberg, table, loaded)
+            result.maintenance, result.maintenance_error = _maintain_after_batch(spark, config, table, state_dir,
+                                                                                 continuous)  # fmt: skip
+        on_result(result)
         return Outcome.OK, ""
+    except CommitConflict as error:
+        # Only ever raised with nothing committed; after the last attempt it means other runs kept committing first.
+        log.warning("table %s (topic %s): yielded to other runs of the table after %d attempts (%s); nothing was "
+                    "committed by this run, and the next run reads on from what they committed", identifier,
+                    table.topic, COMMIT_ATTEMPTS, str(error).split(";")[0])  # fmt: skip
+        on_result(BatchResult(identifier, table.topic, Outcome.YIELDED))
+        return Outcome.YIELDED, str(error)
     except RecordError as error:
         log.error("table %s (topic %s): %s; nothing at or after offset %d of partition %d was committed",
                   identifier, table.topic, error, error.offset, error.partition)  # fmt: skip
@@ -223,6 +235,30 @@ def _run_and_maintain(
     except Exception as error:  # Spark, Py4J, Arrow, AWS SDK: one table's failure must not end the others
         log.exception("table %s (topic %s): unexpected %s", identifier, table.topic, type(error).__name__)
         return Outcome.WAITING, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+
+
+def _maintain_after_batch(
+    spark: SparkSession, config: IcefloeConfig, table: TableSpec, state_dir: Path, continuous: bool = False
+) -> tuple[dict | None, str]:
+    """Maintenance if it is due (else, `continuous`, the bound on snapshots): (its result, or None when not due; why
+    it failed, or "")."""
+    identifier = config.identifier(table)
+    try:
+        with table_lock(state_dir, identifier, config.catalog.type == "local"):
+            iceberg = IcebergTable(spark, identifier)
+            loaded = iceberg.java()
+            if not is_due(iceberg, table, loaded):
+                if continuous and not config.catalog.managed_maintenance:
+                    bound_snapshots(iceberg, table, loaded)
+                return None, ""
+            return maintain(iceberg, table, config.catalog.managed_maintenance, only_if_due=True).as_dict(), ""
+    except CommitConflict as error:  # another run on this machine holds the table (local catalog)
+        log.info("table %s: maintenance skipped: %s", identifier, error)
+        return None, ""
+    except Exception as error:  # the batch is committed: report this apart, never as the batch's failure
+        log.warning("table %s (topic %s): maintenance failed (the batch stands; tried again when next due): %s",
+                    identifier, table.topic, type(error).__name__, exc_info=True)  # fmt: skip
+        return None, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500]
 
 
 def stop_on_signals() -> threading.Event:
@@ -299,7 +335,7 @@ def run_continuously(
             last_batch[identifier] = time.monotonic()
             outcome, why, result = _attempt(spark, config, table, state_dir, on_result, metrics, committed.get(identifier),
                                             deadline, continuous=True)  # fmt: skip
-            if result is not None:
+            if result is not None and outcome == Outcome.OK:  # a run that yielded did not read the offsets
                 committed[identifier] = result.offsets
             if outcome == Outcome.FAILED:
                 suspended.add(identifier)
@@ -342,4 +378,7 @@ def maintain_tables(
         except IcefloeError as error:
             failures += 1
             log.error("table %s: %s", identifier, error)
+        except Exception as error:  # Spark, Py4J, the catalog: one table's failure must not end the others
+            failures += 1
+            log.exception("table %s: maintenance failed: unexpected %s", identifier, type(error).__name__)
     return failures

@@ -306,6 +306,8 @@ class TableSpec(Model):
     continuous: bool = False
     commit_records: int | None = Field(default=None, ge=1)
     retention: str | None = None
+    # The `<table>_dlq` table's rows (raw payloads) are deleted this long after they were dead-lettered (null: kept).
+    dead_letter_retention: str | None = "7d"
     max_records_per_run: int | None = Field(default=None, ge=1)  # a hard cap; batches are sized by time (budget)
     max_record_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
     # The longest a batch may take: an older run does not publish, so other runs may drop its branch.
@@ -322,7 +324,7 @@ class TableSpec(Model):
             raise ValueError(f"{name} must be at least {least}")
         return value
 
-    @field_validator("retention")
+    @field_validator("retention", "dead_letter_retention")
     @classmethod
     def _retention(cls, value: str | None) -> str | None:
         if value is not None:
