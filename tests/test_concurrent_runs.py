@@ -108,3 +108,32 @@ def test_only_branches_older_than_the_run_timeout_are_dropped(spark, broker, sta
         spark.sql(f"ALTER TABLE {table.full_name} CREATE BRANCH `{name}`")
     drop_stale_branches(table, config.tables[0].run_timeout_seconds)
     assert sorted(table.branches(BRANCH_PREFIX)) == sorted([live, "icefloe_run_from_an_older_icefloe"])
+
+
+def test_a_run_that_found_no_table_never_puts_a_first_snapshot_above_a_batch(spark, broker, state_dir, topic, make_config, monkeypatch):
+    """Two runs of a new table: B finds it missing, and before B writes the table's first, empty snapshot, run A
+    creates the table and commits its first batch. B's first snapshot must not land on A's batch (the next run would
+    read from the log start again)."""
+    broker.create_topic(topic, 2)
+    positions = produce(broker.bootstrap_servers, topic, records(0, 20))
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA})
+    table_spec = config.tables[0]
+    identifier = config.identifier(table_spec)
+    real_exists = IcebergTable.exists
+    rival: list = []
+
+    def exists_then_rival_runs(self):
+        if self.identifier != identifier or rival:
+            return real_exists(self)
+        assert not real_exists(self)
+        rival.append("started")
+        rival.append(materialize_once(spark, config, table_spec))  # run A, start to finish
+        return False  # what run B saw before A created the table
+
+    monkeypatch.setattr(IcebergTable, "exists", exists_then_rival_runs)
+    materialize_once(spark, config, table_spec)  # run B
+    monkeypatch.undo()
+    assert rival[1].status == "committed" and rival[1].rows_written == 20
+
+    assert materialize_once(spark, config, table_spec).status == "up-to-date"  # run C
+    assert sorted(by_position(read_pyiceberg(state_dir, identifier))) == sorted(positions)
