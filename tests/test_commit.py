@@ -13,7 +13,7 @@ from icefloe.errors import CommitConflict
 from icefloe.iceberg_table import IcebergTable
 from icefloe.materializer import materialize_once
 from icefloe.runner import run_table
-from support import by_position, produce, read_pyiceberg
+from support import avro_serializer, by_position, produce, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 SCHEMA = {"fields": [{"name": "n", "type": "long"}]}
@@ -89,3 +89,28 @@ def test_crash_before_publish_leaves_main_untouched_and_rerun_completes(spark, b
     assert result.rows_written == 6
     assert table.branches("icefloe_run_") == []
     assert len(by_position(read_pyiceberg(state_dir, first.identifier))) == 14
+
+
+def test_a_branch_whose_drop_failed_does_not_stop_the_batch_read_again(spark, broker, registry, state_dir, topic, make_config, monkeypatch):
+    """An Avro batch with a record the JVM cannot decode is written twice (streamed, then read again with status
+    columns). If the first attempt's branch cannot be dropped, the second attempt must still commit."""
+    broker.create_topic(topic, 1)
+    serialize = avro_serializer(registry.url, topic, json.dumps({"type": "record", "name": "N", "fields": [{"name": "n", "type": "long"}]}))
+    positions = produce(broker.bootstrap_servers, topic, [*({"value": serialize({"n": i})} for i in range(5)), {"value": b"\x07unframed"}])
+    config = make_config({"topic": topic, "errors": "skip"})
+    real_drop = IcebergTable.drop_branch
+    refused = []
+
+    def drop_refused_once(self, name):
+        if not refused:
+            refused.append(name)
+            raise RuntimeError(f"could not drop {name}")
+        real_drop(self, name)
+
+    monkeypatch.setattr(IcebergTable, "drop_branch", drop_refused_once)
+    result = materialize_once(spark, config, config.tables[0])
+    monkeypatch.undo()
+
+    assert refused and result.read_path == "jvm" and result.status == "committed"
+    assert result.rows_written == 5 and result.records_failed == 1
+    assert sorted(by_position(read_pyiceberg(state_dir, result.identifier))) == positions[:5]

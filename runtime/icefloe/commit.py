@@ -140,7 +140,9 @@ def commit_on_branch(
     what `write` returned."""
     if checkpoint.run_id is None:
         raise ValueError("a commit's checkpoint names the run that writes it")
-    branch = Branch(table, branch_name(checkpoint.run_id), checkpoint)
+    # A branch per attempt: a run writes again after an attempt it discarded (the JVM path's re-read, the DLQ), and
+    # that attempt's branch may not have been dropped. The name still begins with the run's start (the age rule).
+    branch = Branch(table, branch_name(f"{checkpoint.run_id}_{uuid.uuid4().hex[:8]}"), checkpoint)
     table.create_branch(branch.name, base_snapshot_id)
     # Each step logs as it starts: an operator (and the crash tests) can tell where a run stopped.
     log.info("%s: writing the batch on branch %s (from snapshot %d)", table.identifier, branch.name, base_snapshot_id)
