@@ -137,3 +137,28 @@ def test_a_run_that_found_no_table_never_puts_a_first_snapshot_above_a_batch(spa
 
     assert materialize_once(spark, config, table_spec).status == "up-to-date"  # run C
     assert sorted(by_position(read_pyiceberg(state_dir, identifier))) == sorted(positions)
+
+
+def test_schema_evolution_goes_on_when_another_run_made_the_same_change_first(spark, topic, monkeypatch):
+    """Run B computes its schema changes, run A commits the same ADD COLUMN, then B alters: B re-reads the schema
+    and makes only what is still missing."""
+    from pyspark.sql import types as T
+
+    from icefloe import iceberg_table
+
+    table = IcebergTable(spark, f"local.{topic}")
+    table.ensure(T.StructType([T.StructField("a", T.LongType())]), (), 128, {"icefloe.offsets": "{}"})
+    wanted = T.StructType([T.StructField(n, t) for n, t in (("a", T.LongType()), ("c", T.StringType()), ("d", T.LongType()))])
+    real_changes = iceberg_table.schema_changes
+    rival = []
+
+    def computed_before_the_rivals_alter(current, desired, path=""):
+        changes = real_changes(current, desired, path)
+        if not rival:
+            rival.append(True)
+            spark.sql(f"ALTER TABLE {table.full_name} ADD COLUMN c string")  # run A's identical change commits
+        return changes
+
+    monkeypatch.setattr(iceberg_table, "schema_changes", computed_before_the_rivals_alter)
+    assert table.evolve(wanted) == ["ADD COLUMN `d` bigint"]
+    assert [(f.name, f.dataType) for f in table.schema().fields] == [(f.name, f.dataType) for f in wanted.fields]

@@ -117,11 +117,22 @@ class IcebergTable:
         self._change_refs(publish)
 
     def evolve(self, struct: T.StructType) -> list[str]:
-        """Bring the table's schema up to `struct` (new fields, widened types); returns what changed."""
+        """Bring the table's schema up to `struct` (new fields, widened types); returns what changed. Another run may
+        make the same change between this run's reading the schema and its ALTER, which then fails ("already
+        exists"): the schema is read again and only what is still missing is changed."""
+        made: list[str] = []
         changes = schema_changes(self.schema(), struct)
-        for change in changes:
-            self.spark.sql(f"ALTER TABLE {self.full_name} {change}")
-        return changes
+        while changes:
+            change = changes.pop(0)
+            try:
+                self.spark.sql(f"ALTER TABLE {self.full_name} {change}")
+                made.append(change)
+            except Exception:
+                changes = schema_changes(self.schema(), struct)
+                if change in changes:  # not another run's doing
+                    raise
+                log.info("%s: schema change made meanwhile by another run: %s", self.identifier, change)
+        return made
 
     def schema(self) -> T.StructType:
         """The table's current columns."""
