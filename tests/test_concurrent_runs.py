@@ -257,3 +257,34 @@ def test_a_run_older_than_its_run_timeout_does_not_publish(spark, broker, state_
 
     run_to_the_end(spark, config, table_spec)
     assert_exactly_once(state_dir, identifier, mode, sent, positions)
+
+
+def test_a_run_that_found_no_dead_letter_table_never_puts_a_first_snapshot_above_its_batch(spark, broker, state_dir, topic, make_config, monkeypatch):
+    """The same race on the DLQ table: B finds `<table>_dlq` missing, A creates it and commits its bad records
+    (and its batch) before B writes the DLQ's first snapshot. B must neither hide A's DLQ checkpoint nor add the
+    bad records again."""
+    broker.create_topic(topic, 2)
+    sent = [*records(0, 10), {"value": b"not json", "partition": 0}, {"value": b"nor this", "partition": 1}]
+    positions = produce(broker.bootstrap_servers, topic, sent)
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "errors": "dlq"})
+    table_spec = config.tables[0]
+    identifier = config.identifier(table_spec)
+    real_exists = IcebergTable.exists
+    rival: list = []
+
+    def exists_then_rival_runs(self):
+        if self.identifier != f"{identifier}_dlq" or rival:
+            return real_exists(self)
+        rival.append("started")
+        rival.append(materialize_once(spark, config, table_spec))  # run A, start to finish
+        return False
+
+    monkeypatch.setattr(IcebergTable, "exists", exists_then_rival_runs)
+    with pytest.raises(CommitConflict):  # run B: A committed the main table meanwhile
+        materialize_once(spark, config, table_spec)
+    monkeypatch.undo()
+    assert rival[1].status == "committed" and rival[1].records_failed == 2
+
+    assert materialize_once(spark, config, table_spec).status == "up-to-date"  # run C
+    assert sorted(by_position(read_pyiceberg(state_dir, identifier))) == sorted(positions[:10])
+    assert sorted(by_position(read_pyiceberg(state_dir, f"{identifier}_dlq"))) == sorted(positions[10:])
