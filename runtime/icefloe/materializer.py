@@ -335,8 +335,8 @@ def _observed(observation: Observation, identifier: str, topic: str | None, batc
     counts = found.get("counts") if done.wait(OBSERVED_METRICS_TIMEOUT_S) else None
     if counts is None or not {"rows", "for_python"} <= set(counts):
         ranges = ", ".join(f"partition {r.partition} offsets [{r.start}, {r.end})" for r in batch.ranges)
-        why = (f"not observed within {OBSERVED_METRICS_TIMEOUT_S:.0f}s" if not done.is_set()
-               else f"observed without them: {type(found['error']).__name__ if 'error' in found else sorted(counts or {})}")  # fmt: skip
+        got = type(found["error"]).__name__ if "error" in found else sorted(counts or {})
+        why = f"observed without them: {got}" if done.is_set() else f"not observed within {OBSERVED_METRICS_TIMEOUT_S:.0f}s"
         raise IcefloeError(
             f"table {identifier}: topic {topic}, {ranges}: Spark gave no record counts for the streamed write "
             f"({why}); nothing was committed"
