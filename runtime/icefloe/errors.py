@@ -46,8 +46,10 @@ class ClockSkew(IcefloeError):
     continuous job waits and retries with backoff (a table error, not a bad record or config) until the clocks agree."""
 
 
-# Iceberg's TableMetadata refuses metadata stamped more than a minute before its last snapshot log entry.
-_SKEW = re.compile(r"Invalid update timestamp (\d+): before last snapshot log entry at (\d+)")
+# Iceberg's TableMetadata refuses metadata stamped more than a minute before its last snapshot (or metadata) log entry.
+_SKEW = re.compile(
+    r"Invalid update timestamp (\d+): before (?:last snapshot log entry at|the latest metadata log entry timestamp) (\d+)"
+)
 
 
 def clock_skew(error: BaseException, identifier: str) -> ClockSkew | None:
