@@ -88,9 +88,9 @@ def test_a_table_whose_first_commit_failed_recovers(spark, broker, state_dir, to
         pass
 
     def crash(*args, **kwargs):
-        raise Crash()  # the run dies after CREATE TABLE, before the table's first snapshot
+        raise Crash()  # the run dies after CREATE TABLE, its first snapshot written but not yet main's
 
-    monkeypatch.setattr("icefloe.iceberg_table.append_with_properties", crash)
+    monkeypatch.setattr(IcebergTable, "_change_refs", crash)
     with pytest.raises(Crash):
         materialize_once(spark, config, table_spec)
     monkeypatch.undo()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import replace
 
@@ -13,10 +14,14 @@ from icefloe.errors import CommitConflict
 from icefloe.iceberg_table import IcebergTable
 from icefloe.materializer import materialize_once
 from icefloe.runner import run_table
-from support import by_position, produce, read_pyiceberg
+from support import avro_serializer, by_position, produce, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 SCHEMA = {"fields": [{"name": "n", "type": "long"}]}
+
+
+def rows_in_main(table: IcebergTable) -> int:
+    return int(table.snapshot_summary(table.main_snapshot_id()).get("total-records") or 0)
 
 
 def json_records(start: int, count: int) -> list[dict]:
@@ -89,3 +94,64 @@ def test_crash_before_publish_leaves_main_untouched_and_rerun_completes(spark, b
     assert result.rows_written == 6
     assert table.branches("icefloe_run_") == []
     assert len(by_position(read_pyiceberg(state_dir, first.identifier))) == 14
+
+
+def test_a_branch_whose_drop_failed_does_not_stop_the_batch_read_again(spark, broker, registry, state_dir, topic, make_config, monkeypatch):
+    """An Avro batch with a record the JVM cannot decode is written twice (streamed, then read again with status
+    columns). If the first attempt's branch cannot be dropped, the second attempt must still commit."""
+    broker.create_topic(topic, 1)
+    serialize = avro_serializer(registry.url, topic, json.dumps({"type": "record", "name": "N", "fields": [{"name": "n", "type": "long"}]}))
+    positions = produce(broker.bootstrap_servers, topic, [*({"value": serialize({"n": i})} for i in range(5)), {"value": b"\x07unframed"}])
+    config = make_config({"topic": topic, "errors": "skip"})
+    real_drop = IcebergTable.drop_branch
+    refused = []
+
+    def drop_refused_once(self, name):
+        if not refused:
+            refused.append(name)
+            raise RuntimeError(f"could not drop {name}")
+        real_drop(self, name)
+
+    monkeypatch.setattr(IcebergTable, "drop_branch", drop_refused_once)
+    result = materialize_once(spark, config, config.tables[0])
+    monkeypatch.undo()
+
+    assert refused and result.read_path == "jvm" and result.status == "committed"
+    assert result.rows_written == 5 and result.records_failed == 1
+    assert sorted(by_position(read_pyiceberg(state_dir, result.identifier))) == positions[:5]
+
+
+class _Observed:
+    """An observation of the streamed write whose metrics never come (`blocked`) or come without the counts."""
+
+    def __init__(self, blocked: bool):
+        self.blocked, self.released = blocked, threading.Event()
+
+    @property
+    def get(self) -> dict:
+        if self.blocked:
+            self.released.wait()  # Spark's `Observation.get` when the observed operator was optimized away
+        return {}
+
+
+@pytest.mark.parametrize("blocked", [False, True])
+def test_metrics_the_streamed_write_never_gets_are_an_error_naming_the_batch(spark, broker, registry, state_dir, topic, make_config, monkeypatch, blocked):
+    from icefloe import materializer
+    from icefloe.data_plane import JvmBatch
+    from icefloe.errors import IcefloeError
+
+    broker.create_topic(topic, 1)
+    serialize = avro_serializer(registry.url, topic, json.dumps({"type": "record", "name": "N", "fields": [{"name": "n", "type": "long"}]}))
+    produce(broker.bootstrap_servers, topic, [{"value": serialize({"n": i})} for i in range(3)])
+    config = make_config({"topic": topic})
+    observed = _Observed(blocked)
+    real_rows = JvmBatch.exact_rows
+    monkeypatch.setattr(JvmBatch, "exact_rows", lambda self, run_id: (real_rows(self, run_id)[0], observed))
+    monkeypatch.setattr(materializer, "OBSERVED_METRICS_TIMEOUT_S", 1.0, raising=False)
+    try:
+        with pytest.raises(IcefloeError, match=rf"table local\.{topic}: .*partition 0 offsets \[0, 3\)"):
+            materialize_once(spark, config, config.tables[0])
+    finally:
+        observed.released.set()
+    table = IcebergTable(spark, config.identifier(config.tables[0]))
+    assert rows_in_main(table) == 0, "nothing was committed"

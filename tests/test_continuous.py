@@ -317,3 +317,56 @@ def test_continuous_mode_bounds_the_snapshots_and_keeps_the_checkpoint(spark, br
     assert run_table(spark, config, config.tables[0], state_dir).rows_written == 5
     rows = by_position(read_pyiceberg(state_dir, f"local.{topic}"))
     assert sorted(r["n"] for r in rows.values()) == list(range(55))
+
+
+def test_an_unexpected_failure_in_one_table_leaves_the_others_committing_and_heals(spark, broker, state_dir, topic, make_config, monkeypatch):
+    """A failure no icefloe error describes (a RuntimeError from a step of one table's batch) must not end the
+    continuous job: the other table goes on committing, and the failing table commits again once the cause is gone."""
+    from icefloe import materializer, runner
+
+    broken_topic, healthy_topic = f"{topic}_broken", f"{topic}_healthy"
+    for name in (broken_topic, healthy_topic):
+        broker.create_topic(name, 2)
+        produce(broker.bootstrap_servers, name, records(0, 10))
+    table = {"format": "json", "schema": SCHEMA, "refresh": "1s", "maintenance": {"enabled": False}}
+    config = make_config({"topic": broken_topic, **table}, {"topic": healthy_topic, **table})
+    real_committed_state = materializer.committed_state
+    failures, results = [], []
+    cause = threading.Event()
+    cause.set()
+
+    def failing_state(iceberg, name):
+        if name == broken_topic and cause.is_set():
+            failures.append(name)
+            raise RuntimeError("an unexpected failure in a step of the batch")
+        return real_committed_state(iceberg, name)
+
+    monkeypatch.setattr(materializer, "committed_state", failing_state)
+    stop = threading.Event()
+
+    def committed(name: str) -> int:
+        return sum(r.status == "committed" and r.topic == name for r in results)
+
+    def next_step(result) -> None:
+        """Called by the loop after each batch (the loop keeps the Spark session's thread)."""
+        results.append(result)
+        if result.topic == healthy_topic and committed(healthy_topic) == 1:
+            produce(broker.bootstrap_servers, healthy_topic, records(10, 10))  # committed beside the failing table
+        elif result.topic == healthy_topic and committed(healthy_topic) >= 2 and len(failures) >= 2:
+            assert committed(broken_topic) == 0
+            cause.clear()
+        elif result.topic == broken_topic:
+            stop.set()
+
+    watchdog = threading.Timer(300, stop.set)  # a loop that never gets there ends, and the assertions say why
+    watchdog.start()
+    try:
+        suspended = runner.run_continuously(spark, config, config.tables, state_dir, next_step, stop, poll_s=0.2)
+    finally:
+        watchdog.cancel()
+    assert suspended == 0
+    assert committed(healthy_topic) >= 2 and len(failures) >= 2 and not cause.is_set(), (len(failures), results)
+    assert committed(broken_topic) == 1, "the failing table recovered"
+    for name, count in ((broken_topic, 10), (healthy_topic, 20)):
+        rows = by_position(read_pyiceberg(state_dir, f"local.{name}"))
+        assert sorted(r["n"] for r in rows.values()) == list(range(count))

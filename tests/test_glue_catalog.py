@@ -240,8 +240,8 @@ def test_two_runs_evolving_the_schema_at_once_on_glue_both_finish(broker, regist
     """A new schema version reaches two runs of one Glue table at once: both add its column. The server holds the
     table's next two `UpdateTable` requests (both runs' first commit: the schema change) until both arrive; Glue
     refuses the second as stale and Iceberg does not retry a schema change, so that run fails its attempt with
-    `CommitFailedException`, which nothing committed: the run retries it (a transient failure), finds the column
-    there and goes on. Both runs end well, every record is in the table once, the newer ones with the new column."""
+    `CommitFailedException`, which nothing committed: the run reads the schema again (`IcebergTable.evolve`), finds
+    the column there and goes on. Both runs end well, every record is in the table once, the newer ones with the new column."""
     bucket = "icefloe-evolve-" + topic.replace("_", "-")[:40].strip("-")
     moto_aws.client("s3").create_bucket(Bucket=bucket)
     broker.create_topic(topic, 3)

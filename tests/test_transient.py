@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from icefloe.errors import ConfigError, RecordError, is_transient
+from icefloe.errors import ClockSkew, ConfigError, RecordError, clock_skew, is_transient
 
 # What the local JDBC catalog raises when another run holds SQLite's write lock (seen with two overlapping writers).
 SQLITE_BUSY = (
@@ -27,3 +27,56 @@ def test_bad_records_bad_config_and_plain_failures_are_not_retried():
     assert not is_transient(RecordError(0, 5, "value is not valid UTF-8", "InvalidValue"))
     assert not is_transient(ConfigError("table x: unknown setting 'formt'"))
     assert not is_transient(RuntimeError("NullPointerException in the writer"))
+
+
+def java_failure(spark, java_class: str, message: str):
+    """An error as a Py4J call that threw `java_class` (caused by a RuntimeError saying `message`) raises it."""
+    from py4j.protocol import Py4JJavaError
+
+    jvm = spark._jvm
+    cause = jvm.java.lang.RuntimeException(message)
+    thrown = getattr(jvm, java_class)(cause) if java_class != "java.lang.RuntimeException" else cause
+    return Py4JJavaError("An error occurred while calling o42.commit.\n", thrown)
+
+
+# What Glue answering UpdateTable with a 5xx gives: Iceberg cannot tell whether the commit happened.
+GLUE_5XX = "Internal Service Exception (Service: Glue, Status Code: 500, Request ID: 1f2e)"
+
+
+@pytest.mark.spark
+def test_a_commit_whose_outcome_is_unknown_is_retried_by_its_type(spark):
+    """A re-plan is safe whatever the commit did: the offsets live in main. Decided by the Java exception's class
+    (its text names no timeout), not by words in it; the same text in another class is not retried."""
+    unknown = java_failure(spark, "org.apache.iceberg.exceptions.CommitStateUnknownException", GLUE_5XX)
+    assert is_transient(unknown)
+    assert not is_transient(java_failure(spark, "java.lang.RuntimeException", GLUE_5XX))
+
+
+@pytest.mark.parametrize("entry", ["last snapshot log entry at", "the latest metadata log entry timestamp"])
+def test_a_clock_behind_the_tables_last_commit_is_named_and_not_retried(entry):
+    """Iceberg refuses metadata updated more than a minute before the last snapshot (or metadata) log entry: another
+    writer's clock is ahead of this host's. Retrying within the run would meet the same refusal."""
+    text = f"java.lang.IllegalArgumentException: Invalid update timestamp 1700000000000: before {entry} 1700000090000"
+    skew = clock_skew(RuntimeError(text), "local.orders")
+    assert isinstance(skew, ClockSkew) and not is_transient(skew)
+    assert "local.orders" in str(skew) and "90s" in str(skew) and "clock" in str(skew)
+    assert clock_skew(RuntimeError("Invalid partition spec"), "local.orders") is None
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_a_run_reports_clock_skew_by_name_and_does_not_retry_it(spark, state_dir, make_config, monkeypatch):
+    from icefloe import runner
+
+    config = make_config({"topic": "skewed", "format": "json", "schema": {"fields": [{"name": "n", "type": "long"}]}})
+    calls = []
+
+    def refused(*args):
+        calls.append(1)
+        raise RuntimeError("IllegalArgumentException: Invalid update timestamp 1700000000000: before last snapshot "
+                           "log entry at 1700000125000")  # fmt: skip
+
+    monkeypatch.setattr(runner, "materialize_once", refused)
+    with pytest.raises(ClockSkew, match="125s behind"):
+        runner.run_table(spark, config, config.tables[0], state_dir)
+    assert len(calls) == 1

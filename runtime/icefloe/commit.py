@@ -8,9 +8,10 @@ fast-forward the single commit point; a crash before it leaves main untouched.
 
 Runs of one table may overlap (a scheduler fires while a long batch still runs), so a run only drops branches that
 are provably dead: a run id carries its start, and a run older than `runTimeout` never publishes (it checks before
-its fast-forward), so a branch whose run started longer ago than that can be dropped. And because Iceberg recreates
-a dropped branch from main's head on the next write to it, the publish step verifies the branch's lineage: main is
-still the base the offsets were planned from, and every snapshot the run wrote is on the branch above that base.
+its fast-forward), so a branch whose run started longer ago than that can be dropped. And because a branch may be
+dropped under a run all the same (another host's clock ahead; Spark then refuses to write to it, Iceberg's Java API
+would recreate it from main's head), the publish step verifies the branch's lineage: main is still the base the
+offsets were planned from, and every snapshot the run wrote is on the branch above that base.
 """
 
 from __future__ import annotations
@@ -74,7 +75,13 @@ class Branch:
 
     def append(self, frame: DataFrame) -> None:
         """Append `frame`, as the table's columns, in one snapshot that carries the checkpoint."""
-        append_with_checkpoint(conformed(frame, self.table.schema()), self.identifier, self.checkpoint)
+        try:
+            append_with_checkpoint(conformed(frame, self.table.schema()), self.identifier, self.checkpoint)
+        except Exception:
+            if self.table.ref_snapshot_id(self.name) is None:  # Spark refuses to write to a dropped branch
+                raise CommitConflict(f"table {self.table.identifier}: branch {self.name} was dropped while being "
+                                     "written; nothing was committed, the batch will be re-planned") from None  # fmt: skip
+            raise
         self.checkpointed = True
         self.wrote()
 
@@ -128,8 +135,7 @@ def verify_publishable(branch: Branch, base_snapshot_id: int, run_timeout_s: flo
             f"from {base_snapshot_id}); nothing was committed, the batch will be re-planned"
         )
     lineage = table.lineage(branch.name, base_snapshot_id, loaded)
-    missing = [snapshot for snapshot in branch.written if snapshot not in lineage]
-    if lineage is None or missing:
+    if lineage is None or any(snapshot not in lineage for snapshot in branch.written):
         raise CommitConflict(
             f"table {table.identifier}: branch {branch.name} no longer holds this run's writes above snapshot "
             f"{base_snapshot_id} (dropped by another run?); nothing was committed, the batch will be re-planned"
@@ -148,7 +154,9 @@ def commit_on_branch(
     what `write` returned."""
     if checkpoint.run_id is None:
         raise ValueError("a commit's checkpoint names the run that writes it")
-    branch = Branch(table, branch_name(checkpoint.run_id), checkpoint)
+    # A branch per attempt: a run writes again after an attempt it discarded (the JVM path's re-read, the DLQ), and
+    # that attempt's branch may not have been dropped. The name still begins with the run's start (the age rule).
+    branch = Branch(table, branch_name(f"{checkpoint.run_id}_{uuid.uuid4().hex[:8]}"), checkpoint)
     table.create_branch(branch.name, base_snapshot_id)
     # Each step logs as it starts: an operator (and the crash tests) can tell where a run stopped.
     log.info("%s: writing the batch on branch %s (from snapshot %d)", table.identifier, branch.name, base_snapshot_id)

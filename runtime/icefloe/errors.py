@@ -1,5 +1,7 @@
 """Errors icefloe reports to users. Each message names what is wrong and where."""
 
+import re
+
 
 class IcefloeError(Exception):
     """Base class: a failure the CLI reports as one clear line and a non-zero exit."""
@@ -38,6 +40,32 @@ class CommitConflict(IcefloeError):
     """Another writer changed the table while this batch was being written; the batch was not committed."""
 
 
+class ClockSkew(IcefloeError):
+    """Iceberg refused a commit because this host's clock is more than a minute behind the table's last commit
+    (another writer's clock). Not transient: a run's retries come seconds apart and would meet the same refusal; a
+    continuous job waits and retries with backoff (a table error, not a bad record or config) until the clocks agree."""
+
+
+# Iceberg's TableMetadata refuses metadata stamped more than a minute before its last snapshot (or metadata) log entry.
+_SKEW = re.compile(
+    r"Invalid update timestamp (\d+): before (?:last snapshot log entry at|the latest metadata log entry timestamp) (\d+)"
+)
+
+
+def clock_skew(error: BaseException, identifier: str) -> ClockSkew | None:
+    """`error` as a `ClockSkew` naming the table and how far behind this host's clock is, if it is Iceberg's
+    refusal of an update timestamp; else None."""
+    match = _SKEW.search(str(error))
+    if match is None:
+        return None
+    behind = (int(match.group(2)) - int(match.group(1))) / 1000
+    return ClockSkew(
+        f"table {identifier}: Iceberg refused the commit: this host's clock is {behind:.0f}s behind the table's last "
+        "commit (another writer's clock), more than the minute Iceberg allows; nothing was committed. Synchronize "
+        "the clocks (NTP) of the hosts writing this table"
+    )
+
+
 # Words in a JVM or client error that mark a passing environment failure (network, throttling, a service briefly
 # away), as opposed to a bug or bad data. Matched case-insensitively against the error's text.
 _TRANSIENT_MARKS = (
@@ -52,12 +80,48 @@ _TRANSIENT_MARKS = (
 )
 
 
+# Java exceptions (or their superclasses) anywhere in a JVM error's cause chain that mark a failure worth retrying.
+_TRANSIENT_JAVA = {
+    # A catalog commit that lost a race and was not retried by Iceberg: nothing was committed (as the text mark).
+    "org.apache.iceberg.exceptions.CommitFailedException",
+    # The catalog failed during the commit (a Glue 5xx in UpdateTable): the commit may or may not have happened. A
+    # re-plan is safe either way, because the offsets live in main: it resumes from whatever main holds.
+    "org.apache.iceberg.exceptions.CommitStateUnknownException",
+    "org.apache.iceberg.exceptions.ServiceUnavailableException",  # a REST catalog's 503 (S3 Tables)
+    "software.amazon.awssdk.core.exception.SdkClientException",  # no answer from AWS (network, timeouts)
+    "java.net.SocketTimeoutException", "java.net.ConnectException", "java.net.UnknownHostException",
+}
+
+
+def _java_classes(error: BaseException) -> set[str]:
+    """The Java classes, with their superclasses, of the exception a Py4J call threw and of its causes; empty for
+    an error that did not come from the JVM."""
+    thrown = getattr(error, "java_exception", None) or getattr(error, "_origin", None)  # Py4J's, PySpark's capture
+    names: set[str] = set()
+    try:
+        for _ in range(20):  # a cause chain can loop
+            if thrown is None:
+                break
+            cls = thrown.getClass()
+            while cls is not None:
+                names.add(cls.getName())
+                cls = cls.getSuperclass()
+            cause = thrown.getCause()
+            thrown = None if cause is None or cause.equals(thrown) else cause
+    except Exception:  # the gateway is gone, or not a Java object: the text decides
+        pass
+    return names
+
+
 def is_transient(error: BaseException) -> bool:
-    """True for failures worth retrying: the source, registry or catalog was unreachable or asked us to slow down.
-    Record errors and configuration errors never are: retrying would give the same answer."""
-    if isinstance(error, (RecordError, ConfigError)):
+    """True for failures worth retrying: the source, registry or catalog was unreachable or asked us to slow down,
+    or a catalog commit lost a race or ended with its outcome unknown. Record errors and configuration errors never
+    are: retrying would give the same answer. A JVM error is judged by its exception classes first."""
+    if isinstance(error, (RecordError, ConfigError, ClockSkew)):
         return False
     if isinstance(error, (SourceError, CommitConflict)):
+        return True
+    if _java_classes(error) & _TRANSIENT_JAVA:
         return True
     text = f"{type(error).__name__}: {error}".lower()
     return any(mark in text for mark in _TRANSIENT_MARKS)

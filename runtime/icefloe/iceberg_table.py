@@ -90,8 +90,7 @@ class IcebergTable:
         gets it now."""
         if self.exists():
             if self.main_snapshot_id() is None:
-                append_with_properties(self.spark.createDataFrame([], self.spark.table(self.full_name).schema),
-                                       self.full_name, first_summary)  # fmt: skip
+                self._first_snapshot(first_summary)
             return False
         self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.`{self.database}`")
         jvm_type = self.spark._jvm.org.apache.spark.sql.types.DataType.fromJson(struct.json())
@@ -102,17 +101,47 @@ class IcebergTable:
             f"CREATE TABLE IF NOT EXISTS {self.full_name} ({jvm_type.toDDL()}) USING iceberg {partitioned} "
             f"TBLPROPERTIES ({props})"
         )
-        # A first, empty snapshot gives every later commit a base to branch from.
-        empty = self.spark.createDataFrame([], struct)
-        append_with_properties(empty, self.full_name, first_summary)
+        self._first_snapshot(first_summary)  # gives every later commit a base to branch from
         return True
 
+    def _first_snapshot(self, summary: Mapping[str, str]) -> None:
+        """Give main its first, empty snapshot carrying `summary`, unless main has one by then. Another run may have
+        created the table meanwhile and committed a batch: a plain append would land on that batch and hide its
+        checkpoint. So the snapshot is written to a branch of its own, and main is created at it only where main
+        still does not exist (Iceberg refuses to create a ref that exists; a lost commit race is re-checked)."""
+        from .commit import branch_name, new_run_id  # commit builds on this module
+
+        staging = branch_name(new_run_id())  # a leftover (a crash right here) is dropped as any dead run's branch
+        append = self.java().newFastAppend()
+        for key, value in summary.items():
+            append = append.set(key, value)
+        append.toBranch(staging).commit()
+
+        def publish(table):
+            refs = table.manageSnapshots()
+            if not table.refs().containsKey("main"):
+                refs = refs.createBranch("main", table.refs().get(staging).snapshotId())
+            return refs.removeBranch(staging)
+
+        self._change_refs(publish)
+
     def evolve(self, struct: T.StructType) -> list[str]:
-        """Bring the table's schema up to `struct` (new fields, widened types); returns what changed."""
+        """Bring the table's schema up to `struct` (new fields, widened types); returns what changed. Another run may
+        make the same change between this run's reading the schema and its ALTER, which then fails ("already
+        exists"): the schema is read again and only what is still missing is changed."""
+        made: list[str] = []
         changes = schema_changes(self.schema(), struct)
-        for change in changes:
-            self.spark.sql(f"ALTER TABLE {self.full_name} {change}")
-        return changes
+        while changes:
+            change = changes.pop(0)
+            try:
+                self.spark.sql(f"ALTER TABLE {self.full_name} {change}")
+                made.append(change)
+            except Exception:
+                changes = schema_changes(self.schema(), struct)
+                if change in changes:  # not another run's doing
+                    raise
+                log.info("%s: schema change made meanwhile by another run: %s", self.identifier, change)
+        return made
 
     def schema(self) -> T.StructType:
         """The table's current columns."""

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Callable
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
@@ -47,6 +48,9 @@ log = logging.getLogger(__name__)
 # Split long partitions so both cores (or many executors) share the work; each split is one Spark task.
 RECORDS_PER_TASK = 500_000
 LOGGED_FAILURES = 20
+# How long the streamed write's observed counts may take to arrive once the write is done (Spark posts them from its
+# listener bus, normally at once; SPARK-54620: never, where the observed operator was optimized away).
+OBSERVED_METRICS_TIMEOUT_S = 600.0
 
 
 @dataclass
@@ -313,7 +317,7 @@ def _commit_exact(
 
     def write_all(branch: Branch) -> int:
         branch.append(rows)
-        counts = observation.get
+        counts = _observed(observation, iceberg.identifier, checkpoint.topic, batch)
         if counts["for_python"]:
             raise _NeedsPython(counts["for_python"])
         return counts["rows"]
@@ -325,6 +329,33 @@ def _commit_exact(
                  needed.args[0])  # fmt: skip
         return None
     return CommitOutcome(snapshot_id, written, ErrorModeOutcome(rows, batch, 0, None))
+
+
+def _observed(observation: Observation, identifier: str, topic: str | None, batch: Batch) -> dict:
+    """The streamed write's counts (`rows`, `for_python`): waited for in a thread of their own, so that metrics
+    that never come fail the batch (nothing committed) instead of blocking it for ever."""
+    found: dict = {}
+    done = threading.Event()
+
+    def fetch() -> None:
+        try:
+            found["counts"] = observation.get
+        except Exception as error:
+            found["error"] = error
+        finally:
+            done.set()
+
+    threading.Thread(target=fetch, name=f"observe-{identifier}", daemon=True).start()
+    counts = found.get("counts") if done.wait(OBSERVED_METRICS_TIMEOUT_S) else None
+    if counts is None or not {"rows", "for_python"} <= set(counts):
+        ranges = ", ".join(f"partition {r.partition} offsets [{r.start}, {r.end})" for r in batch.ranges)
+        got = type(found["error"]).__name__ if "error" in found else sorted(counts or {})
+        why = f"observed without them: {got}" if done.is_set() else f"not observed within {OBSERVED_METRICS_TIMEOUT_S:.0f}s"
+        raise IcefloeError(
+            f"table {identifier}: topic {topic}, {ranges}: Spark gave no record counts for the streamed write "
+            f"({why}); nothing was committed"
+        )
+    return counts
 
 
 def _read(spark: SparkSession, plan: ReadPlan, batch: Batch) -> tuple[DataFrame, Callable[[], object]]:

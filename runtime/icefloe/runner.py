@@ -16,7 +16,7 @@ from pyspark.sql import SparkSession
 
 from . import progress
 from .budget import Deadline
-from .errors import CommitConflict, ConfigError, IcefloeError, RecordError, SourceError, is_transient
+from .errors import CommitConflict, ConfigError, IcefloeError, RecordError, SourceError, clock_skew, is_transient
 from .heartbeat import RUNNING, STOPPED, Heartbeat, write_heartbeat
 from .iceberg_table import IcebergTable
 from .kafka_source import client_config, plan_ranges
@@ -69,6 +69,9 @@ def run_table(spark: SparkSession, config: IcefloeConfig, table: TableSpec, stat
                     raise
                 log.warning("%s: commit conflict, re-planning (attempt %d)", identifier, commit_tries + 1)
             except Exception as error:
+                skew = clock_skew(error, identifier)
+                if skew is not None:
+                    raise skew from None
                 if isinstance(error, (RecordError, ConfigError)) or not is_transient(error):
                     raise
                 source_tries += 1
@@ -233,6 +236,10 @@ def _run_and_maintain(
         log.error("table %s (topic %s): %s", identifier, table.topic, error)
         return Outcome.WAITING, str(error)
     except Exception as error:  # Spark, Py4J, Arrow, AWS SDK: one table's failure must not end the others
+        skew = clock_skew(error, identifier)  # e.g. a maintenance commit
+        if skew is not None:
+            log.error("table %s (topic %s): %s", identifier, table.topic, skew)
+            return Outcome.WAITING, str(skew)
         log.exception("table %s (topic %s): unexpected %s", identifier, table.topic, type(error).__name__)
         return Outcome.WAITING, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
