@@ -256,6 +256,9 @@ def _commit(
     """Read the batch, apply the error mode, commit what it leaves on the run's branch with `checkpoint` (its
     offsets are the batch's as the error mode leaves it). On the JVM path an append batch is first committed as the
     JVM decodes it, streamed; only if some record needs Python is it read again with status columns."""
+    if not batch.ranges:  # only positions to record (`latest`, an empty or new partition, every unread record lost)
+        snapshot_id, _ = commit_on_branch(iceberg, state.snapshot_id, checkpoint, lambda branch: 0, table.run_timeout_seconds)
+        return CommitOutcome(snapshot_id, 0, ErrorModeOutcome(None, batch, 0, None))
     jvm = JvmBatch(spark, plan, path.avro, batch.ranges, len(batch.tasks())) if path.name == JVM else None
     try:
         if jvm is not None and table.mode == "append":
