@@ -268,3 +268,29 @@ def test_record_budget_is_shared_fairly_across_partitions():
     assert share_budget({0: 5, 1: 5}, None) == {0: 5, 1: 5}
     assert share_budget({0: 3, 1: 3, 2: 3}, 7) == {0: 2, 1: 2, 2: 3}
     assert sum(share_budget({p: 1_000 for p in range(7)}, 999).values()) == 999
+
+
+def test_a_partition_missing_from_the_metadata_keeps_its_committed_offset(monkeypatch):
+    # A broker with stale metadata (just after partitions were added) lists fewer partitions than the table has read.
+    monkeypatch.setattr(kafka_source, "list_partitions", lambda conf, topic: [0])
+    monkeypatch.setattr(kafka_source, "topic_id", lambda conf, topic: None)
+    monkeypatch.setattr(kafka_source, "log_bounds", lambda conf, topic, partitions: {0: (0, 8)})
+    plan = kafka_source.plan_ranges({"bootstrap.servers": "b:9092"}, "t", {0: 5, 1: 5}, "earliest", None)
+    assert plan.next_offsets == {0: 8, 1: 5}, "a commit must not forget partition 1"
+    assert [(r.partition, r.start, r.end) for r in plan.ranges] == [(0, 5, 8)]
+
+
+def test_a_run_that_sees_fewer_partitions_commits_the_others_unchanged(spark, broker, state_dir, topic, make_config, monkeypatch):
+    fmt = Format({"format": "json", "schema": SCHEMA}, "python", lambda n: json.dumps({"n": n}).encode(), lambda r: r["n"])
+    broker.create_topic(topic, 2)
+    produce(broker.bootstrap_servers, topic, values(fmt, 0, 3, partition=0) + values(fmt, 3, 2, partition=1))
+    config, spec = make_table(fmt, make_config, topic)
+    assert materialize_once(spark, config, spec).offsets == {0: 3, 1: 2}
+    produce(broker.bootstrap_servers, topic, values(fmt, 10, 2, partition=0))
+    listed = kafka_source.list_partitions
+    monkeypatch.setattr(kafka_source, "list_partitions", lambda conf, t: [p for p in listed(conf, t) if p != 1])
+    stale = materialize_once(spark, config, spec)
+    assert stale.offsets == {0: 5, 1: 2}
+    monkeypatch.undo()
+    assert materialize_once(spark, config, spec).status == "up-to-date"
+    assert table_ns(fmt, state_dir, stale.identifier) == [0, 1, 2, 3, 4, 10, 11]

@@ -232,6 +232,13 @@ def plan_ranges(
         next_offsets[partition] = end
         if end > start:
             ranges.append(OffsetRange(topic, partition, start, end))
+    # Metadata propagates asynchronously: a broker may not list yet a partition the table has read. Its position is
+    # carried, or the commit would forget it and the next run read it again from 0.
+    unlisted = sorted(set(committed) - set(partitions))
+    for partition in unlisted:
+        next_offsets[partition] = committed[partition]
+    if unlisted:
+        log.warning("%s: partitions %s missing from the broker's metadata: their offsets are kept", topic, unlisted)
     return Plan(ranges, next_offsets, lost, current_id)
 
 
