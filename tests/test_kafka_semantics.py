@@ -4,7 +4,9 @@ read paths: JSON (Python path), Avro through the registry and `raw` (JVM path)."
 
 from __future__ import annotations
 
+import glob
 import json
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -14,10 +16,12 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from icefloe import jvm_source, kafka_source
+from icefloe.commit_state import Checkpoint, append_with_checkpoint, committed_state
 from icefloe.errors import DataLossError, SourceError
 from icefloe.iceberg_table import IcebergTable
 from icefloe.kafka_source import share_budget
 from icefloe.materializer import materialize_once
+from icefloe_dev.kafka_broker import KafkaBroker
 from support import avro_serializer, by_position, produce, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
@@ -194,6 +198,70 @@ def test_topic_deleted_and_recreated_is_refused_with_what_to_do(spark, broker, s
         materialize_once(spark, config, spec)
 
 
+def test_a_log_ending_below_the_committed_offset_is_truncation_for_on_data_loss(spark, broker, state_dir, topic, make_config, fmt):
+    broker.create_topic(topic, 1)
+    produce(broker.bootstrap_servers, topic, values(fmt, 0, 5))
+    config, spec = make_table(fmt, make_config, topic)
+    first = materialize_once(spark, config, spec)
+    # The table read up to 10, the log now ends at 5 (the same topic: its id is unchanged): modelled by hand.
+    table = IcebergTable(spark, first.identifier)
+    empty = spark.createDataFrame([], spark.table(table.full_name).schema)
+    append_with_checkpoint(empty, table.full_name, Checkpoint(topic, {0: 10}, "0_model", first_topic_id(spark, table, topic)))
+
+    with pytest.raises(DataLossError, match=rf"log truncation: {topic}\[0\] offsets 5\.\.9 \(5 records\).*onDataLoss: warn") as refused:
+        materialize_once(spark, config, spec)
+    assert "recreated" not in str(refused.value)
+    warn_config, warn_spec = make_table(fmt, make_config, topic, onDataLoss="warn")
+    assert materialize_once(spark, warn_config, warn_spec).offsets == {0: 5}, "reads on from the log's end"
+    produce(broker.bootstrap_servers, topic, values(fmt, 200, 3))
+    assert materialize_once(spark, warn_config, warn_spec).offsets == {0: 8}
+    assert table_ns(fmt, state_dir, first.identifier) == [0, 1, 2, 3, 4, 200, 201, 202]
+
+
+def first_topic_id(spark, table: IcebergTable, topic: str) -> str | None:
+    return committed_state(table, topic).topic_id
+
+
+def test_a_log_truncated_by_a_lost_disk_is_caught_past_the_offset(
+    spark, state_dir, topic, make_config, fmt, tmp_path
+):
+    # A broker of the test's own: its log is cut while it is down (RF=1 disk loss), and it comes back with a new
+    # leader epoch; producers then write past the table's offset before icefloe runs again.
+    own = KafkaBroker(tmp_path / "kafka", heap="256m")
+    own.start()
+    try:
+        own.create_topic(topic, 1)
+        produce(own.bootstrap_servers, topic, values(fmt, 0, 5))
+        config = make_config({"topic": topic, **fmt.table}, bootstrap=own.bootstrap_servers)
+        first = materialize_once(spark, config, config.tables[0])
+        assert first.offsets == {0: 5}
+        summary = IcebergTable(spark, first.identifier).snapshot_summary(first.snapshot_id)
+        assert json.loads(summary["icefloe.leader-epochs"]) == {"0": 0}
+        (segment,) = glob.glob(f"{own.state_dir}/data-*/{topic}-0/*.log")
+        kept = os.path.getsize(segment)
+        produce(own.bootstrap_servers, topic, values(fmt, 5, 5))
+        assert materialize_once(spark, config, config.tables[0]).offsets == {0: 10}
+
+        own.stop()
+        with open(segment, "r+b") as log_file:
+            log_file.truncate(kept)  # offsets 5-9 are gone
+        for marker in glob.glob(f"{own.state_dir}/data-*/.kafka_cleanshutdown"):
+            os.remove(marker)  # so the broker recovers the segment
+        own.start()
+        produce(own.bootstrap_servers, topic, values(fmt, 100, 10))  # offsets 5-14 now: past the table's 10
+
+        with pytest.raises(DataLossError, match=rf"log truncation: {topic}\[0\] offsets 5\.\.9 \(5 records\)"):
+            materialize_once(spark, config, config.tables[0])
+        warn = make_config({"topic": topic, **fmt.table, "onDataLoss": "warn"}, bootstrap=own.bootstrap_servers)
+        result = materialize_once(spark, warn, warn.tables[0])
+        assert result.offsets == {0: 15} and result.rows_written == 10 and result.read_path == fmt.read_path
+        rows = read_pyiceberg(state_dir, result.identifier)  # offsets 5-9 twice: the lost records and the new ones
+        assert sorted(fmt.n_of(r) for r in rows) == [*range(10), *range(100, 110)]
+        assert materialize_once(spark, warn, warn.tables[0]).status == "up-to-date"
+    finally:
+        own.stop()
+
+
 def test_partitions_added_between_runs_are_read_from_their_start(spark, broker, state_dir, topic, make_config, fmt):
     broker.create_topic(topic, 2)
     produce(broker.bootstrap_servers, topic, values(fmt, 0, 3, partition=0) + values(fmt, 3, 3, partition=1))
@@ -274,7 +342,7 @@ def test_a_partition_missing_from_the_metadata_keeps_its_committed_offset(monkey
     # A broker with stale metadata (just after partitions were added) lists fewer partitions than the table has read.
     monkeypatch.setattr(kafka_source, "list_partitions", lambda conf, topic: [0])
     monkeypatch.setattr(kafka_source, "topic_id", lambda conf, topic: None)
-    monkeypatch.setattr(kafka_source, "log_bounds", lambda conf, topic, partitions: {0: (0, 8)})
+    monkeypatch.setattr(kafka_source, "log_bounds", lambda conf, topic, partitions: {0: (0, 8, 0)})
     plan = kafka_source.plan_ranges({"bootstrap.servers": "b:9092"}, "t", {0: 5, 1: 5}, "earliest", None)
     assert plan.next_offsets == {0: 8, 1: 5}, "a commit must not forget partition 1"
     assert [(r.partition, r.start, r.end) for r in plan.ranges] == [(0, 5, 8)]

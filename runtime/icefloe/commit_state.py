@@ -29,8 +29,9 @@ RUN_ID_KEY = "icefloe.run-id"
 TOPIC_ID_KEY = "icefloe.topic-id"  # the Kafka topic id the offsets belong to (a recreated topic has a new one)
 DATA_LOSS_KEY = "icefloe.data-loss"  # ranges deleted before they were read (onDataLoss: warn), as JSON
 CARRIED_KEY = "icefloe.carried-from"  # on a maintenance commit: the snapshot whose checkpoint it carries forward
+LEADER_EPOCHS_KEY = "icefloe.leader-epochs"  # per partition, a leader epoch whose log held the offsets (truncation check)
 Found = TypeVar("Found")
-SUMMARY_KEYS = (OFFSETS_KEY, TOPIC_KEY, RUN_ID_KEY, TOPIC_ID_KEY, DATA_LOSS_KEY, CARRIED_KEY)
+SUMMARY_KEYS = (OFFSETS_KEY, TOPIC_KEY, RUN_ID_KEY, TOPIC_ID_KEY, DATA_LOSS_KEY, CARRIED_KEY, LEADER_EPOCHS_KEY)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Checkpoint:
     topic_id: str | None = None  # None where the broker reports none
     lost: tuple[LostRange, ...] = ()
     carried_from: int | None = None  # a copy carried forward by maintenance: the snapshot a batch wrote it in
+    leader_epochs: dict[int, int] = field(default_factory=dict)  # per partition, when the broker reports them
 
     def to_summary(self) -> dict[str, str]:
         summary = {OFFSETS_KEY: json.dumps({str(p): o for p, o in self.offsets.items()})}
@@ -57,6 +59,8 @@ class Checkpoint:
             summary[DATA_LOSS_KEY] = json.dumps(lost_as_json(self.lost))
         if self.carried_from is not None:
             summary[CARRIED_KEY] = str(self.carried_from)
+        if self.leader_epochs:
+            summary[LEADER_EPOCHS_KEY] = json.dumps({str(p): e for p, e in self.leader_epochs.items()})
         return summary
 
     @classmethod
@@ -72,6 +76,7 @@ class Checkpoint:
             topic_id=summary.get(TOPIC_ID_KEY),
             lost=tuple(LostRange(**r) for r in json.loads(summary.get(DATA_LOSS_KEY) or "[]")),
             carried_from=int(summary[CARRIED_KEY]) if summary.get(CARRIED_KEY) else None,
+            leader_epochs={int(p): int(e) for p, e in json.loads(summary.get(LEADER_EPOCHS_KEY) or "{}").items()},
         )
 
     def carried(self, snapshot_id: int) -> "Checkpoint":
@@ -111,6 +116,11 @@ class CommittedState:
     def topic_id(self) -> str | None:
         """The Kafka topic id the offsets belong to, if recorded."""
         return self.checkpoint.topic_id if self.checkpoint is not None else None
+
+    @property
+    def leader_epochs(self) -> dict[int, int]:
+        """Per partition, a leader epoch whose log held the committed offsets (empty if none was recorded)."""
+        return dict(self.checkpoint.leader_epochs) if self.checkpoint is not None else {}
 
 
 def committed_state(table: IcebergTable, topic: str) -> CommittedState:

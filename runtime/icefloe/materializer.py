@@ -142,7 +142,7 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     state = committed_state(iceberg, table.topic)
     planned = plan_ranges(
         kafka_conf, table.topic, state.offsets, table.starting_offsets, table.record_budget,
-        table.on_data_loss, state.topic_id,
+        table.on_data_loss, state.topic_id, state.leader_epochs,
     )  # fmt: skip
     ranges, next_offsets = planned.ranges, planned.next_offsets
     batch = Batch(ranges, next_offsets)
@@ -183,7 +183,8 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     else:
         write = _append_writer(struct)
 
-    checkpoint = Checkpoint(table.topic, next_offsets, run_id, planned.topic_id, tuple(planned.lost))
+    checkpoint = Checkpoint(table.topic, next_offsets, run_id, planned.topic_id, tuple(planned.lost),
+                            leader_epochs=planned.leader_epochs)  # fmt: skip
     try:
         outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, path)
     except _TimestampOverflow:  # nothing was committed: the Python path routes the record per `errors`
