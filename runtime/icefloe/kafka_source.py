@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -113,8 +114,22 @@ def _unreachable(conf: dict[str, str], error: KafkaException) -> SourceError:
     return SourceError(f"cannot reach Kafka at {conf['bootstrap.servers']}: {error.args[0].str()}")
 
 
+# One long-lived AdminClient per cluster config in a process: planning runs every second in continuous mode with
+# `commitRecords`, and each new client is a new connection and authentication (MSK IAM throttles new connections).
+_ADMINS: dict[tuple, AdminClient] = {}
+_ADMINS_LOCK = threading.Lock()
+
+
+def _admin(conf: dict) -> AdminClient:
+    key = tuple(sorted((k, v if isinstance(v, (str, int, bool)) else type(v).__qualname__) for k, v in conf.items()))
+    with _ADMINS_LOCK:
+        if key not in _ADMINS:
+            _ADMINS[key] = AdminClient(conf)
+        return _ADMINS[key]
+
+
 def list_partitions(conf: dict[str, str], topic: str) -> list[int]:
-    admin = AdminClient(conf)
+    admin = _admin(conf)
     try:
         metadata = admin.list_topics(topic=topic, timeout=METADATA_TIMEOUT_S)
     except KafkaException as error:
@@ -128,7 +143,7 @@ def list_partitions(conf: dict[str, str], topic: str) -> list[int]:
 
 def topic_id(conf: dict[str, str], topic: str) -> str | None:
     """The broker's id for this incarnation of the topic (None if the broker does not report one)."""
-    admin = AdminClient(conf)  # keep a reference: a collected client cancels its pending futures
+    admin = _admin(conf)  # kept for the process: a collected client cancels its pending futures
     future = admin.describe_topics(TopicCollection([topic]), request_timeout=METADATA_TIMEOUT_S)[topic]
     try:
         found = future.result(METADATA_TIMEOUT_S).topic_id
@@ -141,7 +156,7 @@ def topic_id(conf: dict[str, str], topic: str) -> str | None:
 def log_bounds(conf: dict[str, str], topic: str, partitions: list[int]) -> dict[int, tuple[int, int, int | None]]:
     """(log start, last stable offset, leader epoch) per partition, as the broker lists them for a read_committed
     reader (the epoch is None where the broker reports none)."""
-    admin = AdminClient(conf)
+    admin = _admin(conf)
 
     def listed(spec: OffsetSpec) -> dict[int, tuple[int, int | None]]:
         request = {TopicPartition(topic, p): spec for p in partitions}
@@ -225,6 +240,7 @@ def plan_ranges(
     on_data_loss: str = "fail",
     known_topic_id: str | None = None,
     known_epochs: dict[int, int] | None = None,
+    quiet: bool = False,
 ) -> Plan:
     """Ranges to read now, and the next offset of every partition once they are committed.
 
@@ -238,6 +254,9 @@ def plan_ranges(
     refuses, `warn` reads on from where the log now diverges. It is seen when the log ends below the position, or,
     once new records have passed it, when the partition's leader epoch differs from `known_epochs` (recorded with the
     position) and the broker says that epoch's log no longer reaches the position.
+
+    `quiet`: a plan only looked at (lag, the continuous loop's `commitRecords` poll) logs no warnings: the batch that
+    commits the plan does.
     """
     partitions = list_partitions(conf, topic)
     current_id = topic_id(conf, topic)
@@ -282,7 +301,7 @@ def plan_ranges(
             "committed. Set `onDataLoss: warn` on the table to go on reading from where the log now diverges (the "
             "table keeps the rows it read there)"
         )
-    for cut in truncated:
+    for cut in [] if quiet else truncated:
         log.warning("%s: log truncation: %s were read but the log no longer has them: reading on from offset %d",
                     topic, cut.describe(topic), cut.start)  # fmt: skip
     if lost and on_data_loss == "fail":
@@ -292,7 +311,7 @@ def plan_ranges(
             "read them. Nothing was committed. Set `onDataLoss: warn` on the table to go on without them "
             "(the lost ranges are then recorded with the commit), or restore the records"
         )
-    for gone in lost:
+    for gone in [] if quiet else lost:
         log.warning("%s: data loss: %s were deleted before icefloe read them", topic, gone.describe(topic))
     allowed = share_budget({p: bounds[p][1] - starts[p] for p in partitions}, max_records)
     ranges, next_offsets = [], {}
@@ -310,7 +329,7 @@ def plan_ranges(
         next_offsets[partition] = committed[partition]
         if partition in (known_epochs or {}):
             epochs[partition] = known_epochs[partition]
-    if unlisted:
+    if unlisted and not quiet:
         log.warning("%s: partitions %s missing from the broker's metadata: their offsets are kept", topic, unlisted)
     return Plan(ranges, next_offsets, lost, current_id, epochs)
 
