@@ -260,6 +260,7 @@ def test_a_log_truncated_by_a_lost_disk_is_caught_past_the_offset(
         assert materialize_once(spark, warn, warn.tables[0]).status == "up-to-date"
     finally:
         own.stop()
+        kafka_source._forget_admin(kafka_source.client_config(config.cluster("local")))  # it would reconnect for ever
 
 
 def test_partitions_added_between_runs_are_read_from_their_start(spark, broker, state_dir, topic, make_config, fmt):

@@ -111,6 +111,7 @@ class Plan:
 
 
 def _unreachable(conf: dict[str, str], error: KafkaException) -> SourceError:
+    _forget_admin(conf)  # a client of an unreachable cluster would go on reconnecting (and logging) for ever
     return SourceError(f"cannot reach Kafka at {conf['bootstrap.servers']}: {error.args[0].str()}")
 
 
@@ -120,12 +121,21 @@ _ADMINS: dict[tuple, AdminClient] = {}
 _ADMINS_LOCK = threading.Lock()
 
 
+def _admin_key(conf: dict) -> tuple:
+    return tuple(sorted((k, v if isinstance(v, (str, int, bool)) else type(v).__qualname__) for k, v in conf.items()))
+
+
 def _admin(conf: dict) -> AdminClient:
-    key = tuple(sorted((k, v if isinstance(v, (str, int, bool)) else type(v).__qualname__) for k, v in conf.items()))
+    key = _admin_key(conf)
     with _ADMINS_LOCK:
         if key not in _ADMINS:
             _ADMINS[key] = AdminClient(conf)
         return _ADMINS[key]
+
+
+def _forget_admin(conf: dict) -> None:
+    with _ADMINS_LOCK:
+        _ADMINS.pop(_admin_key(conf), None)
 
 
 def list_partitions(conf: dict[str, str], topic: str) -> list[int]:
@@ -283,9 +293,9 @@ def plan_ranges(
         start = committed.get(partition)
         if start is None:
             start = end if first_run and starting == "latest" else (low if first_run else 0)
-        if start > end or partition in diverged:
+        now = min(end, diverged.get(partition, end))
+        if now < start:
             # Records at [now, start) were read into the table and are gone from the log; new ones take their offsets.
-            now = min(end, diverged.get(partition, end))
             truncated.append(LostRange(partition, now, start))
             start = now
         if start < low:
