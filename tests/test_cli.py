@@ -161,6 +161,13 @@ def assert_exactly_once(state_dir: Path, identifier: str, records: int) -> None:
 
 
 MARKER = "PAYLOAD-MARKER-7c1e"
+BIG_MARKER = 2**53 + 1  # 9007199254740993
+SECONDS_MARKER = 10**12 + 7341
+STAMP_PROTO = """syntax = "proto3";
+package {ns};
+import "google/protobuf/timestamp.proto";
+message Stamp {{ google.protobuf.Timestamp at = 1; }}
+"""
 
 
 @pytest.mark.spark
@@ -168,7 +175,7 @@ MARKER = "PAYLOAD-MARKER-7c1e"
 def test_logs_errors_and_json_never_carry_a_bad_records_values(broker, registry, spark, state_dir, topic, tmp_path):
     """Values that do not fit the table, each holding a marker string: the error, the logs (verbose) and the --json
     output name partition, offset and field but never the value; the DLQ table keeps the raw payload."""
-    from support import produce
+    from support import compile_protos, message_class, produce, protobuf_serializer
 
     broker.create_topic(topic, 1)
     schema = {"fields": [{"name": "n", "type": "long"}, {"name": "at", "type": "timestamptz"},
@@ -176,16 +183,31 @@ def test_logs_errors_and_json_never_carry_a_bad_records_values(broker, registry,
     bad = [{"at": f"{MARKER}-at"}, {"day": f"{MARKER}-day"}, {"price": f"{MARKER}-price"}]
     values = [{"n": 1}, *bad, {"n": 2}]
     produce(broker.bootstrap_servers, topic, [{"value": json.dumps(v).encode()} for v in values])
+    # Numbers as markers: a schemaless integer the inferred double column cannot hold exactly (2^53 + 1), and a
+    # Protobuf Timestamp beyond year 9999.
+    broker.create_topic(f"{topic}_sl", 1)
+    produce(broker.bootstrap_servers, f"{topic}_sl", [{"value": b'{"d": 1.5}'}, {"value": b'{"d": %d}' % BIG_MARKER}])
+    broker.create_topic(f"{topic}_pb", 1)
+    ns = topic[-30:].strip("_")
+    Stamp = message_class(compile_protos({f"{ns}/stamp.proto": STAMP_PROTO.format(ns=ns)}, tmp_path), f"{ns}.Stamp")
+    stamp = Stamp()
+    stamp.at.seconds = SECONDS_MARKER
+    produce(broker.bootstrap_servers, f"{topic}_pb", [{"value": protobuf_serializer(registry.url, f"{topic}_pb", Stamp)(stamp)}])
     path = stack_file(tmp_path / "Pulumi.marker.yaml", broker.bootstrap_servers, registry.url, [
         {"topic": topic, "table": "marker_fail", "format": "json", "schema": schema, "errors": "fail"},
         {"topic": topic, "table": "marker_skip", "format": "json", "schema": schema, "errors": "skip"},
         {"topic": topic, "table": "marker_dlq", "format": "json", "schema": schema, "errors": "dlq"},
+        {"topic": f"{topic}_sl", "table": "marker_schemaless", "format": "json", "errors": "fail"},
+        {"topic": f"{topic}_pb", "table": "marker_protobuf", "format": "protobuf", "errors": "fail"},
     ])  # fmt: skip
     done = subprocess.run([*ICEFLOE, "-v", "run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)],
                           capture_output=True, text=True, env={**os.environ, "ICEFLOE_SPARK_MASTER": "local[1]"}, timeout=600)  # fmt: skip
     assert done.returncode == 1, done.stderr[-3000:]  # the fail table stopped at its first bad record
     assert "partition 0 offset 1" in done.stderr and "at: not an ISO-8601 timestamp" in done.stderr
     assert MARKER not in done.stdout and MARKER not in done.stderr
+    assert "local.marker_schemaless: " in done.stderr and "local.marker_protobuf: " in done.stderr, "both stopped"
+    for marker in (str(BIG_MARKER), str(SECONDS_MARKER)):
+        assert marker not in done.stdout and marker not in done.stderr
     dead = read_pyiceberg(state_dir, "local.marker_dlq_dlq")
     assert [json.loads(row["raw_value"]) for row in sorted(dead, key=lambda r: r["kafka_offset"])] == bad, "raw payloads kept"
     assert not any(MARKER in row["error_message"] for row in dead)

@@ -370,3 +370,43 @@ def test_an_unexpected_failure_in_one_table_leaves_the_others_committing_and_hea
     for name, count in ((broken_topic, 10), (healthy_topic, 20)):
         rows = by_position(read_pyiceberg(state_dir, f"local.{name}"))
         assert sorted(r["n"] for r in rows.values()) == list(range(count))
+
+
+def test_an_idle_continuous_loop_polling_commit_records_reuses_one_admin_client(
+    spark, broker, state_dir, topic, make_config, monkeypatch, caplog
+):
+    """`commitRecords` makes the loop plan every second: each plan must not open new Kafka connections (MSK IAM
+    throttles new authenticated connections), and a data loss it sees is not logged every second."""
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka import TopicPartition
+
+    from icefloe import kafka_source
+    from icefloe.runner import run_continuously
+
+    broker.create_topic(topic, 2)
+    produce(broker.bootstrap_servers, topic, records(0, 10))
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "refresh": "1h", "continuous": True,
+                          "commitRecords": 1000, "onDataLoss": "warn", "maintenance": {"enabled": False}})  # fmt: skip
+    opened: list[int] = []
+
+    class Counted(AdminClient):
+        def __init__(self, conf):
+            opened.append(1)
+            super().__init__(conf)
+
+    monkeypatch.setattr(kafka_source, "AdminClient", Counted)
+    results, stop = [], threading.Event()
+
+    def on_result(result):
+        results.append(result)
+        threading.Timer(5.0, stop.set).start()  # then ~25 polls of an idle loop
+        # Unread records deleted after the first batch: every later plan sees the loss.
+        produce(broker.bootstrap_servers, topic, records(10, 4))
+        for future in broker.admin.delete_records([TopicPartition(topic, 0, 6)]).values():
+            future.result(30)
+
+    with caplog.at_level("WARNING", logger="icefloe.kafka_source"):
+        run_continuously(spark, config, config.tables[0:1], state_dir, on_result, stop, poll_s=0.2)
+    assert [r.status for r in results] == ["committed"], "refresh 1h and a record pending: one batch only"
+    assert len(opened) <= 1, f"{len(opened)} AdminClients opened"
+    assert not [r for r in caplog.records if "data loss" in r.getMessage()], "the idle loop logged the loss"

@@ -108,3 +108,73 @@ def test_the_second_of_two_batches_asks_the_registry_only_what_can_change(
     # the table's schema (before and after planning), then the JVM plan's version list and its latest version's id
     assert sorted(calls) == [subject, f"{subject}/3", f"{subject}/latest", f"{subject}/latest"]
     assert sorted(r["id"] for r in read_pyiceberg(state_dir, result.identifier)) == [0, 1, 2, 3]
+
+
+class LaggingRegistry:
+    """An HTTP proxy in front of the registry that answers 404 the first time a schema id is asked for, as a
+    registry follower that has not caught up with its leader yet."""
+
+    def __init__(self, upstream: str):
+        import http.server
+        import threading
+        import urllib.error
+        import urllib.request
+
+        self.missed: list[str] = []
+        proxy = self
+        base = upstream.split("/apis/")[0]
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _forward(self, method: str) -> None:
+                if "/schemas/ids/" in self.path and self.path.split("?")[0] not in proxy.missed:
+                    proxy.missed.append(self.path.split("?")[0])
+                    body = json.dumps({"error_code": 40403, "message": "Schema not found"}).encode()
+                    self.send_response(404)
+                else:
+                    length = int(self.headers.get("Content-Length") or 0)
+                    request = urllib.request.Request(base + self.path, data=self.rfile.read(length) if length else None,
+                                                     method=method, headers={"Content-Type": self.headers.get("Content-Type") or "application/json"})  # fmt: skip
+                    try:
+                        with urllib.request.urlopen(request, timeout=30) as answer:
+                            status, body = answer.status, answer.read()
+                    except urllib.error.HTTPError as error:
+                        status, body = error.code, error.read()
+                    self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                self._forward("GET")
+
+            def do_POST(self):
+                self._forward("POST")
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/apis/{upstream.split('/apis/')[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_a_schema_id_the_registry_does_not_know_yet_is_retried_not_skipped(
+    spark, broker, registry, state_dir, topic, make_config, monkeypatch
+):
+    from icefloe import materializer
+    from icefloe.data_plane import PYTHON, ReadPath
+
+    broker.create_topic(topic, 1)
+    produce_avro(broker.bootstrap_servers, registry.url, topic, json.dumps(V1), [(None, {"id": i, "owner": "a"}) for i in range(3)])
+    lagging = LaggingRegistry(registry.url)
+    # The Python path asks the registry for each writer id (the JVM path sends it the records of ids it lacks).
+    monkeypatch.setattr(materializer, "choose_read_path", lambda spark, decoder: ReadPath(PYTHON, "forced by the test"))
+    config = make_config({"topic": topic, "errors": "skip"}, registry_url=lagging.url)
+    try:
+        result = materialize_once(spark, config, config.tables[0])
+    finally:
+        lagging.server.shutdown()
+    assert lagging.missed, "the registry answered 404 for the writer's id once"
+    assert result.records_failed == 0 and result.rows_written == 3
+    assert sorted(r["id"] for r in read_pyiceberg(state_dir, result.identifier)) == [0, 1, 2]

@@ -84,6 +84,13 @@ def test_sasl_needs_a_secret_reference_not_a_password():
     assert parse_config({"sourceClusters": [cluster]}).source_clusters[0].credentials_secret.secret_arn
 
 
+def test_a_registry_url_carrying_credentials_is_refused_without_printing_them():
+    cluster = {**CLUSTER, "schemaRegistry": {"url": "https://key:s3cr3t-marker@registry.example.com"}}
+    message = error_of({"sourceClusters": [cluster]})
+    assert "schemaRegistry.url" in message and "credentialsSecret" in message
+    assert "s3cr3t-marker" not in message and "key:" not in message
+
+
 def test_unknown_top_level_key_is_named():
     assert "unknown key(s) icefloe:tabels" in error_of({"sourceClusters": [CLUSTER], "tabels": []})
 

@@ -31,8 +31,10 @@ TOPIC_ID_KEY = "icefloe.topic-id"  # the Kafka topic id the offsets belong to (a
 DATA_LOSS_KEY = "icefloe.data-loss"  # ranges deleted before they were read (onDataLoss: warn), as JSON
 CARRIED_KEY = "icefloe.carried-from"  # on a maintenance commit: the snapshot whose checkpoint it carries forward
 THROUGHPUT_KEY = "icefloe.throughput"  # the batch's size and start, as JSON (see `Throughput`)
+LEADER_EPOCHS_KEY = "icefloe.leader-epochs"  # per partition, a leader epoch whose log held the offsets (truncation check)
 Found = TypeVar("Found")
-SUMMARY_KEYS = (OFFSETS_KEY, TOPIC_KEY, RUN_ID_KEY, TOPIC_ID_KEY, DATA_LOSS_KEY, CARRIED_KEY, THROUGHPUT_KEY)
+SUMMARY_KEYS = (OFFSETS_KEY, TOPIC_KEY, RUN_ID_KEY, TOPIC_ID_KEY, DATA_LOSS_KEY, CARRIED_KEY, THROUGHPUT_KEY,
+                LEADER_EPOCHS_KEY)
 CARRY_ATTEMPTS = 3
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,7 @@ class Checkpoint:
     lost: tuple[LostRange, ...] = ()
     carried_from: int | None = None  # a copy carried forward by maintenance: the snapshot a batch wrote it in
     throughput: Throughput | None = None  # the batch's measurement (None on maintenance copies and older commits)
+    leader_epochs: dict[int, int] = field(default_factory=dict)  # per partition, when the broker reports them
 
     def to_summary(self) -> dict[str, str]:
         summary = {OFFSETS_KEY: json.dumps({str(p): o for p, o in self.offsets.items()})}
@@ -84,6 +87,8 @@ class Checkpoint:
             summary[CARRIED_KEY] = str(self.carried_from)
         if self.throughput is not None:
             summary[THROUGHPUT_KEY] = self.throughput.to_json()
+        if self.leader_epochs:
+            summary[LEADER_EPOCHS_KEY] = json.dumps({str(p): e for p, e in self.leader_epochs.items()})
         return summary
 
     @classmethod
@@ -100,6 +105,7 @@ class Checkpoint:
             lost=tuple(LostRange(**r) for r in json.loads(summary.get(DATA_LOSS_KEY) or "[]")),
             carried_from=int(summary[CARRIED_KEY]) if summary.get(CARRIED_KEY) else None,
             throughput=Throughput.from_json(summary[THROUGHPUT_KEY]) if summary.get(THROUGHPUT_KEY) else None,
+            leader_epochs={int(p): int(e) for p, e in json.loads(summary.get(LEADER_EPOCHS_KEY) or "{}").items()},
         )
 
     def carried(self, snapshot_id: int) -> "Checkpoint":
@@ -140,6 +146,11 @@ class CommittedState:
     def topic_id(self) -> str | None:
         """The Kafka topic id the offsets belong to, if recorded."""
         return self.checkpoint.topic_id if self.checkpoint is not None else None
+
+    @property
+    def leader_epochs(self) -> dict[int, int]:
+        """Per partition, a leader epoch whose log held the committed offsets (empty if none was recorded)."""
+        return dict(self.checkpoint.leader_epochs) if self.checkpoint is not None else {}
 
 
 def committed_state(table: IcebergTable, topic: str) -> CommittedState:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -340,31 +341,56 @@ def _registry_avro_decoder(spec: DecoderSpec, reader_schema: str | None, key: bo
     return _registry_checked(spec, avro, "Avro")
 
 
+# Pauses before asking again for a schema id the registry answered 404/422 for (8.5 s in all), and the ids asked again.
+UNKNOWN_ID_RETRY_S = (0.5, 1.0, 2.0, 5.0)
+_RETRIED_IDS: set[tuple[str, int | None]] = set()
+
+
 def _registry_checked(spec: DecoderSpec, decode: Decoder, what: str | None = None) -> Decoder:
     """A registry-backed decoder whose failures are classified: an id the registry does not know, or a payload that
-    does not decode, is a bad record (ValueError); a registry that cannot be reached is the environment's."""
+    does not decode, is a bad record (ValueError), an unknown id only once the registry was asked again for a few
+    seconds; a registry that cannot be reached is the environment's."""
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
     what = what or spec.format
 
+    def unknown_id(error: Exception) -> bool:
+        return isinstance(error, SchemaRegistryError) and error.http_status_code in (404, 422)
+
     def checked(data: bytes) -> Any:
         try:
             return decode(data)
-        except ValueError:
-            raise
-        except SchemaRegistryError as error:
-            if error.http_status_code in (404, 422):
-                schema_id = int.from_bytes(data[1:5], "big") if len(data) >= 5 else None
-                raise ValueError(
+        except Exception as error:
+            schema_id = int.from_bytes(data[1:5], "big") if len(data) >= 5 else None
+            if not unknown_id(error) or (spec.registry_conf["url"], schema_id) in _RETRIED_IDS:
+                raise classified(error, schema_id) from None
+            # A registry follower behind its leader (or one just restored) knows the id seconds later: ask again for
+            # a few seconds, once per id per process, before the record is called bad.
+            _RETRIED_IDS.add((spec.registry_conf["url"], schema_id))
+            for pause in UNKNOWN_ID_RETRY_S:
+                time.sleep(pause)
+                try:
+                    return decode(data)
+                except Exception as again:
+                    if not unknown_id(again):
+                        raise classified(again, schema_id) from None
+                    error = again
+            raise classified(error, schema_id) from None
+
+    def classified(error: Exception, schema_id: int | None) -> Exception:
+        if isinstance(error, ValueError):
+            return error
+        if isinstance(error, SchemaRegistryError):
+            if unknown_id(error):
+                return ValueError(
                     f"schema id {schema_id} is not known to the schema registry {spec.registry_conf['url']}: "
                     f"{error.error_message} (code {error.error_code})"
-                ) from None
-            raise SourceError(f"schema registry {spec.registry_conf['url']}: {error}") from None
-        except (OSError, ConnectionError) as error:
-            raise SourceError(f"schema registry {spec.registry_conf['url']} unreachable: {error}") from None
-        except Exception as error:
-            if type(error).__module__.split(".")[0].rstrip("0123456789") in ("httpx", "httpcore", "requests", "urllib3"):
-                raise SourceError(f"schema registry {spec.registry_conf['url']} unreachable: {error}") from None
-            raise ValueError(f"{what} payload cannot be decoded ({type(error).__name__})") from None  # its text may quote data
+                )
+            return SourceError(f"schema registry {spec.registry_conf['url']}: {error}")
+        if isinstance(error, (OSError, ConnectionError)):
+            return SourceError(f"schema registry {spec.registry_conf['url']} unreachable: {error}")
+        if type(error).__module__.split(".")[0].rstrip("0123456789") in ("httpx", "httpcore", "requests", "urllib3"):
+            return SourceError(f"schema registry {spec.registry_conf['url']} unreachable: {error}")
+        return ValueError(f"{what} payload cannot be decoded ({type(error).__name__})")  # its text may quote data
 
     return checked

@@ -202,7 +202,7 @@ def _shaper(dtype, path: str) -> Callable[[Any], Any]:
     if isinstance(dtype, T.DoubleType):
         def double(v: Any) -> Any:
             if isinstance(v, int) and not isinstance(v, bool) and float(v) != v:
-                raise ValueError(f"{path}: {v} cannot be held exactly by the double column")
+                raise ValueError(f"{path}: an integer that cannot be held exactly by the double column")  # no value
             return v
 
         return double

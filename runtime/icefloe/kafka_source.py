@@ -9,14 +9,17 @@ What the table has not read yet but the broker no longer has is data loss: it is
 next offset is below the log start, or a partition added since the last run no longer starts at 0) and handled by
 the table's `onDataLoss`: `fail` stops with the topic, partition and lost range named; `warn` goes on and the lost
 ranges are reported and recorded with the commit. A topic deleted and recreated under the same name is told apart by
-its topic id (recorded with every commit) and refused.
+its topic id (recorded with every commit) and refused. A log truncated below the table's position (unclean leader
+election) is data loss too, found by the leader epoch recorded with every commit (`truncated_below`).
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicCollection, TopicPartition
@@ -104,14 +107,39 @@ class Plan:
     next_offsets: dict[int, int]  # every partition's next offset, including partitions with nothing to read
     lost: list[LostRange]
     topic_id: str | None
+    leader_epochs: dict[int, int] = field(default_factory=dict)  # the leader epoch each listed end was read in
 
 
 def _unreachable(conf: dict[str, str], error: KafkaException) -> SourceError:
+    _forget_admin(conf)  # a client of an unreachable cluster would go on reconnecting (and logging) for ever
     return SourceError(f"cannot reach Kafka at {conf['bootstrap.servers']}: {error.args[0].str()}")
 
 
+# One long-lived AdminClient per cluster config in a process: planning runs every second in continuous mode with
+# `commitRecords`, and each new client is a new connection and authentication (MSK IAM throttles new connections).
+_ADMINS: dict[tuple, AdminClient] = {}
+_ADMINS_LOCK = threading.Lock()
+
+
+def _admin_key(conf: dict) -> tuple:
+    return tuple(sorted((k, v if isinstance(v, (str, int, bool)) else type(v).__qualname__) for k, v in conf.items()))
+
+
+def _admin(conf: dict) -> AdminClient:
+    key = _admin_key(conf)
+    with _ADMINS_LOCK:
+        if key not in _ADMINS:
+            _ADMINS[key] = AdminClient(conf)
+        return _ADMINS[key]
+
+
+def _forget_admin(conf: dict) -> None:
+    with _ADMINS_LOCK:
+        _ADMINS.pop(_admin_key(conf), None)
+
+
 def list_partitions(conf: dict[str, str], topic: str) -> list[int]:
-    admin = AdminClient(conf)
+    admin = _admin(conf)
     try:
         metadata = admin.list_topics(topic=topic, timeout=METADATA_TIMEOUT_S)
     except KafkaException as error:
@@ -125,7 +153,7 @@ def list_partitions(conf: dict[str, str], topic: str) -> list[int]:
 
 def topic_id(conf: dict[str, str], topic: str) -> str | None:
     """The broker's id for this incarnation of the topic (None if the broker does not report one)."""
-    admin = AdminClient(conf)  # keep a reference: a collected client cancels its pending futures
+    admin = _admin(conf)  # kept for the process: a collected client cancels its pending futures
     future = admin.describe_topics(TopicCollection([topic]), request_timeout=METADATA_TIMEOUT_S)[topic]
     try:
         found = future.result(METADATA_TIMEOUT_S).topic_id
@@ -135,22 +163,62 @@ def topic_id(conf: dict[str, str], topic: str) -> str | None:
     return None if text in ("", "AAAAAAAAAAAAAAAAAAAAAA") else text
 
 
-def log_bounds(conf: dict[str, str], topic: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
-    """(log start, last stable offset) per partition, as the broker lists them for a read_committed reader."""
-    admin = AdminClient(conf)
+def log_bounds(conf: dict[str, str], topic: str, partitions: list[int]) -> dict[int, tuple[int, int, int | None]]:
+    """(log start, last stable offset, leader epoch) per partition, as the broker lists them for a read_committed
+    reader (the epoch is None where the broker reports none)."""
+    admin = _admin(conf)
 
-    def listed(spec: OffsetSpec) -> dict[int, int]:
+    def listed(spec: OffsetSpec) -> dict[int, tuple[int, int | None]]:
         request = {TopicPartition(topic, p): spec for p in partitions}
         futures = admin.list_offsets(
             request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=METADATA_TIMEOUT_S
         )
         try:
-            return {tp.partition: future.result(PLAN_TIMEOUT_S).offset for tp, future in futures.items()}
+            results = {tp.partition: future.result(PLAN_TIMEOUT_S) for tp, future in futures.items()}
         except KafkaException as error:
             raise _unreachable(conf, error) from None
+        return {p: (r.offset, r.leader_epoch if r.leader_epoch is not None and r.leader_epoch >= 0 else None)
+                for p, r in results.items()}  # fmt: skip
 
     starts, ends = listed(OffsetSpec.earliest()), listed(OffsetSpec.latest())
-    return {p: (starts[p], ends[p]) for p in partitions}
+    return {p: (starts[p][0], *ends[p]) for p in partitions}
+
+
+def truncated_below(conf: dict[str, str], topic: str, positions: dict[int, tuple[int, int]]) -> dict[int, int]:
+    """Partitions whose log was truncated below the table's position (unclean leader election, a lost disk): for
+    each partition's (next offset, leader epoch it was listed in), the broker checks that epoch's log still reaches
+    the offset (KIP-320, OffsetForLeaderEpoch, asked by a consumer assigned with the epoch). Returns, per truncated
+    partition, the offset the log now diverges at (where new records of the new leader start)."""
+    if not positions:
+        return {}
+    consumer = _consumer(conf, **{"auto.offset.reset": "error"})
+    found: dict[int, int] = {}
+    try:
+        consumer.assign([TopicPartition(topic, p, offset, leader_epoch=epoch) for p, (offset, epoch) in positions.items()])
+        pending, deadline = set(positions), time.monotonic() + PLAN_TIMEOUT_S
+        while pending and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.partition() not in pending:
+                continue
+            error = msg.error()
+            if error is not None and error.code() in (KafkaError._LOG_TRUNCATION, KafkaError._AUTO_OFFSET_RESET):
+                # With auto.offset.reset=error librdkafka reports a detected truncation as _AUTO_OFFSET_RESET: "Partition
+                # log truncation detected at offset 10 (leader epoch 0): broker end offset is 5 ...". Without that text
+                # the position is below the log start: retention, which planning handles on its own.
+                end = re.search(r"broker end offset is (\d+)", error.str())
+                if "truncation" in error.str():
+                    found[msg.partition()] = int(end.group(1)) if end else 0
+                pending.discard(msg.partition())
+                continue
+            if error is not None and error.code() != KafkaError._PARTITION_EOF:
+                raise SourceError(f"{topic}[{msg.partition()}] at offset {msg.offset()}: {error.str()}")
+            pending.discard(msg.partition())  # a record or the end at the position: the log still reaches it
+            consumer.incremental_unassign([TopicPartition(topic, msg.partition())])
+    except KafkaException as error:
+        raise _unreachable(conf, error) from None
+    finally:
+        consumer.close()
+    return found
 
 
 def share_budget(pending: dict[int, int], budget: int | None) -> dict[int, int]:
@@ -181,6 +249,8 @@ def plan_ranges(
     max_records: int | None,
     on_data_loss: str = "fail",
     known_topic_id: str | None = None,
+    known_epochs: dict[int, int] | None = None,
+    quiet: bool = False,
 ) -> Plan:
     """Ranges to read now, and the next offset of every partition once they are committed.
 
@@ -188,6 +258,15 @@ def plan_ranges(
     partition starts at its log start, or at its current end when `starting` is "latest"; that position is recorded
     even when nothing is read, so records produced before the next run are not skipped. A partition added to the
     topic after the first run starts at offset 0: everything in it is new to the table.
+
+    A partition whose log was truncated below `committed` (unclean leader election, a lost disk: the table holds
+    records the partition no longer has, and new records take their offsets) is data loss for `on_data_loss`: `fail`
+    refuses, `warn` reads on from where the log now diverges. It is seen when the log ends below the position, or,
+    once new records have passed it, when the partition's leader epoch differs from `known_epochs` (recorded with the
+    position) and the broker says that epoch's log no longer reaches the position.
+
+    `quiet`: a plan only looked at (lag, the continuous loop's `commitRecords` poll) logs no warnings: the batch that
+    commits the plan does.
     """
     partitions = list_partitions(conf, topic)
     current_id = topic_id(conf, topic)
@@ -201,20 +280,40 @@ def plan_ranges(
     first_run = not committed
     starts: dict[int, int] = {}
     lost: list[LostRange] = []
+    # A new leader epoch (or a log ending below the position): ask the broker where the recorded epoch's log ends.
+    moved = {
+        p: (committed[p], known_epochs[p]) for p in partitions
+        if p in (known_epochs or {}) and committed.get(p)
+        and (bounds[p][2] not in (None, known_epochs[p]) or committed[p] > bounds[p][1])
+    }  # fmt: skip
+    diverged = truncated_below(conf, topic, moved)
+    truncated: list[LostRange] = []
     for partition in partitions:
-        low, end = bounds[partition]
+        low, end, _ = bounds[partition]
         start = committed.get(partition)
         if start is None:
             start = end if first_run and starting == "latest" else (low if first_run else 0)
-        if start > end:
-            raise SourceError(
-                f"{topic}[{partition}]: the table has read up to offset {start}, but the partition now ends at {end}; "
-                "was the topic deleted and recreated? Materialize it into a new table"
-            )
+        now = min(end, diverged.get(partition, end))
+        if now < start:
+            # Records at [now, start) were read into the table and are gone from the log; new ones take their offsets.
+            truncated.append(LostRange(partition, now, start))
+            start = now
         if start < low:
             lost.append(LostRange(partition, start, low))
             start = low
         starts[partition] = start
+    if truncated and on_data_loss == "fail":
+        ranges_text = "; ".join(r.describe(topic) for r in truncated)
+        same = "" if current_id else " (or the topic was deleted and recreated: the broker reports no topic id)"
+        raise DataLossError(
+            f"log truncation: {ranges_text} were read into the table but the partition's log no longer has them "
+            f"(an unclean leader election or a lost disk{same}); new records take those offsets. Nothing was "
+            "committed. Set `onDataLoss: warn` on the table to go on reading from where the log now diverges (the "
+            "table keeps the rows it read there)"
+        )
+    for cut in [] if quiet else truncated:
+        log.warning("%s: log truncation: %s were read but the log no longer has them: reading on from offset %d",
+                    topic, cut.describe(topic), cut.start)  # fmt: skip
     if lost and on_data_loss == "fail":
         ranges_text = "; ".join(r.describe(topic) for r in lost)
         raise DataLossError(
@@ -222,17 +321,27 @@ def plan_ranges(
             "read them. Nothing was committed. Set `onDataLoss: warn` on the table to go on without them "
             "(the lost ranges are then recorded with the commit), or restore the records"
         )
-    for gone in lost:
+    for gone in [] if quiet else lost:
         log.warning("%s: data loss: %s were deleted before icefloe read them", topic, gone.describe(topic))
     allowed = share_budget({p: bounds[p][1] - starts[p] for p in partitions}, max_records)
     ranges, next_offsets = [], {}
+    epochs = {p: bounds[p][2] for p in partitions if bounds[p][2] is not None}
     for partition in partitions:
         start = starts[partition]
         end = start + allowed[partition]
         next_offsets[partition] = end
         if end > start:
             ranges.append(OffsetRange(topic, partition, start, end))
-    return Plan(ranges, next_offsets, lost, current_id)
+    # Metadata propagates asynchronously: a broker may not list yet a partition the table has read. Its position is
+    # carried, or the commit would forget it and the next run read it again from 0.
+    unlisted = sorted(set(committed) - set(partitions))
+    for partition in unlisted:
+        next_offsets[partition] = committed[partition]
+        if partition in (known_epochs or {}):
+            epochs[partition] = known_epochs[partition]
+    if unlisted and not quiet:
+        log.warning("%s: partitions %s missing from the broker's metadata: their offsets are kept", topic, unlisted)
+    return Plan(ranges, next_offsets, lost, current_id, epochs)
 
 
 def read_range(conf: dict[str, str], task: OffsetRange, poll_batch: int = 5000) -> Iterator[Message]:

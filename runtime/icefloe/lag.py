@@ -49,7 +49,7 @@ class Lag:
 def measure_lag(conf: dict[str, str], topic: str, committed: dict[int, int], starting: str, now: float | None = None) -> Lag:
     """The lag of a table whose next offsets are `committed` (empty before its first commit: then it counts from
     where the first run would start, per `startingOffsets`)."""
-    plan = plan_ranges(conf, topic, committed, starting, None, on_data_loss="warn")
+    plan = plan_ranges(conf, topic, committed, starting, None, on_data_loss="warn", quiet=True)
     unread = {r.partition: (r.start, r.end) for r in plan.ranges}
     stamps = first_record_timestamps(conf, topic, unread)
     now = time.time() if now is None else now

@@ -158,6 +158,7 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     state = committed_state(iceberg, table.topic)
     planned = plan_ranges(
         kafka_conf, table.topic, state.offsets, table.starting_offsets, None, table.on_data_loss, state.topic_id,
+        state.leader_epochs,
     )  # fmt: skip
     sized = size_batch(iceberg, kafka_conf, table, state, planned, deadline, branches)
     planned = sized.plan
@@ -201,7 +202,8 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
         write = _append_writer(struct)
 
     measured = Throughput(sized.records, int(sized.records * sized.mean_record_bytes), started_ms, sized.cut)
-    checkpoint = Checkpoint(table.topic, next_offsets, run_id, planned.topic_id, tuple(planned.lost), throughput=measured)
+    checkpoint = Checkpoint(table.topic, next_offsets, run_id, planned.topic_id, tuple(planned.lost), throughput=measured,
+                            leader_epochs=planned.leader_epochs)  # fmt: skip
     try:
         outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, path)
     except _TimestampOverflow:  # nothing was committed: the Python path routes the record per `errors`
@@ -274,6 +276,9 @@ def _commit(
     """Read the batch, apply the error mode, commit what it leaves on the run's branch with `checkpoint` (its
     offsets are the batch's as the error mode leaves it). On the JVM path an append batch is first committed as the
     JVM decodes it, streamed; only if some record needs Python is it read again with status columns."""
+    if not batch.ranges:  # only positions to record (`latest`, an empty or new partition, every unread record lost)
+        snapshot_id, _ = commit_on_branch(iceberg, state.snapshot_id, checkpoint, lambda branch: 0, table.run_timeout_seconds)
+        return CommitOutcome(snapshot_id, 0, ErrorModeOutcome(None, batch, 0, None))
     jvm = JvmBatch(spark, plan, path.avro, batch.ranges, len(batch.tasks())) if path.name == JVM else None
     try:
         if jvm is not None and table.mode == "append":

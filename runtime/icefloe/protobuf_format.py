@@ -157,7 +157,7 @@ def _single(field: FieldDescriptor, value: Any) -> Any:
         try:
             return _EPOCH + dt.timedelta(seconds=value.seconds, microseconds=value.nanos // 1000)
         except OverflowError:
-            raise ValueError(f"{field.full_name}: timestamp {value.seconds}s is out of range") from None
+            raise ValueError(f"{field.full_name}: timestamp out of range (beyond year 1 to 9999)") from None  # no value
     if name == _DURATION:
         return value.seconds * 1_000_000 + int(value.nanos / 1000)
     if name in _WRAPPERS:

@@ -283,7 +283,7 @@ def stop_on_signals() -> threading.Event:
 
 def pending_records(config: IcefloeConfig, table: TableSpec, committed: dict[int, int]) -> int:
     conf = client_config(config.cluster(table.source_cluster))
-    plan = plan_ranges(conf, table.topic, committed, table.starting_offsets, None, on_data_loss="warn")
+    plan = plan_ranges(conf, table.topic, committed, table.starting_offsets, None, on_data_loss="warn", quiet=True)
     return sum(r.count for r in plan.ranges)
 
 

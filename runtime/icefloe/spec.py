@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -119,6 +120,15 @@ class SchemaRegistrySpec(Model):
                 raise ValueError(f"schemaName and keySchemaName are both {self.schema_name!r}: keys and values need "
                                  "schemas of their own (the table's columns come from the latest value version)")
         return self
+
+    @field_validator("url", "endpoint")
+    @classmethod
+    def _no_userinfo(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # Credentials in the URL would be printed with every registry error (logs, --json, heartbeats, metrics).
+        if value is not None and "@" in urlsplit(value).netloc:
+            raise ValueError(f"{to_camel(info.field_name)} must not carry credentials (user:password@host): "
+                             "put them in a secret named by credentialsSecret")  # fmt: skip
+        return value
 
     @field_validator("schema_name", "key_schema_name")
     @classmethod
