@@ -1,9 +1,9 @@
 """Where a table has read its topic up to: the checkpoint a snapshot's summary carries, written and read here only.
 
 A commit's snapshot summary records the topic and its Kafka topic id, the next offset per partition, the run that
-wrote it and any ranges deleted from the topic before they were read (like the Iceberg Kafka Connect sink's commit
-state). The newest snapshot in main's ancestry that carries a checkpoint is where the next run resumes; maintenance
-commits carry none and are walked past. A walk that runs into an expired snapshot before it finds a checkpoint
+wrote it, any ranges deleted from the topic before they were read (like the Iceberg Kafka Connect sink's commit
+state) and, in an upsert table, each partition's clock (`upsert`). The newest snapshot in main's ancestry that
+carries a checkpoint is where the next run resumes; maintenance commits carry none and are walked past. A walk that runs into an expired snapshot before it finds a checkpoint
 stops the table (`CheckpointLost`) rather than start over; maintenance keeps the snapshot the walk finds. Writers never see these keys: they write through their run's branch
 (`commit.Branch`), which attaches the checkpoint.
 
@@ -29,8 +29,9 @@ RUN_ID_KEY = "icefloe.run-id"
 TOPIC_ID_KEY = "icefloe.topic-id"  # the Kafka topic id the offsets belong to (a recreated topic has a new one)
 DATA_LOSS_KEY = "icefloe.data-loss"  # ranges deleted before they were read (onDataLoss: warn), as JSON
 CARRIED_KEY = "icefloe.carried-from"  # on a maintenance commit: the snapshot whose checkpoint it carries forward
+CLOCKS_KEY = "icefloe.partition-clocks"  # upsert: each partition's clock at its next offset (epoch ms), as JSON
 Found = TypeVar("Found")
-SUMMARY_KEYS = (OFFSETS_KEY, TOPIC_KEY, RUN_ID_KEY, TOPIC_ID_KEY, DATA_LOSS_KEY, CARRIED_KEY)
+SUMMARY_KEYS = (OFFSETS_KEY, TOPIC_KEY, RUN_ID_KEY, TOPIC_ID_KEY, DATA_LOSS_KEY, CARRIED_KEY, CLOCKS_KEY)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Checkpoint:
     topic_id: str | None = None  # None where the broker reports none
     lost: tuple[LostRange, ...] = ()
     carried_from: int | None = None  # a copy carried forward by maintenance: the snapshot a batch wrote it in
+    clocks: dict[int, int] = field(default_factory=dict)  # upsert: the highest timestamp (ms) read per partition
 
     def to_summary(self) -> dict[str, str]:
         summary = {OFFSETS_KEY: json.dumps({str(p): o for p, o in self.offsets.items()})}
@@ -57,6 +59,8 @@ class Checkpoint:
             summary[DATA_LOSS_KEY] = json.dumps(lost_as_json(self.lost))
         if self.carried_from is not None:
             summary[CARRIED_KEY] = str(self.carried_from)
+        if self.clocks:
+            summary[CLOCKS_KEY] = json.dumps({str(p): c for p, c in self.clocks.items()})
         return summary
 
     @classmethod
@@ -72,6 +76,7 @@ class Checkpoint:
             topic_id=summary.get(TOPIC_ID_KEY),
             lost=tuple(LostRange(**r) for r in json.loads(summary.get(DATA_LOSS_KEY) or "[]")),
             carried_from=int(summary[CARRIED_KEY]) if summary.get(CARRIED_KEY) else None,
+            clocks={int(p): int(c) for p, c in json.loads(summary.get(CLOCKS_KEY) or "{}").items()},
         )
 
     def carried(self, snapshot_id: int) -> "Checkpoint":

@@ -1,5 +1,6 @@
 """Table maintenance: compaction, delete-file folding, retention TTL, snapshot expiry, orphan cleanup, manifests.
 
+An upsert table's delete markers (`<table>_deletes`) are maintained likewise, each kept `deleteMarkerRetention`.
 Locally it runs between the table's own commits (the runner serializes them per table); on AWS a batch of another
 run may commit while it runs. Its rewrites carry no offsets; after them it commits a copy of the checkpoint on
 main's head (`commit_state.carry_checkpoint`), so the checkpoint stays reachable from the head whatever expiry
@@ -21,6 +22,7 @@ from .commit_state import carry_checkpoint, committed_state
 from .dead_letter import dead_letter_identifier
 from .iceberg_table import IcebergTable
 from .spec import TableSpec, duration_seconds
+from .upsert import delete_markers_identifier
 
 log = logging.getLogger(__name__)
 LAST_MAINTENANCE_PROPERTY = "icefloe.last-maintenance-ms"
@@ -41,6 +43,7 @@ class MaintenanceResult:
     seconds: float = 0.0
     steps: list[str] = field(default_factory=list)
     dead_letters: "MaintenanceResult | None" = None  # the `<table>_dlq` table's, when there is one
+    delete_markers: "MaintenanceResult | None" = None  # an upsert table's `<table>_deletes`, when there is one
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -51,6 +54,7 @@ class MaintenanceResult:
             f"{self.delete_files_before} -> {self.delete_files_after}, expired {self.expired_snapshots} snapshots, "
             f"removed {self.orphan_files_removed} orphan files, TTL deleted {self.rows_expired_by_ttl} rows "
             f"({self.seconds:.1f}s)" + (f"; {self.dead_letters}" if self.dead_letters else "")
+            + (f"; {self.delete_markers}" if self.delete_markers else "")
         )
 
 
@@ -80,13 +84,19 @@ def maintain(table: IcebergTable, spec: TableSpec, managed: bool = False) -> Mai
     dead_letters = IcebergTable(table.spark, dead_letter_identifier(table.identifier))
     if dead_letters.exists():
         result.dead_letters = _maintain_one(dead_letters, spec, managed)
+    markers = IcebergTable(table.spark, delete_markers_identifier(table.identifier))
+    if markers.exists():  # a marker older than deleteMarkerRetention (on its clock) goes the way of an old row
+        by_clock = spec.model_copy(update={"retention": spec.delete_marker_retention})
+        result.delete_markers = _maintain_one(markers, by_clock, managed, retention_column="kafka_clock")
     table.spark.sql(
         f"ALTER TABLE {table.full_name} SET TBLPROPERTIES ('{LAST_MAINTENANCE_PROPERTY}' = '{int(time.time() * 1000)}')"
     )
     return result
 
 
-def _maintain_one(table: IcebergTable, spec: TableSpec, managed: bool) -> MaintenanceResult:
+def _maintain_one(
+    table: IcebergTable, spec: TableSpec, managed: bool, retention_column: str = "kafka_timestamp"
+) -> MaintenanceResult:
     started = time.monotonic()
     spark, name, settings = table.spark, table.full_name, spec.maintenance
     result = MaintenanceResult(table.identifier)
@@ -96,7 +106,7 @@ def _maintain_one(table: IcebergTable, spec: TableSpec, managed: bool) -> Mainte
     if spec.retention:
         cutoff = now - dt.timedelta(seconds=duration_seconds(spec.retention))
         before = spark.table(name).count()
-        spark.sql(f"DELETE FROM {name} WHERE kafka_timestamp < TIMESTAMP '{_millis(cutoff)}+00:00'")
+        spark.sql(f"DELETE FROM {name} WHERE {retention_column} < TIMESTAMP '{_millis(cutoff)}+00:00'")
         result.rows_expired_by_ttl = before - spark.table(name).count()
         result.steps.append("retention")
 

@@ -20,7 +20,7 @@ from typing import Any
 from pyspark.sql import types as T
 
 from .avro_unions import branches as union_branches, collapsed as collapsed_union, member_name, needs_record_names
-from .batch_columns import KAFKA_COLUMNS, STATUS_COLUMNS, SparkTypeJson, field_json
+from .batch_columns import KAFKA_COLUMNS, STATUS_COLUMNS, UPSERT_COLUMNS, SparkTypeJson, field_json
 from .errors import ConfigError
 from .inline_types import DECIMAL_TYPE, FIXED_TYPE, PRIMITIVES
 from .spec import InlineSchema, InlineType
@@ -32,6 +32,7 @@ def spark_field(name: str, type_json: SparkTypeJson) -> T.StructField:
 
 
 METADATA_FIELDS = [spark_field(name, type_json) for name, type_json in KAFKA_COLUMNS.items()]
+UPSERT_FIELDS = [spark_field(name, type_json) for name, type_json in UPSERT_COLUMNS.items()]
 STATUS_FIELDS = [spark_field(name, type_json) for name, type_json in STATUS_COLUMNS.items()]
 
 _AVRO_PRIMITIVES: dict[str, T.DataType] = {
@@ -225,11 +226,12 @@ def inline_to_avro(schema: InlineSchema, name: str = "Value") -> dict[str, Any]:
     return {"type": "record", "name": name, "fields": [{"name": f.name, "type": avro(f)} for f in schema.fields]}
 
 
-def table_struct(value_fields: list[T.StructField]) -> T.StructType:
-    clash = sorted({f.name for f in value_fields} & set(KAFKA_COLUMNS))
+def table_struct(value_fields: list[T.StructField], upsert: bool = False) -> T.StructType:
+    """The table's columns; `upsert`: with the upsert columns (the batches executors read never carry them)."""
+    clash = sorted({f.name for f in value_fields} & {*KAFKA_COLUMNS, *UPSERT_COLUMNS})
     if clash:
         raise ConfigError(f"value fields {clash} clash with icefloe's Kafka metadata columns")
-    return T.StructType([*value_fields, *METADATA_FIELDS])
+    return T.StructType([*value_fields, *METADATA_FIELDS, *(UPSERT_FIELDS if upsert else [])])
 
 
 def batch_struct(table: T.StructType) -> T.StructType:
