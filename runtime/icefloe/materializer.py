@@ -32,7 +32,7 @@ from .data_plane import JVM, PYTHON, JvmBatch, ReadPath, choose_read_path
 from .dead_letter import commit_dead_letters
 from .decoding import DecoderSpec, decoder_spec
 from .errors import IcefloeError, RecordError
-from .iceberg_table import IcebergTable, conformed
+from .iceberg_table import IcebergTable, conformed, quoted
 from .kafka_source import OffsetRange, client_config, plan_ranges
 from .executor_tasks import ReadPlan, read_batches, unmark
 from .jvm_source import kafka_timestamp_overflow, source_failure
@@ -375,7 +375,7 @@ def _log_failures(identifier: str, bad: DataFrame) -> None:
 
 
 def _append_writer(struct: StructType) -> Writer:
-    columns = [f.name for f in struct.fields]
+    columns = [F.col(quoted(f.name)) for f in struct.fields]  # a name may hold dots or backticks
 
     def append(frame: DataFrame, branch: Branch) -> int:
         branch.append(frame.select(*columns))
