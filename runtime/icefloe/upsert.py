@@ -6,9 +6,10 @@ fast-forward publishes the merge and the offsets together.
 
 Which change is the latest: every change has a position `(clock, partition, offset)`. The clock is its partition's
 clock at that record: the highest Kafka timestamp the partition has shown up to and including it (a running max over
-offsets; a record without a timestamp takes the clock as it stands). Positions compare by clock, then partition,
-then offset. Inside one partition that is Kafka's offset order (the clock never goes back; ties fall to the offset)
-whatever producers put in the timestamps, as log compaction and Kafka's tables see it. Across partitions (a key's
+offsets; a record without a timestamp takes the clock as it stands; bad records, which change nothing, do not move
+it). Positions compare by clock, then partition, then offset. Inside one partition that is Kafka's offset order (the
+clock never goes back; ties fall to the offset) whatever producers put in the timestamps, as log compaction and
+Kafka's tables see it. Across partitions (a key's
 records span partitions with `key:` value fields, or after partitions are added) the clock decides, so that order is
 only as good as the producers' clocks; topics with `LogAppendTime` are safe (the broker sets the timestamps).
 
