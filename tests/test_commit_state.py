@@ -37,3 +37,13 @@ def test_topic_id_and_lost_ranges_round_trip():
     assert CommittedState(9, checkpoint).topic_id == "q7Zb3d1AQ5i2w1n0mJ8Xkg"
     # Nothing lost, no topic id reported: neither key is written.
     assert set(Checkpoint("orders", {0: 15}, "run3").to_summary()) == {"icefloe.offsets", "icefloe.topic", "icefloe.run-id"}
+
+
+def test_partition_clocks_round_trip_and_maintenance_copies_keep_them():
+    """An upsert table's clocks must survive the summary and a carried copy, or the next batch's clocks would
+    depend on where the previous batch ended."""
+    checkpoint = Checkpoint("orders", {0: 15, 1: 3}, "run4", clocks={0: 1_795_000_000_123, 1: 1_795_000_000_000})
+    summary = checkpoint.to_summary()
+    assert json.loads(summary["icefloe.partition-clocks"]) == {"0": 1_795_000_000_123, "1": 1_795_000_000_000}
+    assert Checkpoint.from_summary(summary) == checkpoint
+    assert Checkpoint.from_summary(checkpoint.carried(42).to_summary()).clocks == checkpoint.clocks

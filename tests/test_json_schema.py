@@ -151,3 +151,43 @@ def test_upsert_keyed_by_a_field_with_json_schema_keys(spark, broker, registry, 
     config = make_config({"topic": topic, "format": "json-schema", "mode": "upsert", "key": ["account"]})
     result = materialize_once(spark, config, config.tables[0])
     assert [(r["account"], r["balance"]) for r in read_pyiceberg(state_dir, result.identifier)] == [("a", 3)]
+
+
+DRAFT = "http://json-schema.org/draft-07/schema#"
+
+
+@pytest.mark.parametrize("mode", ["append", "upsert"])
+def test_property_names_with_a_dot_or_a_backtick_are_plain_columns(spark, broker, registry, state_dir, topic, make_config, mode):
+    """Property names become column names unchanged: Spark must not read `user.id` as field `id` of `user`, nor a
+    backtick as the end of a quoted name (in the append, the table's conforming select and the MERGE text)."""
+    schema = {"$schema": DRAFT, "type": "object", "properties": {"user.id": {"type": "string"}, "a`b": {"type": "integer"}}}
+    value = json_schema_serializer(registry.url, topic, json.dumps(schema))
+    broker.create_topic(topic, 1)
+    records = [{"key": b"k", "value": value({"user.id": user, "a`b": n})} for user, n in (("u1", 1), ("u2", 2), ("u1", 3))]
+    if mode == "upsert":
+        records.append({"key": json.dumps({"user.id": "u2"}).encode(), "value": None})
+    produce(broker.bootstrap_servers, topic, records)
+    spec = {"topic": topic, "format": "json-schema", "mode": mode}
+    config = make_config({**spec, "key": ["user.id"], "keyFormat": "json"} if mode == "upsert" else spec)
+    result = materialize_once(spark, config, config.tables[0])
+    assert result.status == "committed" and result.records_failed == 0
+    rows = sorted((r["user.id"], r["a`b"]) for r in read_pyiceberg(state_dir, result.identifier))
+    assert rows == ([("u1", 1), ("u1", 3), ("u2", 2)] if mode == "append" else [("u1", 3)])
+
+
+@pytest.mark.parametrize("names", [("Name", "name"), ("KAFKA_OFFSET",)])
+def test_names_spark_cannot_tell_apart_are_refused(spark, broker, registry, state_dir, topic, make_config, names):
+    """Spark resolves names case-insensitively: two properties differing only in case, or one that is a Kafka
+    column's name in other case, would fail every batch; they are a config error naming them."""
+    from icefloe.iceberg_table import IcebergTable
+
+    schema = {"$schema": DRAFT, "type": "object", "properties": {name: {"type": "string"} for name in names}}
+    value = json_schema_serializer(registry.url, topic, json.dumps(schema))
+    broker.create_topic(topic, 1)
+    produce(broker.bootstrap_servers, topic, [{"value": value({name: "x" for name in names})}])
+    config = make_config({"topic": topic, "format": "json-schema"})
+    with pytest.raises(ConfigError) as refused:
+        materialize_once(spark, config, config.tables[0])
+    for name in names:
+        assert repr(name) in str(refused.value)
+    assert not IcebergTable(spark, config.identifier(config.tables[0])).exists()

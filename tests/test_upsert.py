@@ -179,3 +179,132 @@ def test_tombstones_of_key_field_tables_delete(spark, broker, registry, state_di
     assert result.status == "committed" and result.records_failed == 0
     rows = read_pyiceberg(state_dir, result.identifier)
     assert sorted((str(r["id"]), r["name"]) for r in rows) == [("1", "one"), ("3", "three")]
+
+
+def balances(state_dir, identifier: str) -> dict[str, int]:
+    rows = read_pyiceberg(state_dir, identifier)
+    assert len({r["account"] for r in rows}) == len(rows), f"two rows for one key in {identifier}"
+    return {r["account"]: r["balance"] for r in rows}
+
+
+def account_change(account: str, balance: int | None, partition: int, timestamp: int, json_key: bool = False) -> dict:
+    """A change of `account` (None: a tombstone) at an explicit Kafka timestamp."""
+    value = None if balance is None else json.dumps({"account": account, "balance": balance, "seq": balance}).encode()
+    key = json.dumps({"account": account}).encode() if json_key else account.encode()
+    return {"key": key, "value": value, "partition": partition, "timestamp": timestamp}
+
+
+def run_until_up_to_date(spark, config, table, state_dir, runs: int = 40):
+    for _ in range(runs):
+        result = run_table(spark, config, table, state_dir)
+        if result.status == "up-to-date":
+            return result
+    raise AssertionError(f"{table.topic}: not up to date after {runs} runs")
+
+
+def test_one_partition_applies_its_records_in_offset_order_whatever_their_timestamps(spark, broker, state_dir, topic, make_config):
+    """Review F2 scenario A: the second producer's clock is 5 s behind; Kafka (and compaction) say the later offset wins."""
+    broker.create_topic(topic, 1)
+    now = int(time.time() * 1000)
+    produce(broker.bootstrap_servers, topic, [account_change("a", 1, 0, now), account_change("a", 2, 0, now - 5000)])
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert"})
+    result = run_table(spark, config, config.tables[0], state_dir)
+    assert balances(state_dir, result.identifier) == {"a": 2}
+
+
+def test_batch_boundaries_do_not_change_the_table(spark, broker, state_dir, topic, make_config):
+    """Review F2 scenario B: the same two records in one batch and in two batches (maxRecordsPerRun: 1)."""
+    broker.create_topic(topic, 1)
+    now = int(time.time() * 1000)
+    produce(broker.bootstrap_servers, topic, [account_change("a", 1, 0, now), account_change("a", 2, 0, now - 5000)])
+    spec = {"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert"}
+    config = make_config({**spec, "table": f"{topic}_one_batch"}, {**spec, "table": f"{topic}_one_record_per_batch", "maxRecordsPerRun": 1})
+    whole = run_table(spark, config, config.tables[0], state_dir)
+    split = run_until_up_to_date(spark, config, config.tables[1], state_dir)
+    assert balances(state_dir, whole.identifier) == balances(state_dir, split.identifier)
+
+
+def test_an_older_change_read_later_from_a_lagging_partition_neither_overwrites_nor_resurrects(
+    spark, broker, state_dir, topic, make_config
+):  # fmt: skip
+    """`key: [account]` spans partitions. Partition 1 is read first: `a` = 2 at T, `b` deleted at T. Partition 0's
+    older changes (T - 10 s) arrive in a later batch: they must not overwrite `a` nor bring `b` back. A second table
+    reading everything in one batch ends the same."""
+    broker.create_topic(topic, 2)
+    now = int(time.time() * 1000)
+    spec = {"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert", "key": ["account"]}
+    config = make_config({**spec, "table": f"{topic}_in_batches"}, {**spec, "table": f"{topic}_in_one_batch"})
+    produce(broker.bootstrap_servers, topic, [
+        account_change("a", 2, 1, now, json_key=True), account_change("b", 5, 1, now - 30_000, json_key=True),
+        account_change("b", None, 1, now, json_key=True),
+    ])  # fmt: skip
+    first = run_table(spark, config, config.tables[0], state_dir)
+    assert balances(state_dir, first.identifier) == {"a": 2}
+    produce(broker.bootstrap_servers, topic, [
+        account_change("a", 1, 0, now - 10_000, json_key=True), account_change("b", 4, 0, now - 10_000, json_key=True),
+    ])  # fmt: skip
+    second = run_table(spark, config, config.tables[0], state_dir)
+    assert second.status == "committed"
+    assert balances(state_dir, first.identifier) == {"a": 2}
+    whole = run_table(spark, config, config.tables[1], state_dir)
+    assert balances(state_dir, whole.identifier) == {"a": 2}
+
+
+def positions_model(sent: list[dict], positions: list[tuple[int, int]]) -> dict[str, int]:
+    """What the upsert rule implies: each partition's clock is the running max of its timestamps; the change with
+    the greatest (clock, partition, offset) per key wins."""
+    clock: dict[int, int] = {}
+    ranked = []
+    for record, (partition, offset) in sorted(zip(sent, positions), key=lambda item: item[1]):
+        clock[partition] = max(clock.get(partition, record["timestamp"]), record["timestamp"])
+        ranked.append(((clock[partition], partition, offset), record))
+    state: dict[str, int | None] = {}
+    for _, record in sorted(ranked, key=lambda item: item[0]):
+        account = json.loads(record["key"])["account"]
+        state[account] = None if record["value"] is None else json.loads(record["value"])["balance"]
+    return {k: v for k, v in state.items() if v is not None}
+
+
+def test_the_same_records_in_one_batch_or_many_give_the_same_table(spark, broker, state_dir, topic, make_config):
+    """Keys spanning three partitions, timestamps that go back inside partitions and differ across them, tombstones;
+    read in one batch, and in batches of 7 records (the budget is shared by partitions, so they advance unevenly)."""
+    broker.create_topic(topic, 3)
+    rng = random.Random(5)
+    now = int(time.time() * 1000)
+    sent = [
+        account_change(f"k{rng.randrange(6)}", None if rng.random() < 0.2 else n, rng.randrange(3),
+                       now + rng.randrange(-20_000, 20_000), json_key=True)
+        for n in range(60)
+    ]  # fmt: skip
+    positions = produce(broker.bootstrap_servers, topic, sent)
+    spec = {"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert", "key": ["account"]}
+    config = make_config({**spec, "table": f"{topic}_one_batch"}, {**spec, "table": f"{topic}_batches_of_7", "maxRecordsPerRun": 7})
+    whole = run_table(spark, config, config.tables[0], state_dir)
+    split = run_until_up_to_date(spark, config, config.tables[1], state_dir)
+    expected = positions_model(sent, positions)
+    assert balances(state_dir, whole.identifier) == expected
+    assert balances(state_dir, split.identifier) == expected
+
+
+def test_maintenance_expires_delete_markers_older_than_their_retention(spark, broker, state_dir, topic, make_config):
+    """Deletes keep markers in `<table>_deletes`; maintenance drops those whose clock is older than
+    `deleteMarkerRetention` and keeps the rest."""
+    from icefloe.iceberg_table import IcebergTable
+    from icefloe.maintenance import maintain
+
+    broker.create_topic(topic, 1)
+    now = int(time.time() * 1000)
+    three_days_ago = now - 3 * 86_400_000
+    produce(broker.bootstrap_servers, topic, [
+        account_change("old", 1, 0, three_days_ago, json_key=True), account_change("old", None, 0, three_days_ago, json_key=True),
+        account_change("new", 2, 0, now, json_key=True), account_change("new", None, 0, now, json_key=True),
+    ])  # fmt: skip
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert", "key": ["account"],
+                          "deleteMarkerRetention": "1d", "maintenance": {"enabled": False}})  # fmt: skip
+    result = run_table(spark, config, config.tables[0], state_dir)
+    assert balances(state_dir, result.identifier) == {}
+    markers = f"{result.identifier}_deletes"
+    assert sorted(r["account"] for r in read_pyiceberg(state_dir, markers)) == ["new", "old"]
+    maintained = maintain(IcebergTable(spark, result.identifier), config.tables[0])
+    assert sorted(r["account"] for r in read_pyiceberg(state_dir, markers)) == ["new"]
+    assert maintained.delete_markers is not None and maintained.delete_markers.rows_expired_by_ttl == 1

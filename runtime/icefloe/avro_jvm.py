@@ -151,7 +151,7 @@ def exact(value: Column, struct: str, plan: AvroJvmPlan) -> Column:
         if check:
             condition = condition & F.expr(check)
     if plan.inline:  # Python refuses trailing bytes after the record; Avro's encoding of a value is canonical
-        plain = F.struct(*[F.col(f"{struct}.`{f['name']}`") for f in plan.reader["fields"]])
+        plain = F.struct(*[F.col(struct)[f["name"]] for f in plan.reader["fields"]])
         condition = condition & (F.length(to_avro(plain, json.dumps(plan.reader))) == F.length(value) - 5)
     return condition
 

@@ -1,6 +1,7 @@
 """The columns a batch carries beside the value fields, one definition with their types.
 
-`KAFKA_COLUMNS` are written to every table, after the value fields, in this order (the table layout in the README).
+`KAFKA_COLUMNS` are written to every table, after the value fields, in this order (the table layout in the README);
+`UPSERT_COLUMNS` follow them in upsert tables only (their names are reserved in every table).
 `STATUS_COLUMNS` travel with a batch but never reach the table: whether the record was a tombstone, and for a
 record that failed, its error and raw bytes (for the dead-letter table).
 
@@ -35,6 +36,9 @@ KAFKA_COLUMNS: dict[str, SparkTypeJson] = {
     "kafka_key": "binary",  # the raw key bytes
     "kafka_headers": HEADERS_TYPE,
 }
+KAFKA_CLOCK = "kafka_clock"
+# The clock of the change a row holds (the running max of its partition's timestamps, `upsert`): its position.
+UPSERT_COLUMNS: dict[str, SparkTypeJson] = {KAFKA_CLOCK: "timestamp"}
 TOMBSTONE = "icefloe_tombstone"
 ERROR_CLASS = "icefloe_error_class"
 ERROR_MESSAGE = "icefloe_error_message"

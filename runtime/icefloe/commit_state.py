@@ -1,9 +1,9 @@
 """Where a table has read its topic up to: the checkpoint a snapshot's summary carries, written and read here only.
 
 A commit's snapshot summary records the topic and its Kafka topic id, the next offset per partition, the run that
-wrote it and any ranges deleted from the topic before they were read (like the Iceberg Kafka Connect sink's commit
-state). The newest snapshot in main's ancestry that carries a checkpoint is where the next run resumes; maintenance
-commits carry none and are walked past. A walk that runs into an expired snapshot before it finds a checkpoint
+wrote it, any ranges deleted from the topic before they were read (like the Iceberg Kafka Connect sink's commit
+state) and, in an upsert table, each partition's clock (`upsert`). The newest snapshot in main's ancestry that
+carries a checkpoint is where the next run resumes; maintenance commits carry none and are walked past. A walk that runs into an expired snapshot before it finds a checkpoint
 stops the table (`CheckpointLost`) rather than start over; maintenance keeps the snapshot the walk finds. Writers never see these keys: they write through their run's branch
 (`commit.Branch`), which attaches the checkpoint.
 
@@ -32,9 +32,10 @@ DATA_LOSS_KEY = "icefloe.data-loss"  # ranges deleted before they were read (onD
 CARRIED_KEY = "icefloe.carried-from"  # on a maintenance commit: the snapshot whose checkpoint it carries forward
 THROUGHPUT_KEY = "icefloe.throughput"  # the batch's size and start, as JSON (see `Throughput`)
 LEADER_EPOCHS_KEY = "icefloe.leader-epochs"  # per partition, a leader epoch whose log held the offsets (truncation check)
+CLOCKS_KEY = "icefloe.partition-clocks"  # upsert: each partition's clock at its next offset (epoch ms), as JSON
 Found = TypeVar("Found")
 SUMMARY_KEYS = (OFFSETS_KEY, TOPIC_KEY, RUN_ID_KEY, TOPIC_ID_KEY, DATA_LOSS_KEY, CARRIED_KEY, THROUGHPUT_KEY,
-                LEADER_EPOCHS_KEY)
+                LEADER_EPOCHS_KEY, CLOCKS_KEY)
 CARRY_ATTEMPTS = 3
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class Checkpoint:
     carried_from: int | None = None  # a copy carried forward by maintenance: the snapshot a batch wrote it in
     throughput: Throughput | None = None  # the batch's measurement (None on maintenance copies and older commits)
     leader_epochs: dict[int, int] = field(default_factory=dict)  # per partition, when the broker reports them
+    clocks: dict[int, int] = field(default_factory=dict)  # upsert: the highest timestamp (ms) read per partition
 
     def to_summary(self) -> dict[str, str]:
         summary = {OFFSETS_KEY: json.dumps({str(p): o for p, o in self.offsets.items()})}
@@ -89,6 +91,8 @@ class Checkpoint:
             summary[THROUGHPUT_KEY] = self.throughput.to_json()
         if self.leader_epochs:
             summary[LEADER_EPOCHS_KEY] = json.dumps({str(p): e for p, e in self.leader_epochs.items()})
+        if self.clocks:
+            summary[CLOCKS_KEY] = json.dumps({str(p): c for p, c in self.clocks.items()})
         return summary
 
     @classmethod
@@ -106,6 +110,7 @@ class Checkpoint:
             carried_from=int(summary[CARRIED_KEY]) if summary.get(CARRIED_KEY) else None,
             throughput=Throughput.from_json(summary[THROUGHPUT_KEY]) if summary.get(THROUGHPUT_KEY) else None,
             leader_epochs={int(p): int(e) for p, e in json.loads(summary.get(LEADER_EPOCHS_KEY) or "{}").items()},
+            clocks={int(p): int(c) for p, c in json.loads(summary.get(CLOCKS_KEY) or "{}").items()},
         )
 
     def carried(self, snapshot_id: int) -> "Checkpoint":

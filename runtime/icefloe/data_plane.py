@@ -87,7 +87,7 @@ class JvmBatch:
         """The record rules of `executor_tasks._value` the JVM can check, and the JVM's decoding being exact."""
         value, key, plan = F.col("value"), F.col("kafka_key"), self.plan
         key_fields = plan.decoder.key_fields
-        fields = [F.col(f"{_STRUCT}.`{name}`").isNotNull() for name in key_fields]
+        fields = [F.col(_STRUCT)[name].isNotNull() for name in key_fields]
         decoded_ok = (F.length(value) <= plan.max_record_bytes) & self.codec.exact(value, _STRUCT, self.avro)
         low, high = (F.expr(f"timestamp_millis({ms})") for ms in KAFKA_TIMESTAMP_MS)  # else Python names it bad
         decoded_ok = decoded_ok & (F.col("kafka_timestamp").isNull() | F.col("kafka_timestamp").between(low, high))

@@ -277,7 +277,7 @@ def conformed(frame: DataFrame, table: T.StructType, keep: tuple[str, ...] = ())
     columns = []
     for field in table.fields:
         source = have.get(field.name.lower())
-        column = F.lit(None) if source is None else _fit(F.col(f"`{source.name}`"), source.dataType, field.dataType)
+        column = F.lit(None) if source is None else _fit(F.col(quoted(source.name)), source.dataType, field.dataType)
         columns.append(column.cast(field.dataType).alias(field.name))
     return frame.select(*columns, *keep)
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
-from .batch_columns import KAFKA_COLUMNS
+from .batch_columns import KAFKA_COLUMNS, UPSERT_COLUMNS
 
 FORMAT = "json-inferred"  # DecoderSpec.format of a schemaless JSON table once its batch's types are known
 # Inferred types: "null", "boolean", "int", "long", "double", "string", {"list": t}, {"struct": [[name, t], ...]}
@@ -151,11 +151,11 @@ def value_struct(current_fields: list, batch: Inferred):
     """The table's value columns after a batch: the current ones (evolved) and the batch's new keys."""
     from pyspark.sql import types as T
 
-    current = T.StructType([f for f in current_fields if f.name not in KAFKA_COLUMNS])
+    current = T.StructType([f for f in current_fields if f.name not in KAFKA_COLUMNS and f.name not in UPSERT_COLUMNS])
     objects = _families(batch).get("struct")
     if objects is None:
         return current
-    clashing = {name.lower() for name in KAFKA_COLUMNS}
+    clashing = {name.lower() for name in (*KAFKA_COLUMNS, *UPSERT_COLUMNS)}
     objects = {"struct": [[k, t] for k, t in objects["struct"] if k.lower() not in clashing]}
     return evolved(current, objects)
 

@@ -1,5 +1,6 @@
 """Table maintenance: compaction, delete-file folding, retention TTL, snapshot expiry, orphan cleanup, manifests.
 
+An upsert table's delete markers (`<table>_deletes`) are maintained likewise, each kept `deleteMarkerRetention`.
 Locally it runs between the table's own commits (the runner serializes them per table); on AWS a batch of another
 run may commit while it runs. Its rewrites carry no offsets; after them it commits a copy of the checkpoint on
 main's head (`commit_state.carry_checkpoint`), so the checkpoint stays reachable from the head whatever expiry
@@ -28,6 +29,7 @@ from .commit_state import carry_checkpoint, committed_state
 from .dead_letter import dead_letter_identifier
 from .iceberg_table import IcebergTable
 from .spec import TableSpec, duration_seconds
+from .upsert import delete_markers_identifier
 
 log = logging.getLogger(__name__)
 LAST_MAINTENANCE_PROPERTY = "icefloe.last-maintenance-ms"  # when maintenance was last claimed (epoch ms)
@@ -63,6 +65,7 @@ class MaintenanceResult:
     skipped: str = ""  # why nothing was done: another run holds the table's maintenance, or it was not due
     lost_races: list[str] = field(default_factory=list)  # steps refused because a batch committed meanwhile
     compaction_failed_files: int = 0  # data files in compaction groups whose commit was refused (partial progress)
+    delete_markers: "MaintenanceResult | None" = None  # an upsert table's `<table>_deletes`, when there is one
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -76,6 +79,7 @@ class MaintenanceResult:
             f"{self.delete_files_before} -> {self.delete_files_after}, expired {self.expired_snapshots} snapshots, "
             f"removed {self.orphan_files_removed} orphan files, TTL deleted {self.rows_expired_by_ttl} rows "
             f"({self.seconds:.1f}s){lost}" + (f"; {self.dead_letters}" if self.dead_letters else "")
+            + (f"; {self.delete_markers}" if self.delete_markers else "")
         )
 
 
@@ -136,6 +140,9 @@ def maintain(
         dead_letters = IcebergTable(table.spark, dead_letter_identifier(table.identifier))
         if dead_letters.exists():  # its rows age from when they were dead-lettered, not from when they were produced
             result.dead_letters = _maintain_one(dead_letters, spec, managed, spec.dead_letter_retention, "failed_at")
+        markers = IcebergTable(table.spark, delete_markers_identifier(table.identifier))
+        if markers.exists():  # a marker older than deleteMarkerRetention (on its clock) goes the way of an old row
+            result.delete_markers = _maintain_one(markers, spec, managed, spec.delete_marker_retention, "kafka_clock")
         return result
     finally:
         release(table, claimant)

@@ -34,7 +34,7 @@ from .data_plane import JVM, PYTHON, JvmBatch, ReadPath, choose_read_path
 from .dead_letter import commit_dead_letters
 from .decoding import DecoderSpec, decoder_spec
 from .errors import IcefloeError, RecordError
-from .iceberg_table import IcebergTable, conformed
+from .iceberg_table import IcebergTable, conformed, quoted
 from .kafka_source import OffsetRange, client_config, plan_ranges
 from .executor_tasks import ReadPlan, read_batches, unmark
 from .jvm_source import kafka_timestamp_overflow, source_failure
@@ -42,7 +42,7 @@ from .schema_mapping import (
     avro_value_fields, batch_struct, inline_value_fields, registry_value_fields, required_paths, table_struct,
 )  # fmt: skip
 from .spec import IcefloeConfig, TableSpec
-from .upsert import key_columns, merge_batch
+from .upsert import key_columns, merge_batch, positioned
 
 log = logging.getLogger(__name__)
 # Split long partitions so both cores (or many executors) share the work; each split is one Spark task.
@@ -152,7 +152,8 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
 
     iceberg = IcebergTable(spark, identifier)
     first = Checkpoint(table.topic).to_summary()  # a first, empty checkpoint: the base of the first commit
-    if iceberg.ensure(table_struct(value_fields), table.partitions, table.maintenance.target_file_size_mb, first):
+    upsert = table.mode == "upsert"
+    if iceberg.ensure(table_struct(value_fields, upsert), table.partitions, table.maintenance.target_file_size_mb, first):
         log.info("%s: created table", identifier)
     branches = drop_stale_branches(iceberg, table.run_timeout_seconds)
     state = committed_state(iceberg, table.topic)
@@ -179,7 +180,7 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
         decoder, value_fields, struct = _infer_json(spark, iceberg, kafka_conf, table, batch, decoder)
     else:
         struct = table_struct(value_fields)
-        for change in iceberg.evolve(struct):
+        for change in iceberg.evolve(table_struct(value_fields, upsert)):
             log.info("%s: schema evolved: %s", identifier, change)
     path = choose_read_path(spark, decoder)
     log.info("%s: reading %d records from %d partitions, read path %s: %s", identifier, sum(r.count for r in ranges),
@@ -196,14 +197,17 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
         needs_key=table.mode == "upsert" and not table.key,
         max_record_bytes=table.max_record_bytes,
     )
-    if table.mode == "upsert":
-        write = _upsert_writer(iceberg.schema(), key_columns(table.key, value_fields, f"table {identifier}"))
+    if upsert:
+        keys = key_columns(table.key, value_fields, f"table {identifier}")
+        write = _upsert_writer(iceberg.schema(), keys, table.run_timeout_seconds)
     else:
         write = _append_writer(struct)
 
     measured = Throughput(sized.records, int(sized.records * sized.mean_record_bytes), started_ms, sized.cut)
+    # Upsert: the partitions' clocks carry over every commit, also one that reads nothing (`upsert.positioned`).
+    clocks = dict(state.checkpoint.clocks) if upsert and state.checkpoint is not None else {}
     checkpoint = Checkpoint(table.topic, next_offsets, run_id, planned.topic_id, tuple(planned.lost), throughput=measured,
-                            leader_epochs=planned.leader_epochs)  # fmt: skip
+                            leader_epochs=planned.leader_epochs, clocks=clocks)  # fmt: skip
     try:
         outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, path)
     except _TimestampOverflow:  # nothing was committed: the Python path routes the record per `errors`
@@ -257,7 +261,7 @@ def _infer_json(spark: SparkSession, iceberg: IcebergTable, kafka_conf: dict, ta
     inferred = json_inference.infer_batch(spark, kafka_conf, batch.tasks(), table.max_record_bytes)
     values = json_inference.value_struct(spark.table(iceberg.full_name).schema.fields, inferred)
     struct = table_struct(list(values.fields))
-    for change in iceberg.evolve(struct):
+    for change in iceberg.evolve(table_struct(list(values.fields), table.mode == "upsert")):
         log.info("%s: schema evolved from the records: %s", iceberg.identifier, change)
     return replace(decoder, format=json_inference.FORMAT, schema_str=values.json()), list(values.fields), struct
 
@@ -290,9 +294,12 @@ def _commit(
             applied = _apply_error_mode(spark, iceberg.identifier, table, frame, batch, checkpoint.run_id)
             if applied.batch.next_offsets == state.offsets:  # fail mode, a bad record first in every partition read
                 return CommitOutcome(None, 0, applied)
-            checkpoint = replace(checkpoint, offsets=applied.batch.next_offsets)
+            checkpoint, good = replace(checkpoint, offsets=applied.batch.next_offsets), applied.good
+            if table.mode == "upsert":  # each change's clock (its position); the checkpoint carries the clocks on
+                good, clocks = positioned(good, checkpoint.clocks)
+                checkpoint = replace(checkpoint, clocks=clocks)
             snapshot_id, rows = commit_on_branch(
-                iceberg, state.snapshot_id, checkpoint, partial(write, applied.good), table.run_timeout_seconds
+                iceberg, state.snapshot_id, checkpoint, partial(write, good), table.run_timeout_seconds
             )
             return CommitOutcome(snapshot_id, rows, applied)
         finally:
@@ -420,7 +427,7 @@ def _log_failures(identifier: str, bad: DataFrame) -> None:
 
 
 def _append_writer(struct: StructType) -> Writer:
-    columns = [f.name for f in struct.fields]
+    columns = [F.col(quoted(f.name)) for f in struct.fields]  # a name may hold dots or backticks
 
     def append(frame: DataFrame, branch: Branch) -> int:
         branch.append(frame.select(*columns))
@@ -429,10 +436,10 @@ def _append_writer(struct: StructType) -> Writer:
     return append
 
 
-def _upsert_writer(columns: StructType, keys: list[str]) -> Writer:
+def _upsert_writer(columns: StructType, keys: list[str], run_timeout_s: float) -> Writer:
     """`columns`: the table's, which may hold fields the batch's schema removed (they are set to null)."""
 
     def upsert(frame: DataFrame, branch: Branch) -> int:
-        return merge_batch(conformed(frame, columns, keep=(TOMBSTONE,)), branch, columns, keys)
+        return merge_batch(conformed(frame, columns, keep=(TOMBSTONE,)), branch, columns, keys, run_timeout_s)
 
     return upsert

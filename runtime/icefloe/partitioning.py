@@ -20,11 +20,12 @@ class PartitionField:
     width: int | None = None
 
     def spark_ddl(self) -> str:
+        source = "`" + self.source.replace("`", "``") + "`"  # iceberg_table.quoted (which imports this module)
         if self.transform == "identity":
-            return f"`{self.source}`"
+            return source
         if self.width is not None:
-            return f"{self.transform}({self.width}, `{self.source}`)"
-        return f"{_SPARK_NAME[self.transform]}(`{self.source}`)"
+            return f"{self.transform}({self.width}, {source})"
+        return f"{_SPARK_NAME[self.transform]}({source})"
 
 
 def parse_partition_field(text: str) -> PartitionField:

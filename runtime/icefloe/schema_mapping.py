@@ -20,7 +20,7 @@ from typing import Any
 from pyspark.sql import types as T
 
 from .avro_unions import branches as union_branches, collapsed as collapsed_union, member_name, needs_record_names
-from .batch_columns import KAFKA_COLUMNS, STATUS_COLUMNS, SparkTypeJson, field_json
+from .batch_columns import KAFKA_COLUMNS, STATUS_COLUMNS, UPSERT_COLUMNS, SparkTypeJson, field_json
 from .errors import ConfigError
 from .inline_types import DECIMAL_TYPE, FIXED_TYPE, PRIMITIVES
 from .spec import InlineSchema, InlineType
@@ -32,6 +32,7 @@ def spark_field(name: str, type_json: SparkTypeJson) -> T.StructField:
 
 
 METADATA_FIELDS = [spark_field(name, type_json) for name, type_json in KAFKA_COLUMNS.items()]
+UPSERT_FIELDS = [spark_field(name, type_json) for name, type_json in UPSERT_COLUMNS.items()]
 STATUS_FIELDS = [spark_field(name, type_json) for name, type_json in STATUS_COLUMNS.items()]
 
 _AVRO_PRIMITIVES: dict[str, T.DataType] = {
@@ -225,11 +226,37 @@ def inline_to_avro(schema: InlineSchema, name: str = "Value") -> dict[str, Any]:
     return {"type": "record", "name": name, "fields": [{"name": f.name, "type": avro(f)} for f in schema.fields]}
 
 
-def table_struct(value_fields: list[T.StructField]) -> T.StructType:
-    clash = sorted({f.name for f in value_fields} & set(KAFKA_COLUMNS))
+def table_struct(value_fields: list[T.StructField], upsert: bool = False) -> T.StructType:
+    """The table's columns; `upsert`: with the upsert columns (the batches executors read never carry them). Names
+    Spark cannot tell apart (it resolves them ignoring case) are a config error, before any table is created."""
+    reserved = {name.lower() for name in (*KAFKA_COLUMNS, *UPSERT_COLUMNS)}
+    clash = sorted(f.name for f in value_fields if f.name.lower() in reserved)
     if clash:
-        raise ConfigError(f"value fields {clash} clash with icefloe's Kafka metadata columns")
-    return T.StructType([*value_fields, *METADATA_FIELDS])
+        raise ConfigError(
+            f"value fields {clash} clash with icefloe's Kafka metadata columns (Spark compares names ignoring case)"
+        )
+    same = _same_but_for_case(value_fields, "")
+    if same:
+        raise ConfigError(
+            f"value fields {', '.join(map(str, same))} differ only in case: Spark resolves names ignoring case and "
+            "cannot tell them apart; rename them in the schema"
+        )
+    return T.StructType([*value_fields, *METADATA_FIELDS, *(UPSERT_FIELDS if upsert else [])])
+
+
+def _same_but_for_case(fields: list[T.StructField], path: str) -> list[list[str]]:
+    """Groups of field names (dotted paths, nested fields too) that are equal ignoring case."""
+    groups: dict[str, list[str]] = {}
+    for f in fields:
+        groups.setdefault(f.name.lower(), []).append(f"{path}{f.name}")
+    same = [names for names in groups.values() if len(names) > 1]
+    for f in fields:
+        inner = f.dataType
+        while isinstance(inner, (T.ArrayType, T.MapType)):
+            inner = inner.elementType if isinstance(inner, T.ArrayType) else inner.valueType
+        if isinstance(inner, T.StructType):
+            same += _same_but_for_case(list(inner.fields), f"{path}{f.name}.")
+    return same
 
 
 def batch_struct(table: T.StructType) -> T.StructType:

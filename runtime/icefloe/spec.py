@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from .batch_columns import KAFKA_COLUMNS
+from .batch_columns import KAFKA_COLUMNS, UPSERT_COLUMNS
 from .errors import ConfigError
 from .inline_types import DECIMAL_TYPE, FIXED_TYPE, PRIMITIVES
 from .partitioning import PartitionField, parse_partition_field
@@ -316,6 +316,9 @@ class TableSpec(Model):
     continuous: bool = False
     commit_records: int | None = Field(default=None, ge=1)
     retention: str | None = None
+    # upsert: how long a deleted key's marker is kept (a change older than the delete, read later from a lagging
+    # partition, must not bring the key back); measured on the delete's clock.
+    delete_marker_retention: str = "7d"
     # The `<table>_dlq` table's rows (raw payloads) are deleted this long after they were dead-lettered (null: kept).
     dead_letter_retention: str | None = "7d"
     max_records_per_run: int | None = Field(default=None, ge=1)  # a hard cap; batches are sized by time (budget)
@@ -334,7 +337,7 @@ class TableSpec(Model):
             raise ValueError(f"{name} must be at least {least}")
         return value
 
-    @field_validator("retention", "dead_letter_retention")
+    @field_validator("retention", "dead_letter_retention", "delete_marker_retention")
     @classmethod
     def _retention(cls, value: str | None) -> str | None:
         if value is not None:
@@ -370,7 +373,7 @@ class TableSpec(Model):
                         "by Kafka columns, its value columns do not exist when it is created"
                     )
         if self.schema_ is not None:
-            clash = sorted({f.name for f in self.schema_.fields} & set(KAFKA_COLUMNS))
+            clash = sorted({f.name for f in self.schema_.fields} & {*KAFKA_COLUMNS, *UPSERT_COLUMNS})
             if clash:
                 raise ValueError(f"schema fields {clash} clash with icefloe's Kafka metadata columns")
             known = {f.name for f in self.schema_.fields} | set(KAFKA_COLUMNS)
