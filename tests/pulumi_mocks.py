@@ -12,8 +12,16 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from icefloe_infra.dry_run import (ACCOUNT_ID, PROJECT_FILE, BundleBuilder, ProgramRun, RecordedResource,
-                                   placeholder_secret, source_bundle, stack_config)
+from icefloe_infra.dry_run import (
+    ACCOUNT_ID,
+    PROJECT_FILE,
+    BundleBuilder,
+    ProgramRun,
+    RecordedResource,
+    placeholder_secret,
+    source_bundle,
+    stack_config,
+)
 from icefloe_infra.dry_run import run_program as _run_program
 from icefloe_infra.jars import pinned_spark_jars
 

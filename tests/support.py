@@ -9,9 +9,10 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -76,7 +77,7 @@ def by_position(rows: list[dict]) -> dict[tuple[int, int], dict]:
 
 def as_utc(value: Any) -> Any:
     if isinstance(value, dt.datetime) and value.tzinfo is not None:
-        return value.astimezone(dt.timezone.utc)
+        return value.astimezone(dt.UTC)
     return value
 
 

@@ -16,7 +16,7 @@ from icefloe.schema_mapping import avro_value_fields
 from support import as_utc, avro_serializer, produce, read_duckdb, read_pyiceberg
 from test_jvm_path import rows_on_both_paths
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 NS = "test.unions"
 CIRCLE = {"type": "record", "name": "Circle", "fields": [{"name": "radius", "type": "double"}]}
 SQUARE = {"type": "record", "name": "Square", "fields": [

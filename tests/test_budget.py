@@ -9,7 +9,7 @@ from icefloe.budget import Deadline, Rate, batch_records, limited, measured_rate
 from icefloe.commit_state import Checkpoint, CommittedState, Throughput
 from icefloe.kafka_source import OffsetRange, Plan
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def test_a_batch_is_planned_well_inside_the_least_of_run_timeout_and_the_job_time_limit():

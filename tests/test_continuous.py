@@ -65,7 +65,7 @@ def test_continuous_rows_visible_within_interval_and_sigterm_restart_is_exactly_
         job_log = tmp_path / f"job-{round_}.log"
         process = start_continuous(path, state_dir, job_log)
         lines: list[str] = []
-        threading.Thread(target=lambda p=process: lines.extend(p.stdout), daemon=True).start()
+        threading.Thread(target=lines.extend, args=(process.stdout,), daemon=True).start()
         try:
             # A producer beside the running job; each marker must become visible to an independent reader.
             for step in range(3):
@@ -377,8 +377,8 @@ def test_an_idle_continuous_loop_polling_commit_records_reuses_one_admin_client(
 ):
     """`commitRecords` makes the loop plan every second: each plan must not open new Kafka connections (MSK IAM
     throttles new authenticated connections), and a data loss it sees is not logged every second."""
-    from confluent_kafka.admin import AdminClient
     from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
 
     from icefloe import kafka_source
     from icefloe.runner import run_continuously

@@ -7,8 +7,9 @@ import json
 import pytest
 from pyspark.sql import types as T
 
-from icefloe.json_schema_format import value_fields, validator_for_bundle, failed_rule
-from icefloe.protobuf_format import parse_frame, value_fields as proto_fields
+from icefloe.json_schema_format import failed_rule, validator_for_bundle, value_fields
+from icefloe.protobuf_format import parse_frame
+from icefloe.protobuf_format import value_fields as proto_fields
 from icefloe.protobuf_schemas import find_message, is_text, message_at
 from icefloe_dev.protos import compile_protos
 

@@ -47,8 +47,8 @@ def test_endpoints_add_only_the_overrides_to_the_emr_settings():
 
 def test_the_emr_job_parameters_carry_no_endpoints():
     pytest.importorskip("pulumi")
-    from icefloe_infra.deployment import EmrSpec
     from icefloe.spec import CatalogSpec
+    from icefloe_infra.deployment import EmrSpec
     from icefloe_infra.jobs import spark_submit_parameters
 
     emr = EmrSpec(python="/usr/bin/python3.11")  # an image with its own 3.11: no imageUri needed here

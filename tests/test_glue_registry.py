@@ -27,7 +27,7 @@ from icefloe.spec import parse_config
 from support import by_position, produce, read_duckdb, read_pyiceberg
 from test_poison import MAX_BYTES, check_mode, dead_letter_messages, lay_out
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 V1 = {
     "type": "record", "name": "Payment", "namespace": "test.glue",
     "fields": [

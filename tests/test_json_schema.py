@@ -87,7 +87,7 @@ def test_every_json_schema_type_from_confluents_serializer(spark, broker, regist
         full = rows[3]
         assert (full["id"], full["price"], full["paid"], full["note"], full["coupon"], full["status"]) == (
             FULL["id"], 9.5, True, "hi", None, "PAID")  # fmt: skip
-        assert as_utc(full["at"]) == dt.datetime(2024, 2, 29, 11, 30, 1, 250000, tzinfo=dt.timezone.utc)
+        assert as_utc(full["at"]) == dt.datetime(2024, 2, 29, 11, 30, 1, 250000, tzinfo=dt.UTC)
         assert full["day"] == dt.date(2024, 2, 29)
         assert full["lines"] == [{"sku": "a", "qty": 2}]
         assert full["ship_to"] == {"street": "Main 1", "zip": "1000"}
@@ -184,7 +184,7 @@ def test_names_spark_cannot_tell_apart_are_refused(spark, broker, registry, stat
     schema = {"$schema": DRAFT, "type": "object", "properties": {name: {"type": "string"} for name in names}}
     value = json_schema_serializer(registry.url, topic, json.dumps(schema))
     broker.create_topic(topic, 1)
-    produce(broker.bootstrap_servers, topic, [{"value": value({name: "x" for name in names})}])
+    produce(broker.bootstrap_servers, topic, [{"value": value(dict.fromkeys(names, "x"))}])
     config = make_config({"topic": topic, "format": "json-schema"})
     with pytest.raises(ConfigError) as refused:
         materialize_once(spark, config, config.tables[0])

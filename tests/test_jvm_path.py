@@ -31,7 +31,7 @@ from icefloe.schema_mapping import avro_value_fields, batch_struct, table_struct
 from support import avro_serializer, by_position, produce, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
-UTC = dt.timezone.utc
+UTC = dt.UTC
 ITEM = {"type": "record", "name": "Item", "fields": [
     {"name": "sku", "type": "string"}, {"name": "at", "type": {"type": "int", "logicalType": "time-millis"}}]}
 SCHEMA = {

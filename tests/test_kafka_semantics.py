@@ -8,8 +8,8 @@ import glob
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -336,7 +336,7 @@ def test_record_budget_is_shared_fairly_across_partitions():
     assert share_budget({0: 1000, 1: 10, 2: 1000}, 100) == {0: 45, 1: 10, 2: 45}
     assert share_budget({0: 5, 1: 5}, None) == {0: 5, 1: 5}
     assert share_budget({0: 3, 1: 3, 2: 3}, 7) == {0: 2, 1: 2, 2: 3}
-    assert sum(share_budget({p: 1_000 for p in range(7)}, 999).values()) == 999
+    assert sum(share_budget(dict.fromkeys(range(7), 1000), 999).values()) == 999
 
 
 def test_a_partition_missing_from_the_metadata_keeps_its_committed_offset(monkeypatch):

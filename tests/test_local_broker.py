@@ -125,4 +125,4 @@ def test_registry_enforces_backward_compatibility(registry):
     with pytest.raises(SchemaRegistryError) as refused:
         client.register_schema(subject, Schema(json.dumps(added_required), "AVRO"))
     assert refused.value.http_status_code == 409
-    assert [v for v in client.get_versions(subject)] == [1, 2]
+    assert list(client.get_versions(subject)) == [1, 2]

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from icefloe import maintenance, runner
 from icefloe.heartbeat import read_heartbeat
 from icefloe.iceberg_table import IcebergTable, append_with_properties
-from icefloe import maintenance, runner
 from icefloe.maintenance import LAST_MAINTENANCE_PROPERTY, maintain
 from icefloe.materializer import materialize_once
 from icefloe.runner import _attempt, run_table

@@ -14,13 +14,13 @@ import pytest
 from icefloe.commit_state import committed_state
 from icefloe.errors import RecordError
 from icefloe.iceberg_table import IcebergTable
-from icefloe_dev.readers import pyiceberg_catalog
 from icefloe.materializer import materialize_once
 from icefloe.runner import run_table
+from icefloe_dev.readers import pyiceberg_catalog
 from support import as_utc, avro_serializer, by_position, produce, read_duckdb, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 ORDER_SCHEMA = json.dumps(
     {

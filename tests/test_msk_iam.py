@@ -123,7 +123,7 @@ def test_the_token_is_a_presigned_kafka_cluster_connect_signed_with_the_jobs_cre
     assert set(token) <= set(string.ascii_letters + string.digits + "-_")  # base64url, padding stripped
     assert url.startswith("https://kafka.eu-west-1.amazonaws.com/?")
     assert params["Action"] == "kafka-cluster:Connect"
-    signed_at = dt.datetime.strptime(params["X-Amz-Date"], "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.timezone.utc)
+    signed_at = dt.datetime.strptime(params["X-Amz-Date"], "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.UTC)
     assert params["X-Amz-Credential"] == f"{ACCESS_KEY}/{signed_at:%Y%m%d}/eu-west-1/kafka-cluster/aws4_request"
     assert params["X-Amz-Algorithm"] == "AWS4-HMAC-SHA256" and params["X-Amz-SignedHeaders"] == "host"
     assert params["X-Amz-Expires"] == "900" and params["X-Amz-Security-Token"] == SESSION_TOKEN

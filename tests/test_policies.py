@@ -16,8 +16,20 @@ import pytest
 from pulumi_policy import EnforcementLevel, StackValidationArgs
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
 
-from icefloe_policies import ROLE_LAKEHOUSE, TAG_OWNER, TAG_ROLE, TAG_STACK, emr, iam, kms, logs, s3, scheduler
-from icefloe_policies import secrets, tagging
+from icefloe_policies import (
+    ROLE_LAKEHOUSE,
+    TAG_OWNER,
+    TAG_ROLE,
+    TAG_STACK,
+    emr,
+    iam,
+    kms,
+    logs,
+    s3,
+    scheduler,
+    secrets,
+    tagging,
+)
 from icefloe_policies.pack import all_policies, resolve_config
 from icefloe_policies.runner import Resource, default_urn, resource_args, run_pack, stack_resources
 
@@ -535,8 +547,9 @@ def test_emr_release_is_one_icefloe_runs_on(label, violates):
 
 
 def test_the_program_accepts_exactly_the_releases_the_pack_accepts():
-    from icefloe_infra.deployment import EmrSpec
     from pydantic import ValidationError
+
+    from icefloe_infra.deployment import EmrSpec
 
     for label in ("emr-7.0.0", "emr-7.1.0", "emr-7.12.0", "emr-7.14.1", "emr-8.1.0", "emr-6.15.0", "emr-7.12"):
         try:

@@ -15,12 +15,28 @@ from pathlib import Path
 import pytest
 import yaml
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
-from test_policies import (ACCOUNT, BUCKET, BUCKET_ARN, BUCKET_NAME, OWNERSHIP, ROLE, ROLE_POLICY, TAGS,
-                           bucket_resources, check, check_stack, doc, replace, safe_stack, trust, urn)
 
-from pulumi_mocks import ACCOUNT_ID, run_program
 from icefloe_policies import TAG_ROLE, escalation, iam_users, resource_policies, s3_acls
 from icefloe_policies.runner import Resource, run_pack
+from pulumi_mocks import ACCOUNT_ID, run_program
+from test_policies import (
+    ACCOUNT,
+    BUCKET,
+    BUCKET_ARN,
+    BUCKET_NAME,
+    OWNERSHIP,
+    ROLE,
+    ROLE_POLICY,
+    TAGS,
+    bucket_resources,
+    check,
+    check_stack,
+    doc,
+    replace,
+    safe_stack,
+    trust,
+    urn,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "Pulumi.example.yaml"

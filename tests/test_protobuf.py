@@ -118,7 +118,7 @@ def check_trades(state_dir, result) -> None:
         assert full["tags"] == ["a", "b"] and full["history"] == [{"name": "XLON", "rank": 2}]
         assert _as_dict(full["counts"]) == {"x": 3} and _as_dict(full["by_rank"]) == {5: {"name": "five", "rank": 0}}
         assert (full["card"], full["cash"], full["payment"]) == ("4111", None, "card")
-        assert as_utc(full["at"]) == dt.datetime(2024, 2, 29, 12, 30, 1, 250000, tzinfo=dt.timezone.utc)
+        assert as_utc(full["at"]) == dt.datetime(2024, 2, 29, 12, 30, 1, 250000, tzinfo=dt.UTC)
         assert full["took"] == 1_500_000
         assert (full["maybe_qty"], full["maybe_note"], full["opt"]) == (0, None, 0)
         assert json.loads(full["attrs"]) == {"k": "v", "n": 1}
@@ -164,7 +164,7 @@ def test_text_schema_with_imports(spark, broker, registry, state_dir, topic, mak
     result = materialize_once(spark, config, config.tables[0])
     for row in (read_pyiceberg(state_dir, result.identifier)[0], read_duckdb(result.metadata_location)[0]):
         assert (row["id"], row["u64"], row["side"], row["venue"], row["payment"]) == ("t1", Decimal(2**64 - 1), "SELL", {"name": "XNAS", "rank": 1}, "card")
-        assert as_utc(row["at"]) == dt.datetime(2024, 2, 29, 12, 30, 1, 250000, tzinfo=dt.timezone.utc)
+        assert as_utc(row["at"]) == dt.datetime(2024, 2, 29, 12, 30, 1, 250000, tzinfo=dt.UTC)
 
 
 def test_unknown_message_type_is_named(spark, broker, registry, topic, make_config):

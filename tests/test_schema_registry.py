@@ -26,7 +26,7 @@ def test_incompatible_version_is_refused_and_the_table_keeps_going(spark, broker
     # A new required field without a default cannot read old records: BACKWARD refuses it, as Confluent's would.
     breaking = {**V1, "fields": [*V1["fields"], {"name": "balance", "type": "long"}]}
     with pytest.raises(SchemaRefused, match=rf"refused the schema for subject '{topic}-value' \(HTTP 409, incompatible"):
-        produce_avro(broker.bootstrap_servers, registry.url, topic, json.dumps(breaking), [(None, {**{"id": 2, "owner": "b"}, "balance": 5})])
+        produce_avro(broker.bootstrap_servers, registry.url, topic, json.dumps(breaking), [(None, {"id": 2, "owner": "b", "balance": 5})])
 
     compatible = {**V1, "fields": [*V1["fields"], {"name": "balance", "type": ["null", "long"], "default": None}]}
     produce_avro(broker.bootstrap_servers, registry.url, topic, json.dumps(compatible), [(None, {"id": 3, "owner": "c", "balance": 7})])

@@ -17,7 +17,7 @@ from icefloe.schema_mapping import avro_value_fields
 from support import as_utc, avro_serializer, produce, read_duckdb, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
-UTC = dt.timezone.utc
+UTC = dt.UTC
 MONEY = {"type": "fixed", "name": "Money", "size": 8, "logicalType": "decimal", "precision": 12, "scale": 2}
 SCHEMA = {
     "type": "record", "name": "Trip", "namespace": "test.types",

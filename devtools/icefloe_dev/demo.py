@@ -11,21 +11,22 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import yaml
 
 from icefloe.runner import run_table
 from icefloe.session import spark_session
 from icefloe.spec import load_config
+
 from . import stock_trades
 from .kafka_broker import KafkaBroker
 from .processes import start_together
-from .schema_registry import SchemaRegistry
 from .producer import produce_avro
 from .readers import duckdb_connect
+from .schema_registry import SchemaRegistry
 
 TOPIC = "stock_trades"
 

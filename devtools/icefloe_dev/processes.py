@@ -13,9 +13,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Callable
 
 from icefloe.errors import IcefloeError
 from icefloe.session import jvm_lib

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient

@@ -6,7 +6,7 @@ import datetime as dt
 import json
 import random
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 SCHEMA = """
 {
@@ -83,5 +83,5 @@ def as_protobuf(message_type, trade: dict):
 
 
 def as_json(trade: dict) -> dict:
-    moment = dt.datetime.fromtimestamp(trade["event_time"] / 1000, dt.timezone.utc)
+    moment = dt.datetime.fromtimestamp(trade["event_time"] / 1000, dt.UTC)
     return {**trade, "event_time": moment.isoformat(timespec="milliseconds")}

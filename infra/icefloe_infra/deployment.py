@@ -13,8 +13,17 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, StringConstraints, field_validator, model_validator
 
 from icefloe.errors import ConfigError
-from icefloe.spec import (CONFIG_KEYS, DEPLOYMENT_KEYS, IcefloeConfig, Model, TableSpec, duration_seconds, namespaced,
-                          parse_config, validate_keys)
+from icefloe.spec import (
+    CONFIG_KEYS,
+    DEPLOYMENT_KEYS,
+    IcefloeConfig,
+    Model,
+    TableSpec,
+    duration_seconds,
+    namespaced,
+    parse_config,
+    validate_keys,
+)
 from icefloe_policies.emr import SUPPORTED_RELEASES, supported_release
 
 AWS_ARN = r"^arn:aws[a-z-]*:"
@@ -56,7 +65,7 @@ class StorageSpec(Model):
     force_destroy: bool = False
 
     @model_validator(mode="after")
-    def _byo_needs_key(self) -> "StorageSpec":
+    def _byo_needs_key(self) -> StorageSpec:
         if self.existing_bucket and not self.existing_kms_key_arn:
             raise ValueError("existingBucket needs existingKmsKeyArn (the key that encrypts it)")
         if self.existing_kms_key_arn and not self.existing_bucket:
@@ -95,7 +104,7 @@ class JobSizing(Model):
     max_executors: int = Field(default=4, ge=1, le=1000)
 
     @model_validator(mode="after")
-    def _executors(self) -> "JobSizing":
+    def _executors(self) -> JobSizing:
         if self.initial_executors > self.max_executors:
             raise ValueError("initialExecutors must not exceed maxExecutors")
         return self
@@ -132,7 +141,7 @@ class EmrSpec(Model):
         return value
 
     @model_validator(mode="after")
-    def _network(self) -> "EmrSpec":
+    def _network(self) -> EmrSpec:
         if bool(self.subnet_ids) != bool(self.security_group_ids):
             raise ValueError("subnetIds and securityGroupIds go together")
         return self

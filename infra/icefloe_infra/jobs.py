@@ -67,7 +67,7 @@ class TableJob:
     timeout_minutes: int
 
     @classmethod
-    def plan(cls, spec: IcefloeConfig, table: TableSpec, emr: EmrSpec, schedule: ScheduleSpec) -> "TableJob":
+    def plan(cls, spec: IcefloeConfig, table: TableSpec, emr: EmrSpec, schedule: ScheduleSpec) -> TableJob:
         if schedule.runs_continuously(table):
             # One streaming job at a time: the next firing comes as this one times out.
             minutes = emr.streaming_job_minutes

@@ -12,9 +12,10 @@ import json
 import re
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from icefloe.errors import ConfigError
 
@@ -175,7 +176,7 @@ def _redacted(value: Any) -> Any:
 def _settings(resource: RecordedResource) -> dict[str, Any]:
     summary = SUMMARIES.get(resource.type)
     if summary is None:
-        return {key: SECRET for key in sorted(resource.secret_inputs)}
+        return dict.fromkeys(sorted(resource.secret_inputs), SECRET)
     settings = summary(_whole_numbers(resource.inputs))  # the names are the summary's; the values may be the user's
     # Derived views (a trust policy's principals) are fine; a secret input itself is never shown.
     return {key: SECRET if key in resource.secret_inputs else _redacted(value) for key, value in settings.items()}

@@ -3,9 +3,9 @@ schedules, and the outputs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pulumi
 import pulumi_aws as aws
@@ -21,7 +21,15 @@ from .bundle import Bundle, build_bundle
 from .deployment import RUNTIME_PYTHON_VERSION, DeploymentConfig
 from .emr import SparkApplication, SparkApplicationArgs
 from .glue import GlueDatabases, GlueDatabasesArgs
-from .iam import ExternalAccessRole, ExternalAccessRoleArgs, JobRole, JobRoleArgs, Scope, glue_schema_registries, kafka_access
+from .iam import (
+    ExternalAccessRole,
+    ExternalAccessRoleArgs,
+    JobRole,
+    JobRoleArgs,
+    Scope,
+    glue_schema_registries,
+    kafka_access,
+)
 from .jars import job_jars
 from .jobs import TableJob, job_config_document, spark_submit_parameters
 from .schedules import ScheduledJob, TableSchedules, TableSchedulesArgs

@@ -15,14 +15,22 @@ import re
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
 
-from pulumi_policy import (PolicyConfigSchema, PolicyResource, ReportViolation, ResourceValidationArgs,
-                           ResourceValidationPolicy, Severity, StackValidationArgs, StackValidationPolicy)
+from pulumi_policy import (
+    PolicyConfigSchema,
+    PolicyResource,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    Severity,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
 from pulumi_policy.proxy import UnknownValueError
 
 from . import tokens
 from .documents import DocumentError, Statement, parse
 from .iam import IDENTITY_POLICY_TYPES, is_unscoped, policy_documents, policy_statements
-from .props import UNKNOWN, known
+from .props import known
 from .remedy import listing, message
 from .stack import of_type
 

@@ -9,8 +9,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from pulumi_policy import (PolicyConfigSchema, PolicyResource, ReportViolation, ResourceValidationArgs,
-                           ResourceValidationPolicy, Severity)
+from pulumi_policy import (
+    PolicyConfigSchema,
+    PolicyResource,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    Severity,
+)
 
 from . import tokens
 from .documents import DocumentError, Statement, covers, parse

@@ -12,8 +12,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pulumi_policy import (PolicyConfigSchema, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy,
-                           Severity)
+from pulumi_policy import (
+    PolicyConfigSchema,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    Severity,
+)
 
 from . import tokens
 from .documents import DocumentError, Statement, parse

@@ -20,9 +20,18 @@ from inspect import isawaitable
 from typing import Any
 
 from google.protobuf import json_format, struct_pb2
-from pulumi_policy import (EnforcementLevel, Policy, PolicyCustomTimeouts, PolicyProviderResource, PolicyResource,
-                           PolicyResourceOptions, ResourceValidationArgs, ResourceValidationPolicy,
-                           StackValidationArgs, StackValidationPolicy)
+from pulumi_policy import (
+    EnforcementLevel,
+    Policy,
+    PolicyCustomTimeouts,
+    PolicyProviderResource,
+    PolicyResource,
+    PolicyResourceOptions,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
 from pulumi_policy.deserialize import deserialize_properties
 from pulumi_policy.proxy import UnknownValueError, unknown_checking_proxy
 

@@ -12,8 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pulumi_policy import (EnforcementLevel, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy,
-                           Severity, StackValidationArgs, StackValidationPolicy)
+from pulumi_policy import (
+    EnforcementLevel,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    Severity,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
 
 from . import tokens
 from .constants import TAG_ROLE

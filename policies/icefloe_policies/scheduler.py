@@ -6,8 +6,7 @@ a start that keeps failing (e.g. a throttled StartJobRun) is dropped silently.
 
 from __future__ import annotations
 
-from pulumi_policy import (EnforcementLevel, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy,
-                           Severity)
+from pulumi_policy import EnforcementLevel, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy, Severity
 
 from . import tokens
 from .props import get

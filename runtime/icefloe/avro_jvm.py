@@ -37,7 +37,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro, to_avro
 
 from . import glue_registry
-from .avro_unions import branches as union_branches, collapsed as collapsed_union, member_name
+from .avro_unions import branches as union_branches
+from .avro_unions import collapsed as collapsed_union
+from .avro_unions import member_name
 from .decoding import DecoderSpec, subject_for, subject_schemas
 
 log = logging.getLogger(__name__)

@@ -49,7 +49,7 @@ class Deadline:
     total: float
 
     @classmethod
-    def after_minutes(cls, minutes: float, started: float) -> "Deadline":
+    def after_minutes(cls, minutes: float, started: float) -> Deadline:
         return cls(started + minutes * 60, minutes * 60)
 
     @property

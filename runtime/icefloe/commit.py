@@ -20,8 +20,9 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Mapping, TypeVar
+from typing import TypeVar
 
 from pyspark.sql import DataFrame
 
@@ -55,7 +56,7 @@ class Throughput:
         return json.dumps({"records": self.records, "bytes": self.bytes, "started_ms": self.started_ms, "cut": self.cut})
 
     @classmethod
-    def from_json(cls, text: str) -> "Throughput":
+    def from_json(cls, text: str) -> Throughput:
         found = json.loads(text)
         return cls(int(found["records"]), int(found["bytes"]), int(found["started_ms"]), bool(found.get("cut")))
 
@@ -96,7 +97,7 @@ class Checkpoint:
         return summary
 
     @classmethod
-    def from_summary(cls, summary: Mapping[str, str | None]) -> "Checkpoint | None":
+    def from_summary(cls, summary: Mapping[str, str | None]) -> Checkpoint | None:
         """The checkpoint a snapshot summary carries, or None (a maintenance commit carries none)."""
         offsets = summary.get(OFFSETS_KEY)
         if offsets is None:
@@ -113,7 +114,7 @@ class Checkpoint:
             clocks={int(p): int(c) for p, c in json.loads(summary.get(CLOCKS_KEY) or "{}").items()},
         )
 
-    def carried(self, snapshot_id: int) -> "Checkpoint":
+    def carried(self, snapshot_id: int) -> Checkpoint:
         """This checkpoint (found in `snapshot_id`) as a maintenance commit carries it: the same position, without
         the run, the lost ranges and the measurement, which belong to the batch that wrote it."""
         carried_from = snapshot_id if self.carried_from is None else self.carried_from
@@ -181,7 +182,7 @@ def committed_state(table: IcebergTable, topic: str) -> CommittedState:
             head_records = int(summary.get("total-records") or 0)
         checkpoint = Checkpoint.from_summary({key: summary.get(key) for key in SUMMARY_KEYS})
         if checkpoint is not None:
-            committed_at = dt.datetime.fromtimestamp(row.timestampMillis() / 1000, dt.timezone.utc)
+            committed_at = dt.datetime.fromtimestamp(row.timestampMillis() / 1000, dt.UTC)
             found.append((checkpoint, (snapshot, committed_at)))
             if checkpoint.carried_from is None:
                 break

@@ -12,8 +12,9 @@ import base64
 import datetime as dt
 import math
 import uuid
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import types as T
@@ -27,8 +28,8 @@ _AVRO_NATIVE = (T.BooleanType, T.IntegerType, T.FloatType, T.DoubleType, T.Decim
                 T.TimestampNTZType, T.DateType, T.BinaryType)  # fmt: skip
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-_MAX_TS = dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.timezone.utc)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_MAX_TS = dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC)
 
 
 class ValueConverter:
@@ -195,9 +196,9 @@ def _check_timestamp(path: str, with_zone: bool) -> Convert:
         else:
             raise ValueError(f"{path}: expected a timestamp, got {type(value).__name__}")
         if with_zone:
-            moment = moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
+            moment = moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
         elif moment.tzinfo:
-            moment = moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
+            moment = moment.astimezone(dt.UTC).replace(tzinfo=None)
         if moment.year < 1 or (moment.tzinfo and moment > _MAX_TS):
             raise ValueError(f"{path}: out of the timestamp range")
         return moment
@@ -312,7 +313,7 @@ class BatchBuilder:
 
     def add(self, value: dict | None, topic: str, partition: int, offset: int, timestamp_ms: int | None,
             timestamp_type: str | None, key: bytes | None, headers: list[tuple[str, bytes | None]] | None,
-            tombstone: bool = False, error: "RecordFailure | None" = None,
+            tombstone: bool = False, error: RecordFailure | None = None,
             payload: bytes | None = None) -> None:  # fmt: skip
         self.values.append(value)
         self.payloads.append(payload)

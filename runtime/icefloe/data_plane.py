@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
@@ -35,9 +35,9 @@ from . import avro_jvm, glue_registry, raw_format
 from .avro_jvm import AvroJvmPlan, plan_avro
 from .batch_columns import ERROR_CLASS, ERROR_MESSAGE, KAFKA_COLUMNS, RAW_VALUE, SCHEMA_ID, TOMBSTONE
 from .decoding import DecoderSpec
+from .executor_tasks import KAFKA_TIMESTAMP_MS, ReadPlan, redecode_rows
 from .jvm_source import read_ranges
 from .kafka_source import OffsetRange
-from .executor_tasks import KAFKA_TIMESTAMP_MS, ReadPlan, redecode_rows
 
 log = logging.getLogger(__name__)
 JVM, PYTHON = "jvm", "python"

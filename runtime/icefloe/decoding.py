@@ -12,13 +12,14 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from . import fastavro_gaps
-from .errors import ConfigError, IcefloeError, SourceError
 from .credential_lookup import resolve_credentials
+from .errors import ConfigError, IcefloeError, SourceError
 from .spec import SchemaRegistrySpec, SourceCluster, TableSpec
 
 Decoder = Callable[[bytes], Any]

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _LOCAL_EPOCH = dt.datetime(1970, 1, 1)
 SENTINEL = "icefloe.UnionBranchIndexOutOfRange"  # a named type no Avro schema of a table can hold (a reserved name)
 _LOGICAL = "icefloe-union-branch-index-out-of-range"

@@ -19,14 +19,16 @@ from __future__ import annotations
 import functools
 import re
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FileDescriptor
 from google.protobuf.message import DecodeError
 from google.protobuf.message_factory import GetMessageClass
 
 from .errors import ConfigError
-from .protobuf_format import message_values, value_fields as message_fields
+from .protobuf_format import message_values
+from .protobuf_format import value_fields as message_fields
 from .protobuf_schemas import builtin_files, compile_text, find_message, in_pool
 
 FILE_NAME = "icefloe_glue_schema.proto"  # a Glue schema version has no file name of its own

@@ -27,7 +27,8 @@ from __future__ import annotations
 import io
 import json
 import zlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from uuid import UUID
 
 from .errors import ConfigError, SourceError

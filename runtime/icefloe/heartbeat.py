@@ -48,7 +48,7 @@ class Heartbeat:
 
     def as_dict(self, now: float | None = None) -> dict:
         data = asdict(self)
-        data["checked_at"] = dt.datetime.fromtimestamp(self.checked_at, dt.timezone.utc).isoformat(timespec="seconds")
+        data["checked_at"] = dt.datetime.fromtimestamp(self.checked_at, dt.UTC).isoformat(timespec="seconds")
         data["age_seconds"] = round(self.age(now), 1)
         data["process_alive"] = self.process_alive()
         return data

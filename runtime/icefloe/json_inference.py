@@ -25,7 +25,8 @@ Against the table's existing columns (a later batch):
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pyarrow as pa
 
@@ -137,7 +138,7 @@ def evolved(current, batch: Inferred):
         return T.LongType()
     if isinstance(current, T.StructType) and same is not None and same["struct"]:
         have = {f.name.lower() for f in current.fields}
-        kinds = dict((k, t) for k, t in same["struct"])
+        kinds = dict(same["struct"])
         fields = [T.StructField(f.name, evolved(f.dataType, kinds.get(f.name, "null")), True) for f in current.fields]
         fields += [T.StructField(k, spark_type(t), True) for k, t in same["struct"]
                    if k.lower() not in have and t != "null"]  # fmt: skip

@@ -21,7 +21,8 @@ record that fails is a bad record; the error names the rule and where it failed,
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pyspark.sql import types as T
 

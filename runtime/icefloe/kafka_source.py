@@ -19,10 +19,18 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicCollection, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicCollection,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from .credential_lookup import resolve_credentials

@@ -20,8 +20,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 from .catalog import CATALOG
 from .commit import new_run_id
@@ -61,11 +61,11 @@ class MaintenanceResult:
     snapshots_after: int = 0
     seconds: float = 0.0
     steps: list[str] = field(default_factory=list)
-    dead_letters: "MaintenanceResult | None" = None  # the `<table>_dlq` table's, when there is one
+    dead_letters: MaintenanceResult | None = None  # the `<table>_dlq` table's, when there is one
     skipped: str = ""  # why nothing was done: another run holds the table's maintenance, or it was not due
     lost_races: list[str] = field(default_factory=list)  # steps refused because a batch committed meanwhile
     compaction_failed_files: int = 0  # data files in compaction groups whose commit was refused (partial progress)
-    delete_markers: "MaintenanceResult | None" = None  # an upsert table's `<table>_deletes`, when there is one
+    delete_markers: MaintenanceResult | None = None  # an upsert table's `<table>_deletes`, when there is one
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -172,7 +172,7 @@ def claim(table: IcebergTable, claimant: str, lease_s: float, interval_ms: float
         now = int(time.time() * 1000)
         held = _lease(properties.get(LEASE_PROPERTY))
         if held is not None and held[0] != claimant and held[1] > now:
-            until = dt.datetime.fromtimestamp(held[1] / 1000, dt.timezone.utc).isoformat(timespec="seconds")
+            until = dt.datetime.fromtimestamp(held[1] / 1000, dt.UTC).isoformat(timespec="seconds")
             return f"claimed by run {held[0]} until {until}"
         last = str(properties.get(LAST_MAINTENANCE_PROPERTY) or "")
         if interval_ms is not None and last.isdigit() and now - int(last) < interval_ms:
@@ -244,7 +244,7 @@ def _maintain_one(
     spark, name, settings = table.spark, table.full_name, spec.maintenance
     result = MaintenanceResult(table.identifier)
     result.data_files_before, result.delete_files_before = _file_counts(table)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
 
     if retention:
         cutoff = now - dt.timedelta(seconds=duration_seconds(retention))
@@ -290,7 +290,7 @@ def _maintain_one(
     before = _snapshot_ids(table)
     if _step(table, result, "expire-snapshots", lambda: spark.sql(
         f"CALL {CATALOG}.system.expire_snapshots(table => '{table.identifier}', "
-        f"older_than => TIMESTAMP '{_millis(keep_from.astimezone(dt.timezone.utc))}+00:00', "
+        f"older_than => TIMESTAMP '{_millis(keep_from.astimezone(dt.UTC))}+00:00', "
         f"retain_last => {settings.min_snapshots_to_keep})"
     ).collect()):  # fmt: skip
         result.expired_snapshots = len(before - _snapshot_ids(table))

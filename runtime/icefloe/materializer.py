@@ -17,9 +17,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
-from typing import Callable
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -34,12 +34,17 @@ from .data_plane import JVM, PYTHON, JvmBatch, ReadPath, choose_read_path
 from .dead_letter import commit_dead_letters
 from .decoding import DecoderSpec, decoder_spec
 from .errors import IcefloeError, RecordError
-from .iceberg_table import IcebergTable, conformed, quoted
-from .kafka_source import OffsetRange, client_config, plan_ranges
 from .executor_tasks import ReadPlan, read_batches, unmark
+from .iceberg_table import IcebergTable, conformed, quoted
 from .jvm_source import kafka_timestamp_overflow, source_failure
+from .kafka_source import OffsetRange, client_config, plan_ranges
 from .schema_mapping import (
-    avro_value_fields, batch_struct, inline_value_fields, registry_value_fields, required_paths, table_struct,
+    avro_value_fields,
+    batch_struct,
+    inline_value_fields,
+    registry_value_fields,
+    required_paths,
+    table_struct,
 )  # fmt: skip
 from .spec import IcefloeConfig, TableSpec
 from .upsert import key_columns, merge_batch, positioned
@@ -109,7 +114,7 @@ class Batch:
             for start in range(r.start, r.end, RECORDS_PER_TASK)
         ]
 
-    def cut_before(self, partition: int, offset: int) -> "Batch":
+    def cut_before(self, partition: int, offset: int) -> Batch:
         """The same batch ending just before a bad record."""
         ranges = [r if r.partition != partition else replace(r, end=min(r.end, offset)) for r in self.ranges]
         return Batch([r for r in ranges if r.end > r.start], {**self.next_offsets, partition: offset})

@@ -14,9 +14,10 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, TextIO
+from typing import TextIO
 
 from .spec import format_duration
 

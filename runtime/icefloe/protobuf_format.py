@@ -53,7 +53,7 @@ _WRAPPERS = {
 }  # fmt: skip
 _TIMESTAMP, _DURATION = "google.protobuf.Timestamp", "google.protobuf.Duration"
 _JSON_TYPES = {"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"}
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def _is_map(field: FieldDescriptor) -> bool:

@@ -10,8 +10,9 @@ UTF-8: Java replaces it) is not exact and goes to the Python decoder, which name
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F

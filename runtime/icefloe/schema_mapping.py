@@ -19,7 +19,9 @@ from typing import Any
 
 from pyspark.sql import types as T
 
-from .avro_unions import branches as union_branches, collapsed as collapsed_union, member_name, needs_record_names
+from .avro_unions import branches as union_branches
+from .avro_unions import collapsed as collapsed_union
+from .avro_unions import member_name, needs_record_names
 from .batch_columns import KAFKA_COLUMNS, STATUS_COLUMNS, UPSERT_COLUMNS, SparkTypeJson, field_json
 from .errors import ConfigError
 from .inline_types import DECIMAL_TYPE, FIXED_TYPE, PRIMITIVES

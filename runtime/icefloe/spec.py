@@ -13,7 +13,16 @@ from collections.abc import Iterable
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from .batch_columns import KAFKA_COLUMNS, UPSERT_COLUMNS
@@ -75,7 +84,7 @@ class SecretRef(Model):
     env: Annotated[str, StringConstraints(pattern=r"^[A-Z_][A-Z0-9_]*$")] | None = None
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "SecretRef":
+    def _exactly_one(self) -> SecretRef:
         if [self.secret_arn, self.name, self.env].count(None) != 2:
             raise ValueError("give exactly one of secretArn, name or env")
         return self
@@ -100,7 +109,7 @@ class SchemaRegistrySpec(Model):
     endpoint: Annotated[str, StringConstraints(pattern=r"^https?://")] | None = None
 
     @model_validator(mode="after")
-    def _kind(self) -> "SchemaRegistrySpec":
+    def _kind(self) -> SchemaRegistrySpec:
         if self.type == "confluent":
             if self.url is None:
                 raise ValueError("a Confluent-compatible schemaRegistry needs url (or type: glue)")
@@ -165,7 +174,7 @@ class SourceCluster(Model):
     database: Annotated[str, StringConstraints(pattern=GLUE_NAME)] | None = None
 
     @model_validator(mode="after")
-    def _sasl_needs_credentials(self) -> "SourceCluster":
+    def _sasl_needs_credentials(self) -> SourceCluster:
         uses_sasl = self.security_protocol.startswith("SASL")
         if not uses_sasl and self.sasl_mechanism is not None:
             raise ValueError(f"saslMechanism is set but securityProtocol {self.security_protocol} does not use SASL")
@@ -207,13 +216,13 @@ class InlineType(Model):
 
     type: str
     optional: bool = True
-    fields: tuple["InlineField", ...] | None = None
-    element: "InlineType | None" = None
-    key: "InlineType | None" = None
-    value: "InlineType | None" = None
+    fields: tuple[InlineField, ...] | None = None
+    element: InlineType | None = None
+    key: InlineType | None = None
+    value: InlineType | None = None
 
     @model_validator(mode="after")
-    def _well_formed(self) -> "InlineType":
+    def _well_formed(self) -> InlineType:
         kind = self.type
         if kind == "struct":
             if not self.fields:
@@ -352,7 +361,7 @@ class TableSpec(Model):
         return values
 
     @model_validator(mode="after")
-    def _consistent(self) -> "TableSpec":
+    def _consistent(self) -> TableSpec:
         if self.message_type is not None and self.format != "protobuf":
             raise ValueError("messageType only applies with format: protobuf")
         if self.format in ("protobuf", "json-schema") and self.schema_ is not None:
@@ -461,7 +470,7 @@ class CatalogSpec(Model):
     endpoints: CatalogEndpoints | None = None
 
     @model_validator(mode="after")
-    def _endpoints_need_glue(self) -> "CatalogSpec":
+    def _endpoints_need_glue(self) -> CatalogSpec:
         if self.endpoints is not None and self.type != "glue":
             raise ValueError("endpoints apply to a glue catalog only (type: glue)")
         if self.type == "s3tables" and not TABLE_BUCKET_ARN.match(self.warehouse or ""):
@@ -487,7 +496,7 @@ class IcefloeConfig(Model):
     catalog: CatalogSpec = CatalogSpec()
 
     @model_validator(mode="after")
-    def _references(self) -> "IcefloeConfig":
+    def _references(self) -> IcefloeConfig:
         names = [c.name for c in self.source_clusters]
         if len(set(names)) != len(names):
             raise ValueError(f"sourceClusters names must be unique, got {names}")

@@ -49,7 +49,7 @@ class MaxLag:
     seconds: float | None = None
 
     @classmethod
-    def parse(cls, values: list[str]) -> "MaxLag":
+    def parse(cls, values: list[str]) -> MaxLag:
         records = seconds = None
         for value in values:
             if value.isdigit():
@@ -308,7 +308,7 @@ def _details(status: TableStatus) -> list[str]:
 def _iso(epoch: float | None, sep: str = "T") -> str | None:
     if epoch is None:
         return None
-    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).isoformat(sep=sep, timespec="seconds").replace("+00:00", "Z" if sep == "T" else "")
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(sep=sep, timespec="seconds").replace("+00:00", "Z" if sep == "T" else "")
 
 
 def _one_line(error: BaseException) -> str:
