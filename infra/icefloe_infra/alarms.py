@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -52,7 +53,7 @@ class TableAlarms(pulumi.ComponentResource):
                 continue
             identifier = args.spec.identifier(table)
             slug = identifier.replace(".", "-").replace("_", "-")
-            common = dict(
+            common: dict[str, Any] = dict(
                 namespace=NAMESPACE, dimensions={DIMENSION: identifier}, period=window_seconds(table),
                 evaluation_periods=1, comparison_operator="GreaterThanThreshold", alarm_actions=actions,
                 ok_actions=actions, tags=args.tags, opts=child,

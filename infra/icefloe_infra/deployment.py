@@ -250,7 +250,7 @@ def load_stack_config(raw: dict[str, Any], source: str = "stack config") -> tupl
     for index, cluster in enumerate(spec.source_clusters):  # references to stack-created secrets must exist
         where = f"icefloe:sourceClusters[{index}] ({cluster.name})"
         refs = {"credentialsSecret": cluster.credentials_secret,
-                "schemaRegistry.credentialsSecret": cluster.schema_registry and cluster.schema_registry.credentials_secret}
+                "schemaRegistry.credentialsSecret": cluster.schema_registry.credentials_secret if cluster.schema_registry else None}
         for field, ref in refs.items():
             if ref is None:
                 continue

@@ -26,7 +26,7 @@ class GlueDatabases(pulumi.ComponentResource):
                 f"{name}-{db}",
                 name=db,
                 description="icefloe: Iceberg tables materialized from Kafka",
-                location_uri=pulumi.Output.from_input(args.warehouse_uri).apply(lambda uri, d=db: f"{uri}/{d}.db"),
+                location_uri=pulumi.Output.from_input(args.warehouse_uri).apply(lambda uri, d=db: f"{uri}/{d}.db"),  # type: ignore[misc]  # a lambda binding the loop variable as a default
                 tags=args.tags,
                 opts=keep,
             )

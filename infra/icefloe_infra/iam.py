@@ -43,7 +43,7 @@ def kafka_access(spec: IcefloeConfig) -> list[KafkaAccess]:
             continue
         topics = sorted({t.topic for t in spec.tables if t.source_cluster == cluster.name})
         group = cluster.msk_topic_arn(CONSUMER_GROUP).replace(":topic/", ":group/", 1)
-        found.append(KafkaAccess(cluster.cluster_arn, tuple(cluster.msk_topic_arn(t) for t in topics), group))
+        found.append(KafkaAccess(cluster.cluster_arn, tuple(cluster.msk_topic_arn(t) for t in topics), group))  # type: ignore[arg-type]  # clusterArn is required for MSK IAM (SourceCluster)
     return found
 
 
@@ -235,11 +235,12 @@ class ExternalAccessRole(pulumi.ComponentResource):
     def __init__(self, name: str, args: ExternalAccessRoleArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("icefloe:iam:ExternalAccessRole", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        external_id: pulumi.Output[str]
         if args.spec.external_id:
             external_id = pulumi.Output.secret(args.spec.external_id)
         else:  # generated once, kept in state, exported as a secret
             external_id = random.RandomPassword(f"{name}-external-id", length=32, special=False, opts=child).result
-        self.external_id = pulumi.Output.secret(external_id)
+        self.external_id: pulumi.Output[str] = pulumi.Output.secret(external_id)
         self.role = aws.iam.Role(
             f"{name}-role",
             assume_role_policy=external_id.apply(lambda eid: external_trust(args.spec.principal_arn, eid)),

@@ -51,7 +51,7 @@ class StackSecrets(pulumi.ComponentResource):
                 f"{name}-{key}-value",
                 secret_id=secret.id,
                 # Marked secret: encrypted in Pulumi state, masked in the CLI's output and in stack outputs.
-                secret_string=pulumi.Output.secret(value),
+                secret_string=pulumi.Output.secret(value),  # type: ignore[arg-type]  # Output.secret's T is inferred from the parameter, not the argument
                 opts=pulumi.ResourceOptions(parent=self),
             )
             self.arns[key] = secret.arn

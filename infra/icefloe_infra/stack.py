@@ -118,7 +118,7 @@ class IcefloeStack(pulumi.ComponentResource):
             request = pulumi.Output.all(
                 application.id, job_role.arn, artifacts.entry_point_uri, artifacts.config_uri, artifacts.archive_uri,
                 catalog, logs_uri, storage.kms_key_arn, artifacts.jar_uris,
-            ).apply(lambda v, job=job: job.start_job_run_request(
+            ).apply(lambda v, job=job: job.start_job_run_request(  # type: ignore[misc]  # a lambda binding the loop variable as a default
                 application_id=v[0], role_arn=v[1], entry_point_uri=v[2], config_uri=v[3],
                 spark_parameters=spark_submit_parameters(v[5], v[4], v[8], deployment.emr), logs_uri=v[6],
                 kms_key_arn=v[7],

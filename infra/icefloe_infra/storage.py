@@ -33,7 +33,7 @@ class LakehouseStorage(pulumi.ComponentResource):
         if spec.existing_bucket:
             self.bucket_name = pulumi.Output.from_input(spec.existing_bucket)
             self.bucket_arn = pulumi.Output.from_input(f"arn:aws:s3:::{spec.existing_bucket}")
-            self.kms_key_arn = pulumi.Output.from_input(spec.existing_kms_key_arn)
+            self.kms_key_arn = pulumi.Output.from_input(spec.existing_kms_key_arn)  # type: ignore[arg-type]  # set with existingBucket (StorageSpec)
         else:
             self._create(name, args)
         self.warehouse_uri = self.bucket_name.apply(lambda b: f"s3://{b}/{spec.warehouse_prefix}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from pulumi_policy.proxy import UnknownValueError
 
@@ -19,7 +19,7 @@ UNKNOWN = object()
 """Stands for a value that is not known during preview."""
 
 
-def is_mapping(value: Any) -> bool:
+def is_mapping(value: Any) -> TypeGuard[Mapping]:
     return isinstance(value, Mapping)
 
 

@@ -118,12 +118,12 @@ def stack_resources(recorded: Iterable[Any]) -> list[PolicyResource]:
     return resources
 
 
-def _run(policy: Policy, args: Any, report) -> str | None:
+def _run(policy: ResourceValidationPolicy | StackValidationPolicy, args: Any, report) -> str | None:
     """Validate like the engine: await coroutines; an unknown value becomes an advisory diagnostic."""
     try:
         result = policy.validate(args, report)
         if isawaitable(result):
-            asyncio.run(result)
+            asyncio.run(result)  # type: ignore[arg-type]  # a rule's awaitable result is its coroutine
     except UnknownValueError as error:
         return f"can't run policy '{policy.name}' during preview: {error.message}"
     return None
@@ -164,8 +164,8 @@ def run_pack(recorded: Iterable[Any], pack_config: Mapping[str, Any] | None = No
                 if diagnostic:
                     violations.append(Violation(policy.name, EnforcementLevel.ADVISORY.value, diagnostic, urn))
         elif isinstance(policy, StackValidationPolicy):
-            args = StackValidationArgs(stack_resources(recorded), config, stack_tags)
-            diagnostic = _run(policy, args, _reporter(violations, policy.name, level))
+            stack_args = StackValidationArgs(stack_resources(recorded), config, stack_tags)
+            diagnostic = _run(policy, stack_args, _reporter(violations, policy.name, level))
             if diagnostic:
                 violations.append(Violation(policy.name, EnforcementLevel.ADVISORY.value, diagnostic, None))
     return violations

@@ -41,6 +41,7 @@ from .avro_unions import branches as union_branches
 from .avro_unions import collapsed as collapsed_union
 from .avro_unions import member_name
 from .decoding import DecoderSpec, subject_for, subject_schemas
+from .iceberg_table import jvm_gateway
 
 log = logging.getLogger(__name__)
 MARKER = "__icefloe_decoded"
@@ -78,8 +79,8 @@ class AvroJvmPlan:
 
 def plan_avro(spark: SparkSession, decoder: DecoderSpec) -> AvroJvmPlan | None:
     """The JVM decoding of `decoder`'s values, or None when the JVM cannot read this table (logged)."""
-    reader = json.loads(decoder.schema_str)
-    jvm = spark._jvm.org.apache.avro
+    reader = json.loads(decoder.schema)
+    jvm = jvm_gateway(spark).org.apache.avro
     try:
         reader_schema = jvm.Schema.Parser().parse(AvroJvmPlan(reader, {}).reader_with_marker)
     except Exception as error:  # Avro Java is stricter than fastavro (names, defaults)
@@ -88,11 +89,13 @@ def plan_avro(spark: SparkSession, decoder: DecoderSpec) -> AvroJvmPlan | None:
         return None
     if decoder.format == "avro-inline":
         return AvroJvmPlan(reader, {}, inline=True)
+    versions: dict[Any, tuple[str, list]]  # by schema id (Confluent) or version UUID (Glue)
     if decoder.format == glue_registry.FORMAT:  # Glue schemas have no references
-        versions = {v: (text, []) for v, text in glue_registry.avro_versions(decoder.registry_conf, MAX_WRITER_VERSIONS).items()}
+        versions = {v: (text, []) for v, text in glue_registry.avro_versions(decoder.registry, MAX_WRITER_VERSIONS).items()}
     else:
-        versions = subject_schemas(decoder.registry_conf, subject_for(decoder.topic), MAX_WRITER_VERSIONS)
-    writers, routed = {}, {}
+        versions = subject_schemas(decoder.registry, subject_for(decoder.topic), MAX_WRITER_VERSIONS)
+    writers: dict[int | UUID, str] = {}
+    routed: dict[int | UUID, str] = {}
     for schema_id, (text, references) in versions.items():
         reason = "it has schema references" if references else _unusable(jvm, reader_schema, text, reader)
         if reason:
@@ -216,8 +219,8 @@ def _checks(schema: Any, expr: str, names: _Names, ids: count, namespace: str = 
     kind, logical = _kind(schema)
     if kind == "record" or kind == "union":
         parts = [_checks(t, f"{expr}.`{name}`", names, ids, namespace) for name, t in _members(schema)]
-        parts = [p for p in parts if p]
-        return f"({expr} IS NULL OR ({' AND '.join(parts)}))" if parts else None
+        checks = [p for p in parts if p]
+        return f"({expr} IS NULL OR ({' AND '.join(checks)}))" if checks else None
     if kind in ("array", "map"):
         var = f"x{next(ids)}"
         inner = _checks(schema["items" if kind == "array" else "values"], var, names, ids, namespace)
@@ -310,10 +313,10 @@ def _conform(schema: Any, expr: str, names: _Names, ids: count, namespace: str) 
         fields = ", ".join(f"'{name}', {count_}" for name, count_ in zip(("months", "days", "milliseconds"), counts))
         return f"IF({expr} IS NULL, NULL, named_struct({fields}))"
     if kind == "record" or kind == "union":
-        parts = [(name, _conform(t, f"{expr}.`{name}`", names, ids, namespace)) for name, t in _members(schema)]
-        if not any(converted for _, converted in parts):
+        members = [(name, _conform(t, f"{expr}.`{name}`", names, ids, namespace)) for name, t in _members(schema)]
+        if not any(converted for _, converted in members):
             return None
-        fields = ", ".join(f"'{name}', {converted or f'{expr}.`{name}`'}" for name, converted in parts)
+        fields = ", ".join(f"'{name}', {converted or f'{expr}.`{name}`'}" for name, converted in members)
         return f"IF({expr} IS NULL, NULL, named_struct({fields}))"
     if kind == "array":
         var = f"x{next(ids)}"

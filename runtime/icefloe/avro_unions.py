@@ -103,8 +103,8 @@ class _Compiler:
         schema, namespace, _ = self.schemas.resolve(schema, namespace)
         kind = _kind(schema)
         if kind == "record":
-            fields = [(f["name"], self.compile(f["type"], namespace, f"{path}.{f['name']}")) for f in schema["fields"]]
-            fields = [(name, rewrite) for name, rewrite in fields if rewrite is not None]
+            compiled = [(f["name"], self.compile(f["type"], namespace, f"{path}.{f['name']}")) for f in schema["fields"]]
+            fields = [(name, rewrite) for name, rewrite in compiled if rewrite is not None]
             if not fields:
                 return None
 
@@ -118,7 +118,7 @@ class _Compiler:
             return record
         if kind == "array":
             inner = self.compile(schema["items"], namespace, f"{path}[]")
-            return None if inner is None else (lambda value: [None if v is None else inner(v) for v in value])
+            return None if inner is None else (lambda value: [None if v is None else inner(v) for v in value])  # type: ignore[misc]  # inner is not None in this branch
         if kind == "map":
             inner = self.compile(schema["values"], namespace, f"{path}{{}}")
             return None if inner is None else (lambda value: {k: None if v is None else inner(v) for k, v in value.items()})
@@ -145,7 +145,7 @@ class _Compiler:
             member_path = f"{path}.{member_name(index)}"
             resolved, _, full = self.schemas.resolve(member, namespace)
             logical = resolved.get("logicalType") if isinstance(resolved, dict) else None
-            kind = _LOGICAL_KINDS.get(logical) or _BASE_KINDS[_kind(resolved)]
+            kind = _LOGICAL_KINDS.get(logical) or _BASE_KINDS[_kind(resolved)]  # type: ignore[arg-type]  # no logicalType (None) finds none
             if _kind(resolved) == "record":
                 dict_branches += 1
                 kind = f"record:{full}"

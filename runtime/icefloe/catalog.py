@@ -82,11 +82,11 @@ def s3_tables_conf(prefix: str, catalog: CatalogSpec) -> dict[str, str]:
     region = catalog.region
     return {
         f"{prefix}.type": "rest",
-        f"{prefix}.uri": s3_tables_endpoint(region),
-        f"{prefix}.warehouse": catalog.warehouse,
+        f"{prefix}.uri": s3_tables_endpoint(region),  # type: ignore[arg-type]  # an S3 Tables catalog has region and warehouse (CatalogSpec)
+        f"{prefix}.warehouse": catalog.warehouse,  # type: ignore[dict-item]  # an S3 Tables catalog has region and warehouse (CatalogSpec)
         f"{prefix}.rest.sigv4-enabled": "true",
         f"{prefix}.rest.signing-name": "s3tables",
-        f"{prefix}.rest.signing-region": region,
+        f"{prefix}.rest.signing-region": region,  # type: ignore[dict-item]  # an S3 Tables catalog has region and warehouse (CatalogSpec)
         f"{prefix}.io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
         f"{prefix}.rest-metrics-reporting-enabled": "false",
     }
@@ -130,11 +130,11 @@ def pyiceberg_s3_tables_properties(catalog: CatalogSpec) -> dict[str, str]:
     """pyiceberg's REST catalog properties for an S3 table bucket (AWS's PyIceberg example for the endpoint)."""
     return {
         "type": "rest",
-        "uri": s3_tables_endpoint(catalog.region),
-        "warehouse": catalog.warehouse,
+        "uri": s3_tables_endpoint(catalog.region),  # type: ignore[arg-type]  # an S3 Tables catalog has region and warehouse (CatalogSpec)
+        "warehouse": catalog.warehouse,  # type: ignore[dict-item]  # an S3 Tables catalog has region and warehouse (CatalogSpec)
         "rest.sigv4-enabled": "true",
         "rest.signing-name": "s3tables",
-        "rest.signing-region": catalog.region,
+        "rest.signing-region": catalog.region,  # type: ignore[dict-item]  # an S3 Tables catalog has region and warehouse (CatalogSpec)
     }
 
 

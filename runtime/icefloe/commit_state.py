@@ -108,8 +108,8 @@ class Checkpoint:
             run_id=summary.get(RUN_ID_KEY),
             topic_id=summary.get(TOPIC_ID_KEY),
             lost=tuple(LostRange(**r) for r in json.loads(summary.get(DATA_LOSS_KEY) or "[]")),
-            carried_from=int(summary[CARRIED_KEY]) if summary.get(CARRIED_KEY) else None,
-            throughput=Throughput.from_json(summary[THROUGHPUT_KEY]) if summary.get(THROUGHPUT_KEY) else None,
+            carried_from=int(copied_from) if (copied_from := summary.get(CARRIED_KEY)) else None,
+            throughput=Throughput.from_json(measured) if (measured := summary.get(THROUGHPUT_KEY)) else None,
             leader_epochs={int(p): int(e) for p, e in json.loads(summary.get(LEADER_EPOCHS_KEY) or "{}").items()},
             clocks={int(p): int(c) for p, c in json.loads(summary.get(CLOCKS_KEY) or "{}").items()},
         )
@@ -188,8 +188,8 @@ def committed_state(table: IcebergTable, topic: str) -> CommittedState:
                 break
         snapshot = row.parentId()
     if found:
-        checkpoint, (snapshot, committed_at) = furthest(found)
-        return CommittedState(current, for_topic(checkpoint, table.identifier, topic), snapshot, committed_at)
+        checkpoint, (carrier, committed_at) = furthest(found)
+        return CommittedState(current, for_topic(checkpoint, table.identifier, topic), carrier, committed_at)
     if head_records > 0:
         raise CheckpointLost(
             f"table {table.identifier} holds rows but no snapshot in main's history carries icefloe's offsets; "
@@ -221,11 +221,11 @@ def carry_checkpoint(table: IcebergTable, topic: str) -> None:
         if state.checkpoint is None or state.checkpoint_snapshot_id == state.snapshot_id:
             return
         branch = f"{BRANCH_PREFIX}{new_run_id()}"  # a run branch's name: dropped by other runs if left behind
-        table.create_branch(branch, state.snapshot_id)
+        table.create_branch(branch, state.snapshot_id)  # type: ignore[arg-type]  # a table with a checkpoint has a main snapshot
         try:
             empty = table.spark.createDataFrame([], table.spark.table(table.full_name).schema)
             append_with_checkpoint(empty, f"{table.full_name}.branch_{branch}",
-                                   state.checkpoint.carried(state.checkpoint_snapshot_id))  # fmt: skip
+                                   state.checkpoint.carried(state.checkpoint_snapshot_id))  # type: ignore[arg-type]  # set with the checkpoint  # fmt: skip
             try:
                 table.fast_forward("main", branch)
                 return

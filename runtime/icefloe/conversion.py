@@ -41,7 +41,7 @@ class ValueConverter:
         self.convert = self._struct(struct, "", top=True)
 
     def __call__(self, record: Any) -> Any:
-        return self.convert(record)
+        return self.convert(record)  # type: ignore[misc]  # the top-level struct always compiles to a converter
 
     def _compile(self, dtype: T.DataType, path: str) -> Convert | None:
         """A converter for one type, or None where values pass through unchanged (decoder output, not JSON)."""
@@ -272,6 +272,7 @@ def _primitive(dtype: T.DataType, path: str, strict: bool) -> Convert:
 def from_text(dtype: T.DataType, path: str) -> Convert:
     """Parses text (a string Kafka key) into a value of `dtype` for its check; strings, decimals, dates and
     timestamps take text as they are."""
+    parse: Callable[[str], Any]
     if isinstance(dtype, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
         kind, parse = "an integer", int
     elif isinstance(dtype, (T.FloatType, T.DoubleType)):

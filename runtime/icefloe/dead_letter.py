@@ -64,6 +64,6 @@ def commit_dead_letters(
     marks = {p: max(o, state.offsets.get(p, 0)) for p, o in next_offsets.items()}
     checkpoint = Checkpoint(topic, marks, run_id)
     snapshot_id, _ = commit_on_branch(
-        dlq, state.snapshot_id, checkpoint, lambda branch: branch.append(rows), run_timeout_s
+        dlq, state.snapshot_id, checkpoint, lambda branch: branch.append(rows), run_timeout_s  # type: ignore[arg-type]  # ensure() gives the table its first snapshot
     )
     return snapshot_id

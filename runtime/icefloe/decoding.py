@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from . import fastavro_gaps
 from .credential_lookup import resolve_credentials
@@ -41,13 +41,22 @@ class DecoderSpec:
     def __repr__(self) -> str:
         return f"DecoderSpec(format={self.format!r}, topic={self.topic!r})"
 
+    # The fields a format reads are set for it by decoder_spec; these read them as set.
+    @property
+    def registry(self) -> dict[str, str]:
+        return cast(dict[str, str], self.registry_conf)
+
+    @property
+    def schema(self) -> str:
+        return cast(str, self.schema_str)
+
 
 def registry_config(registry: SchemaRegistrySpec, cluster: str) -> dict[str, str]:
     conf = {"url": registry.url}
     if registry.credentials_secret:
         user, password = resolve_credentials(registry.credentials_secret, f"sourceCluster {cluster} schemaRegistry")
         conf["basic.auth.user.info"] = f"{user}:{password}"
-    return conf
+    return conf  # type: ignore[return-value]  # a Confluent-compatible registry has a url (SchemaRegistrySpec)
 
 
 def subject_for(topic: str) -> str:
@@ -60,14 +69,14 @@ def decoder_spec(table: TableSpec, cluster: SourceCluster) -> DecoderSpec:
     from . import glue_registry
     from .schema_mapping import inline_to_avro
 
-    keys = {"key_fields": table.key or (), "key_format": table.effective_key_format if table.key else None}
+    keys: dict[str, Any] = {"key_fields": table.key or (), "key_format": table.effective_key_format if table.key else None}
     glue = cluster.schema_registry is not None and cluster.schema_registry.type == "glue"
     if glue and keys["key_format"] in glue_registry.DATA_FORMATS:
         keys["key_conf"], _ = glue_registry.checked_conf(cluster.schema_registry, table.topic, keys["key_format"],
                                                          f"table {table.table_name}", key=True)  # fmt: skip
     if glue and table.format in glue_registry.DATA_FORMATS:
         return _glue_spec(table, cluster, keys)
-    registry = registry_config(cluster.schema_registry, cluster.name) if _confluent(cluster) else None
+    registry = registry_config(cluster.schema_registry, cluster.name) if _confluent(cluster) else None  # type: ignore[arg-type]  # _confluent(cluster) means it has one
     if table.format in ("json", "raw", "string"):
         return DecoderSpec(table.format, table.topic, registry_conf=registry, **keys)
     if table.format in ("protobuf", "json-schema"):
@@ -145,7 +154,7 @@ def subject_schemas(conf: dict[str, str], subject: str, newest: int) -> dict[int
     latest and registering as many again, the latest's schema last, goes unseen: their records are decoded in Python,
     as any id not planned, from their id's own schema.)"""
     client = _registry_client(conf)
-    found = {}
+    found: dict[int, tuple[str, list]] = {}
     with _registry_errors(conf, subject):
         versions = sorted(client.get_versions(subject))[-newest:]
         if not versions:
@@ -198,26 +207,26 @@ def build_decoder(spec: DecoderSpec) -> Decoder:
     if spec.format == "glue":
         from . import glue_registry
 
-        return glue_registry.decoder(spec.registry_conf, spec.schema_str, spec.message_type)
+        return glue_registry.decoder(spec.registry, spec.schema, spec.message_type)
     if spec.format == "json-inferred":  # schemaless JSON, shaped for the types inferred for the batch
         from . import json_inference
 
-        return json_inference.decoder(spec.schema_str)
+        return json_inference.decoder(spec.schema)
     if spec.format in ("raw", "string"):
         from . import raw_format
 
         return raw_format.decoder(spec.format)
     if spec.format == "avro-inline":
-        return _inline_avro_decoder(spec.schema_str)
+        return _inline_avro_decoder(spec.schema)
     if spec.format == "protobuf":
         from .protobuf_format import ProtobufDecoder
 
-        return _registry_checked(spec, ProtobufDecoder(_registry_client(spec.registry_conf), spec.message_type))
+        return _registry_checked(spec, ProtobufDecoder(_registry_client(spec.registry), spec.message_type))
     if spec.format == "json-schema":
         from .json_schema_format import JsonSchemaDecoder
 
-        return _registry_checked(spec, JsonSchemaDecoder(_registry_client(spec.registry_conf), spec.schema_str))
-    return _with_unions(spec.schema_str, lambda names: _registry_avro_decoder(spec, spec.schema_str, False, names))
+        return _registry_checked(spec, JsonSchemaDecoder(_registry_client(spec.registry), spec.schema))
+    return _with_unions(spec.schema, lambda names: _registry_avro_decoder(spec, spec.schema, False, names))
 
 
 def _with_unions(schema_str: str, make: Callable[[bool], Decoder]) -> Decoder:
@@ -251,11 +260,11 @@ def build_key_decoder(spec: DecoderSpec) -> Callable[[bytes], dict]:
     elif spec.key_format == "protobuf":  # the key's own message type, from its writer schema
         from .protobuf_format import ProtobufDecoder
 
-        decode = _registry_checked(spec, ProtobufDecoder(_registry_client(spec.registry_conf), None))
+        decode = _registry_checked(spec, ProtobufDecoder(_registry_client(spec.registry), None))
     elif spec.key_format == "json-schema":
         from .json_schema_format import JsonSchemaDecoder
 
-        decode = _registry_checked(spec, JsonSchemaDecoder(_registry_client(spec.registry_conf), None))
+        decode = _registry_checked(spec, JsonSchemaDecoder(_registry_client(spec.registry), None))
     else:
         decode = _parse_json  # an object, or for one key field its value alone
 
@@ -327,7 +336,7 @@ def _registry_avro_decoder(spec: DecoderSpec, reader_schema: str | None, key: bo
             return fastavro_gaps.guarded(super()._get_parsed_schema(schema))
 
     fastavro_gaps.register()
-    client = SchemaRegistryClient(spec.registry_conf)
+    client = SchemaRegistryClient(spec.registry)
     deserializer = GuardedAvroDeserializer(client, schema_str=reader_schema, return_record_name=names)
     context = SerializationContext(spec.topic, MessageField.KEY if key else MessageField.VALUE)
 
@@ -363,11 +372,11 @@ def _registry_checked(spec: DecoderSpec, decode: Decoder, what: str | None = Non
             return decode(data)
         except Exception as error:
             schema_id = int.from_bytes(data[1:5], "big") if len(data) >= 5 else None
-            if not unknown_id(error) or (spec.registry_conf["url"], schema_id) in _RETRIED_IDS:
+            if not unknown_id(error) or (spec.registry["url"], schema_id) in _RETRIED_IDS:
                 raise classified(error, schema_id) from None
             # A registry follower behind its leader (or one just restored) knows the id seconds later: ask again for
             # a few seconds, once per id per process, before the record is called bad.
-            _RETRIED_IDS.add((spec.registry_conf["url"], schema_id))
+            _RETRIED_IDS.add((spec.registry["url"], schema_id))
             for pause in UNKNOWN_ID_RETRY_S:
                 time.sleep(pause)
                 try:
@@ -384,14 +393,14 @@ def _registry_checked(spec: DecoderSpec, decode: Decoder, what: str | None = Non
         if isinstance(error, SchemaRegistryError):
             if unknown_id(error):
                 return ValueError(
-                    f"schema id {schema_id} is not known to the schema registry {spec.registry_conf['url']}: "
+                    f"schema id {schema_id} is not known to the schema registry {spec.registry['url']}: "
                     f"{error.error_message} (code {error.error_code})"
                 )
-            return SourceError(f"schema registry {spec.registry_conf['url']}: {error}")
+            return SourceError(f"schema registry {spec.registry['url']}: {error}")
         if isinstance(error, (OSError, ConnectionError)):
-            return SourceError(f"schema registry {spec.registry_conf['url']} unreachable: {error}")
+            return SourceError(f"schema registry {spec.registry['url']} unreachable: {error}")
         if type(error).__module__.split(".")[0].rstrip("0123456789") in ("httpx", "httpcore", "requests", "urllib3"):
-            return SourceError(f"schema registry {spec.registry_conf['url']} unreachable: {error}")
+            return SourceError(f"schema registry {spec.registry['url']} unreachable: {error}")
         return ValueError(f"{what} payload cannot be decoded ({type(error).__name__})")  # its text may quote data
 
     return checked

@@ -75,7 +75,7 @@ def _read(plan: ReadPlan, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.Record
             for msg in read_range(plan.kafka_conf, offset_range):
                 kind, ts = msg.timestamp()
                 yield from records.add(
-                    msg.value(), msg.key(), msg.topic(), msg.partition(), msg.offset(), ts if kind else None,
+                    msg.value(), msg.key(), msg.topic(), msg.partition(), msg.offset(), ts if kind else None,  # type: ignore[arg-type]  # set on a consumed message
                     _TIMESTAMP_TYPES.get(kind), msg.headers(),
                 )  # fmt: skip
     yield from records.flush()

@@ -60,7 +60,7 @@ def checked_conf(registry, topic: str, fmt: str, where: str, key: bool = False) 
 
 def reads(conf: dict[str, str] | None, data_format: str) -> bool:
     """Whether a table reads values of `data_format` (AVRO, JSON, PROTOBUF) through Glue."""
-    return bool(conf) and conf.get("type") == "glue" and conf.get("data_format") == data_format
+    return bool(conf and conf.get("type") == "glue" and conf.get("data_format") == data_format)
 
 
 def glue_client(conf: dict[str, str]):
@@ -250,7 +250,7 @@ def _json_fields(definition: str, subject: str, message_type: str | None) -> lis
 def _protobuf_payload(writer: str, table: str | None, message_type: str | None) -> Decoder:
     from .glue_protobuf import payload_decoder
 
-    return payload_decoder(writer, table, message_type)
+    return payload_decoder(writer, table, message_type)  # type: ignore[arg-type]  # protobuf tables name their table
 
 
 def _protobuf_fields(definition: str, subject: str, message_type: str | None) -> list:

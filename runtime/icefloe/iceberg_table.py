@@ -52,6 +52,11 @@ DEFAULT_PROPERTIES = {
 LOADS: Counter[str] = Counter()
 
 
+def jvm_gateway(spark: SparkSession) -> Any:
+    """The session's Py4J view of the JVM (pyspark types it Optional: it is None only before a session starts)."""
+    return spark._jvm
+
+
 def append_with_properties(frame: DataFrame, target: str, properties: Mapping[str, str]) -> None:
     """Append `frame` to `target` (a table or branch) in one snapshot whose summary carries `properties`."""
     writer = frame.writeTo(target)
@@ -70,14 +75,14 @@ class IcebergTable:
     def exists(self) -> bool:
         LOADS["exists"] += 1
         catalog = self.spark._jsparkSession.sessionState().catalogManager().catalog(CATALOG).icebergCatalog()
-        return catalog.tableExists(self.spark._jvm.org.apache.iceberg.catalog.TableIdentifier.parse(self.identifier))
+        return catalog.tableExists(jvm_gateway(self.spark).org.apache.iceberg.catalog.TableIdentifier.parse(self.identifier))
 
     def java(self):
         """The table through Iceberg's Java API, loaded from the catalog now (other writers commit: never cached).
         Reading refs, snapshots and their summaries here is a few calls, where a query of a metadata table would be
         a Spark job."""
         LOADS["java"] += 1
-        return self.spark._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(self.spark._jsparkSession, self.full_name)
+        return jvm_gateway(self.spark).org.apache.iceberg.spark.Spark3Util.loadIcebergTable(self.spark._jsparkSession, self.full_name)
 
     def ensure(
         self,
@@ -94,7 +99,7 @@ class IcebergTable:
                 self._first_snapshot(first_summary)
             return False
         self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.`{self.database}`")
-        jvm_type = self.spark._jvm.org.apache.spark.sql.types.DataType.fromJson(struct.json())
+        jvm_type = jvm_gateway(self.spark).org.apache.spark.sql.types.DataType.fromJson(struct.json())
         properties = DEFAULT_PROPERTIES | {"write.target-file-size-bytes": str(target_file_size_mb * 1024 * 1024)}
         props = ", ".join(f"'{k}'='{v}'" for k, v in properties.items())
         partitioned = f"PARTITIONED BY ({', '.join(p.spark_ddl() for p in partitions)})" if partitions else ""
@@ -200,7 +205,7 @@ class IcebergTable:
         """Move branch `target` to `source`'s head, which must descend from it: Iceberg refuses otherwise ("not an
         ancestor"), also when another writer moved `target` meanwhile; returns `target`'s new head."""
         table = self._change_refs(lambda table: table.manageSnapshots().fastForwardBranch(target, source))
-        return _ref_snapshot_id(table, target)
+        return _ref_snapshot_id(table, target)  # type: ignore[return-value]  # the branch was just moved, so it exists
 
     def _change_refs(self, change: Callable[[Any], Any]) -> Any:
         """Commit `change(table)` (a `ManageSnapshots`, or None for nothing to do) on the table loaded now; returns

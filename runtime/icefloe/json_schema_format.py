@@ -103,7 +103,7 @@ class _Shapes:
         if kind is None and "properties" in node:
             kind = "object"
         if kind == "string":
-            return ("scalar", _STRING_FORMATS.get(node.get("format"), T.StringType()))
+            return ("scalar", _STRING_FORMATS.get(node.get("format"), T.StringType()))  # type: ignore[arg-type]  # no format (None) finds none
         if kind in _PRIMITIVES:
             return ("scalar", _PRIMITIVES[kind])
         if kind == "array" and isinstance(node.get("items"), dict):
@@ -149,7 +149,7 @@ def _table_shape(bundle_json: str, subject: str) -> tuple:
 
 def value_fields(bundle_json: str, subject: str) -> list[T.StructField]:
     """The table columns for a resolved JSON schema (`resolve_schema`)."""
-    return list(_spark_type(_table_shape(bundle_json, subject)).fields)
+    return list(_spark_type(_table_shape(bundle_json, subject)).fields)  # type: ignore[attr-defined]  # a table's shape is an object: a StructType
 
 
 def _json_text(value: Any) -> str:
@@ -227,9 +227,9 @@ def _checked(payload: bytes, validator, writer: str, offset: int) -> dict[str, A
         raise ValueError(f"value is not valid UTF-8 ({error.reason} at byte {error.start + offset})") from None
     except json.JSONDecodeError as error:
         raise ValueError(f"value is not valid JSON: {error.msg} at position {error.pos}") from None
-    error = next(iter(sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))), None)
-    if error is not None:
-        raise ValueError(f"JSON Schema ({writer}) {failed_rule(error)}")
+    failure = next(iter(sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))), None)
+    if failure is not None:
+        raise ValueError(f"JSON Schema ({writer}) {failed_rule(failure)}")
     if not isinstance(value, dict):
         raise ValueError(f"JSON value must be an object, got {type(value).__name__}")
     return value

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import (
     Consumer,
@@ -52,15 +53,15 @@ def client_config(cluster: SourceCluster) -> dict:
 
     MSK IAM is OAUTHBEARER for librdkafka, with a token callback that signs with the process's AWS credentials
     (`msk_iam.MskIamToken`, picklable, so executors sign their own)."""
-    conf = {
+    conf: dict[str, Any] = {
         "bootstrap.servers": cluster.bootstrap_servers,
         "security.protocol": cluster.security_protocol,
         "client.id": "icefloe",
     }
     if cluster.sasl_mechanism == MSK_IAM:
-        conf |= {"sasl.mechanism": "OAUTHBEARER", "oauth_cb": MskIamToken(cluster.msk_region)}
+        conf |= {"sasl.mechanism": "OAUTHBEARER", "oauth_cb": MskIamToken(cluster.msk_region)}  # type: ignore[arg-type]  # clusterArn is required for MSK IAM (SourceCluster)
     elif cluster.sasl_mechanism:
-        user, password = resolve_credentials(cluster.credentials_secret, f"sourceCluster {cluster.name}")
+        user, password = resolve_credentials(cluster.credentials_secret, f"sourceCluster {cluster.name}")  # type: ignore[arg-type]  # SASL requires credentialsSecret (SourceCluster)
         conf |= {"sasl.mechanism": cluster.sasl_mechanism, "sasl.username": user, "sasl.password": password}
     return conf
 
@@ -215,13 +216,13 @@ def truncated_below(conf: dict[str, str], topic: str, positions: dict[int, tuple
                 # the position is below the log start: retention, which planning handles on its own.
                 end = re.search(r"broker end offset is (\d+)", error.str())
                 if "truncation" in error.str():
-                    found[msg.partition()] = int(end.group(1)) if end else 0
+                    found[msg.partition()] = int(end.group(1)) if end else 0  # type: ignore[index]  # set on a consumed message
                 pending.discard(msg.partition())
                 continue
             if error is not None and error.code() != KafkaError._PARTITION_EOF:
                 raise SourceError(f"{topic}[{msg.partition()}] at offset {msg.offset()}: {error.str()}")
             pending.discard(msg.partition())  # a record or the end at the position: the log still reaches it
-            consumer.incremental_unassign([TopicPartition(topic, msg.partition())])
+            consumer.incremental_unassign([TopicPartition(topic, msg.partition())])  # type: ignore[arg-type]  # set on a consumed message
     except KafkaException as error:
         raise _unreachable(conf, error) from None
     finally:
@@ -288,11 +289,12 @@ def plan_ranges(
     first_run = not committed
     starts: dict[int, int] = {}
     lost: list[LostRange] = []
+    recorded_epochs = known_epochs or {}
     # A new leader epoch (or a log ending below the position): ask the broker where the recorded epoch's log ends.
     moved = {
-        p: (committed[p], known_epochs[p]) for p in partitions
-        if p in (known_epochs or {}) and committed.get(p)
-        and (bounds[p][2] not in (None, known_epochs[p]) or committed[p] > bounds[p][1])
+        p: (committed[p], recorded_epochs[p]) for p in partitions
+        if p in recorded_epochs and committed.get(p)
+        and (bounds[p][2] not in (None, recorded_epochs[p]) or committed[p] > bounds[p][1])
     }  # fmt: skip
     diverged = truncated_below(conf, topic, moved)
     truncated: list[LostRange] = []
@@ -333,7 +335,7 @@ def plan_ranges(
         log.warning("%s: data loss: %s were deleted before icefloe read them", topic, gone.describe(topic))
     allowed = share_budget({p: bounds[p][1] - starts[p] for p in partitions}, max_records)
     ranges, next_offsets = [], {}
-    epochs = {p: bounds[p][2] for p in partitions if bounds[p][2] is not None}
+    epochs = {p: epoch for p in partitions if (epoch := bounds[p][2]) is not None}
     for partition in partitions:
         start = starts[partition]
         end = start + allowed[partition]
@@ -345,8 +347,8 @@ def plan_ranges(
     unlisted = sorted(set(committed) - set(partitions))
     for partition in unlisted:
         next_offsets[partition] = committed[partition]
-        if partition in (known_epochs or {}):
-            epochs[partition] = known_epochs[partition]
+        if partition in recorded_epochs:
+            epochs[partition] = recorded_epochs[partition]
     if unlisted and not quiet:
         log.warning("%s: partitions %s missing from the broker's metadata: their offsets are kept", topic, unlisted)
     return Plan(ranges, next_offsets, lost, current_id, epochs)
@@ -371,14 +373,14 @@ def read_range(conf: dict[str, str], task: OffsetRange, poll_batch: int = 5000) 
                 error = msg.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
-                        if msg.offset() >= task.end:
+                        if msg.offset() >= task.end:  # type: ignore[operator]  # set on a consumed message
                             return
                         continue
                     raise SourceError(f"{task.topic}[{task.partition}] at offset {msg.offset()}: {error.str()}")
-                if msg.offset() >= task.end:
+                if msg.offset() >= task.end:  # type: ignore[operator]  # set on a consumed message
                     return
                 yield msg
-                if msg.offset() >= task.end - 1:
+                if msg.offset() >= task.end - 1:  # type: ignore[operator]  # set on a consumed message
                     return
     finally:
         consumer.close()
@@ -403,12 +405,12 @@ def first_record_timestamps(conf: dict[str, str], topic: str, ranges: dict[int, 
             error = msg.error()
             if error is not None and error.code() != KafkaError._PARTITION_EOF:
                 raise SourceError(f"{topic}[{msg.partition()}] at offset {msg.offset()}: {error.str()}")
-            if error is None and msg.offset() < wanted[msg.partition()][1]:
+            if error is None and msg.offset() < wanted[msg.partition()][1]:  # type: ignore[index, operator]  # set on a consumed message
                 _, millis = msg.timestamp()
                 if millis >= 0:  # -1: the record carries no timestamp
-                    found[msg.partition()] = millis / 1000
+                    found[msg.partition()] = millis / 1000  # type: ignore[index]  # set on a consumed message
             pending.discard(msg.partition())
-            consumer.incremental_unassign([TopicPartition(topic, msg.partition())])
+            consumer.incremental_unassign([TopicPartition(topic, msg.partition())])  # type: ignore[arg-type]  # set on a consumed message
     except KafkaException as error:
         raise _unreachable(conf, error) from None
     finally:
@@ -432,11 +434,11 @@ def sample_record_bytes(conf: dict[str, str], topic: str, ranges: list[OffsetRan
             msg = consumer.poll(0.5)
             if msg is None or msg.partition() not in wanted:
                 continue
-            if msg.error() is None and msg.offset() < wanted[msg.partition()]:
+            if msg.error() is None and msg.offset() < wanted[msg.partition()]:  # type: ignore[index, operator]  # set on a consumed message
                 sizes.append(len(msg.key() or b"") + len(msg.value() or b""))
-            if msg.error() is not None or msg.offset() >= wanted[msg.partition()] - 1:
-                del wanted[msg.partition()]
-                consumer.incremental_unassign([TopicPartition(topic, msg.partition())])
+            if msg.error() is not None or msg.offset() >= wanted[msg.partition()] - 1:  # type: ignore[index, operator]  # set on a consumed message
+                del wanted[msg.partition()]  # type: ignore[arg-type]  # set on a consumed message
+                consumer.incremental_unassign([TopicPartition(topic, msg.partition())])  # type: ignore[arg-type]  # set on a consumed message
     except KafkaException as error:  # a sample only: the batch's own read reports what is wrong
         log.debug("%s: record sizes not sampled: %s", topic, error)
     finally:

@@ -27,7 +27,7 @@ from .catalog import CATALOG
 from .commit import new_run_id
 from .commit_state import carry_checkpoint, committed_state
 from .dead_letter import dead_letter_identifier
-from .iceberg_table import IcebergTable
+from .iceberg_table import IcebergTable, jvm_gateway
 from .spec import TableSpec, duration_seconds
 from .upsert import delete_markers_identifier
 
@@ -166,7 +166,7 @@ def claim(table: IcebergTable, claimant: str, lease_s: float, interval_ms: float
     the metadata just read (the catalog's compare-and-swap: on Glue, the `VersionId`; a lost race is
     `CommitFailedException`, and the table is read again). Returns "" when claimed, else why not: another run's
     claim is live, or (`interval_ms`) maintenance was claimed less than that long ago."""
-    jvm = table.spark._jvm
+    jvm = jvm_gateway(table.spark)
     for attempt in range(1, CLAIM_ATTEMPTS + 1):
         operations, base, properties = _java_properties(table)
         now = int(time.time() * 1000)
@@ -204,10 +204,10 @@ def release(table: IcebergTable, claimant: str) -> None:
             held = _lease(properties.get(LEASE_PROPERTY))
             if held is None or held[0] != claimant:
                 return
-            removed = table.spark._jvm.java.util.HashSet()
+            removed = jvm_gateway(table.spark).java.util.HashSet()
             removed.add(LEASE_PROPERTY)
             try:
-                operations.commit(base, table.spark._jvm.org.apache.iceberg.TableMetadata.buildFrom(base)
+                operations.commit(base, jvm_gateway(table.spark).org.apache.iceberg.TableMetadata.buildFrom(base)
                                   .removeProperties(removed).build())  # fmt: skip
                 return
             except Exception as error:
@@ -317,7 +317,7 @@ def _remove_orphans(table: IcebergTable, older_than: dt.datetime) -> int:
     `orphanFileAge` at or above `runTimeout`, and a run older than that never publishes, so no unreferenced file
     this old can still become part of the table, even where runs and maintenance overlap (Glue)."""
     spark = table.spark
-    jvm = spark._jvm
+    jvm = jvm_gateway(spark)
     java_table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table.full_name)
     action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession).deleteOrphanFiles(java_table)
     # List through the table's FileIO (S3FileIO on Glue), not Hadoop's FileSystem: off EMR there is no

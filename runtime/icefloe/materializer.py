@@ -246,17 +246,17 @@ _REGISTRY_FORMATS = ("avro-registry", "protobuf", "json-schema", glue_registry.F
 def _value_fields(decoder: DecoderSpec, table: TableSpec, identifier: str) -> list[StructField]:
     subject = f"{identifier} (subject {table.topic}-value)"
     if decoder.format == "avro-registry":
-        return avro_value_fields(decoder.schema_str, subject)
+        return avro_value_fields(decoder.schema, subject)
     if decoder.format in ("protobuf", "json-schema"):
-        return registry_value_fields(decoder.format, decoder.schema_str, decoder.message_type, subject)
+        return registry_value_fields(decoder.format, decoder.schema, decoder.message_type, subject)
     if decoder.format == glue_registry.FORMAT:
-        where = f"{identifier} (Glue schema {decoder.registry_conf['schema']})"
-        return glue_registry.value_fields(decoder.registry_conf["data_format"], decoder.schema_str, where, decoder.message_type)
+        where = f"{identifier} (Glue schema {decoder.registry['schema']})"
+        return glue_registry.value_fields(decoder.registry["data_format"], decoder.schema, where, decoder.message_type)
     if decoder.format in raw_format.FORMATS:
         return raw_format.value_fields(decoder.format)
     if table.format == "json" and table.inline_schema is None:  # schemaless: the columns come from each batch
         return []
-    return inline_value_fields(table.inline_schema)
+    return inline_value_fields(table.inline_schema)  # type: ignore[arg-type]  # an avro-inline table has one
 
 
 def _infer_json(spark: SparkSession, iceberg: IcebergTable, kafka_conf: dict, table: TableSpec, batch: Batch,
@@ -286,9 +286,9 @@ def _commit(
     offsets are the batch's as the error mode leaves it). On the JVM path an append batch is first committed as the
     JVM decodes it, streamed; only if some record needs Python is it read again with status columns."""
     if not batch.ranges:  # only positions to record (`latest`, an empty or new partition, every unread record lost)
-        snapshot_id, _ = commit_on_branch(iceberg, state.snapshot_id, checkpoint, lambda branch: 0, table.run_timeout_seconds)
-        return CommitOutcome(snapshot_id, 0, ErrorModeOutcome(None, batch, 0, None))
-    jvm = JvmBatch(spark, plan, path.avro, batch.ranges, len(batch.tasks())) if path.name == JVM else None
+        snapshot_id, _ = commit_on_branch(iceberg, state.snapshot_id, checkpoint, lambda branch: 0, table.run_timeout_seconds)  # type: ignore[arg-type]  # ensure() gives the table its first snapshot
+        return CommitOutcome(snapshot_id, 0, ErrorModeOutcome(None, batch, 0, None))  # type: ignore[arg-type]  # an empty batch writes no rows
+    jvm = JvmBatch(spark, plan, path.avro, batch.ranges, len(batch.tasks())) if path.name == JVM else None  # type: ignore[arg-type]  # the JVM path has its plan (choose_path)
     try:
         if jvm is not None and table.mode == "append":
             committed = _commit_exact(iceberg, jvm, batch, state, checkpoint, table.run_timeout_seconds)
@@ -296,7 +296,7 @@ def _commit(
                 return committed
         frame, release = jvm.rows_with_status() if jvm is not None else _read(spark, plan, batch)
         try:
-            applied = _apply_error_mode(spark, iceberg.identifier, table, frame, batch, checkpoint.run_id)
+            applied = _apply_error_mode(spark, iceberg.identifier, table, frame, batch, checkpoint.run_id)  # type: ignore[arg-type]  # a batch's checkpoint has its run id
             if applied.batch.next_offsets == state.offsets:  # fail mode, a bad record first in every partition read
                 return CommitOutcome(None, 0, applied)
             checkpoint, good = replace(checkpoint, offsets=applied.batch.next_offsets), applied.good
@@ -304,7 +304,7 @@ def _commit(
                 good, clocks = positioned(good, checkpoint.clocks)
                 checkpoint = replace(checkpoint, clocks=clocks)
             snapshot_id, rows = commit_on_branch(
-                iceberg, state.snapshot_id, checkpoint, partial(write, good), table.run_timeout_seconds
+                iceberg, state.snapshot_id, checkpoint, partial(write, good), table.run_timeout_seconds  # type: ignore[arg-type]  # ensure() gives the table its first snapshot
             )
             return CommitOutcome(snapshot_id, rows, applied)
         finally:
@@ -330,7 +330,7 @@ def _commit_exact(
 ) -> CommitOutcome | None:
     """Commit every record as the JVM decodes it, streamed from Kafka to the table (nothing held); None when some
     record's row is not exact: that attempt's branch is dropped unpublished (its files are orphans for maintenance)."""
-    rows, observation = jvm.exact_rows(checkpoint.run_id)  # the table's columns
+    rows, observation = jvm.exact_rows(checkpoint.run_id)  # type: ignore[arg-type]  # a batch's checkpoint has its run id; the table's columns
 
     def write_all(branch: Branch) -> int:
         branch.append(rows)
@@ -340,7 +340,7 @@ def _commit_exact(
         return counts["rows"]
 
     try:
-        snapshot_id, written = commit_on_branch(iceberg, state.snapshot_id, checkpoint, write_all, run_timeout_s)
+        snapshot_id, written = commit_on_branch(iceberg, state.snapshot_id, checkpoint, write_all, run_timeout_s)  # type: ignore[arg-type]  # ensure() gives the table its first snapshot
     except _NeedsPython as needed:
         log.info("%s: %s records need the Python decoder: reading the batch again with them", iceberg.identifier,
                  needed.args[0])  # fmt: skip
@@ -422,7 +422,7 @@ def _first_error(bad: DataFrame, first_bad: dict[int, tuple[int, int]]) -> Recor
     partition = min(first_bad, key=lambda p: (first_bad[p][0], p))
     row = bad.where((F.col("kafka_partition") == partition) & (F.col("kafka_offset") == first_bad[partition][0]))
     detail = row.select(ERROR_CLASS, ERROR_MESSAGE).first()
-    return RecordError(partition, first_bad[partition][0], detail[ERROR_MESSAGE], detail[ERROR_CLASS])
+    return RecordError(partition, first_bad[partition][0], detail[ERROR_MESSAGE], detail[ERROR_CLASS])  # type: ignore[index]  # the partition's first bad record is there
 
 
 def _log_failures(identifier: str, bad: DataFrame) -> None:

@@ -146,7 +146,7 @@ def avro_value_fields(schema_str: str, subject: str) -> list[T.StructField]:
         raise ConfigError(f"{subject}: the value schema must be an Avro record, got {str(schema)[:80]}")
     struct = _AvroMapper().map(schema, "", subject)
     needs_record_names(schema_str)  # refuses unions whose branches Python cannot tell apart
-    return list(struct.fields)
+    return list(struct.fields)  # type: ignore[attr-defined]  # a record maps to a StructType
 
 
 def registry_value_fields(format: str, schema_str: str, message_type: str | None, subject: str) -> list[T.StructField]:
@@ -170,12 +170,12 @@ def inline_type(spec: InlineType, path: str) -> T.DataType:
     if FIXED_TYPE.match(kind):
         return T.BinaryType()
     if kind == "struct":
-        return T.StructType([T.StructField(f.name, inline_type(f, f"{path}.{f.name}"), True) for f in spec.fields])
+        return T.StructType([T.StructField(f.name, inline_type(f, f"{path}.{f.name}"), True) for f in spec.fields])  # type: ignore[union-attr]  # required for its kind (InlineType)
     if kind == "list":
-        return T.ArrayType(inline_type(spec.element, f"{path}[]"), True)
+        return T.ArrayType(inline_type(spec.element, f"{path}[]"), True)  # type: ignore[arg-type]  # required for its kind (InlineType)
     if kind == "map":
-        key = inline_type(spec.key, f"{path}.key")
-        return T.MapType(key, inline_type(spec.value, f"{path}.value"), True)
+        key = inline_type(spec.key, f"{path}.key")  # type: ignore[arg-type]  # required for its kind (InlineType)
+        return T.MapType(key, inline_type(spec.value, f"{path}.value"), True)  # type: ignore[arg-type]  # required for its kind (InlineType)
     raise ConfigError(f"{path}: unknown type {kind!r}")
 
 
@@ -210,12 +210,12 @@ def inline_to_avro(schema: InlineSchema, name: str = "Value") -> dict[str, Any]:
             base: Any = {
                 "type": "record",
                 "name": f"{name}_{next(counter)}",
-                "fields": [{"name": f.name, "type": avro(f)} for f in spec.fields],
+                "fields": [{"name": f.name, "type": avro(f)} for f in spec.fields],  # type: ignore[union-attr]  # required for its kind (InlineType)
             }
         elif kind == "list":
-            base = {"type": "array", "items": avro(spec.element)}
+            base = {"type": "array", "items": avro(spec.element)}  # type: ignore[arg-type]  # required for its kind (InlineType)
         elif kind == "map":
-            base = {"type": "map", "values": avro(spec.value)}
+            base = {"type": "map", "values": avro(spec.value)}  # type: ignore[arg-type]  # required for its kind (InlineType)
         elif match := DECIMAL_TYPE.match(kind):
             precision, scale = map(int, match.groups())
             base = {"type": "bytes", "logicalType": "decimal", "precision": precision, "scale": scale}

@@ -135,7 +135,7 @@ class SchemaRegistrySpec(Model):
     def _no_userinfo(cls, value: str | None, info: ValidationInfo) -> str | None:
         # Credentials in the URL would be printed with every registry error (logs, --json, heartbeats, metrics).
         if value is not None and "@" in urlsplit(value).netloc:
-            raise ValueError(f"{to_camel(info.field_name)} must not carry credentials (user:password@host): "
+            raise ValueError(f"{to_camel(info.field_name)} must not carry credentials (user:password@host): "  # type: ignore[arg-type]  # a field validator has its field's name
                              "put them in a secret named by credentialsSecret")  # fmt: skip
         return value
 
@@ -144,7 +144,7 @@ class SchemaRegistrySpec(Model):
     def _only_topic_placeholder(cls, value: str, info: ValidationInfo) -> str:
         rest = value.replace("{topic}", "")  # Glue schema names have no braces: any left is a typo
         if "{" in rest or "}" in rest:
-            raise ValueError(f"{to_camel(info.field_name)} {value!r}: the only placeholder is {{topic}}")
+            raise ValueError(f"{to_camel(info.field_name)} {value!r}: the only placeholder is {{topic}}")  # type: ignore[arg-type]  # a field validator has its field's name
         return value
 
     def glue_schema(self, topic: str, key: bool = False) -> str:
@@ -200,7 +200,7 @@ class SourceCluster(Model):
     @property
     def msk_region(self) -> str | None:
         """The region of the MSK cluster (from clusterArn), for IAM authentication."""
-        return MSK_CLUSTER_ARN.match(self.cluster_arn).group(2) if self.cluster_arn else None
+        return MSK_CLUSTER_ARN.match(self.cluster_arn).group(2) if self.cluster_arn else None  # type: ignore[union-attr]  # clusterArn is validated against MSK_CLUSTER_ARN
 
     def msk_topic_arn(self, topic: str) -> str:
         """The IAM resource of one of the cluster's topics: arn:...:topic/<cluster name>/<cluster uuid>/<topic>."""
@@ -341,7 +341,7 @@ class TableSpec(Model):
     @field_validator("refresh", "run_timeout")
     @classmethod
     def _at_least(cls, value: str, info: ValidationInfo) -> str:
-        name, least = {"refresh": ("refresh", "1s"), "run_timeout": ("runTimeout", "1m")}[info.field_name]
+        name, least = {"refresh": ("refresh", "1s"), "run_timeout": ("runTimeout", "1m")}[info.field_name]  # type: ignore[index]  # a field validator has its field's name
         if duration_seconds(value) < duration_seconds(least):
             raise ValueError(f"{name} must be at least {least}")
         return value

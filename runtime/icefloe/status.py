@@ -181,7 +181,7 @@ def decide_state(table: TableSpec, exists: bool, lag: Lag | None, beat: Heartbea
     )
     if beat is not None and beat.outcome == FAILED:
         return "failed"
-    if live and beat.outcome == "waiting":
+    if live and beat is not None and beat.outcome == "waiting":
         return "waiting"
     if lag is None:
         return "unknown"
@@ -189,7 +189,7 @@ def decide_state(table: TableSpec, exists: bool, lag: Lag | None, beat: Heartbea
         return "missing"
     if lag.records == 0:
         return "idle" if live else "up-to-date"
-    if lag.seconds <= stale or (live and beat.outcome == RUNNING):
+    if lag.seconds <= stale or (live and beat is not None and beat.outcome == RUNNING):
         return "catching-up"
     return "behind" if live else "stuck"
 
@@ -292,9 +292,9 @@ def _details(status: TableStatus) -> list[str]:
         age = f", oldest {format_duration(part.seconds)}" if part.seconds is not None and part.records else ""
         lost = f", {part.lost} deleted before they were read" if part.lost else ""
         lines.append(f"partition {part.partition}: next offset {committed}, end {part.end}: {part.records:,} behind{age}{lost}")
-    for lost in status.facts.data_lost:
-        count = lost["end"] - lost["start"]
-        lines.append(f"DATA LOST (recorded): partition {lost['partition']} offsets {lost['start']}..{lost['end'] - 1} "
+    for loss in status.facts.data_lost:
+        count = loss["end"] - loss["start"]
+        lines.append(f"DATA LOST (recorded): partition {loss['partition']} offsets {loss['start']}..{loss['end'] - 1} "
                      f"({count} records)")  # fmt: skip
     beat = status.heartbeat
     if beat is not None:

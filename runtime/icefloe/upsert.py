@@ -85,10 +85,10 @@ def positioned(frame: DataFrame, carried: dict[int, int]) -> tuple[DataFrame, di
     running = Window.partitionBy("kafka_partition", "icefloe_block").orderBy("kafka_offset").rowsBetween(
         Window.unboundedPreceding, Window.currentRow
     )
-    clock = F.greatest(F.col("icefloe_before"), F.max("icefloe_ms").over(running))  # greatest skips nulls
+    running_clock = F.greatest(F.col("icefloe_before"), F.max("icefloe_ms").over(running))  # greatest skips nulls
     with_clock = (
         stamped.join(F.broadcast(start), ["kafka_partition", "icefloe_block"])
-        .withColumn(KAFKA_CLOCK, F.timestamp_millis(clock))
+        .withColumn(KAFKA_CLOCK, F.timestamp_millis(running_clock))
         .drop("icefloe_block", "icefloe_ms", "icefloe_before")
     )
     return with_clock, clocks
@@ -178,7 +178,7 @@ def _commit_delete_markers(
     markers.ensure(marker_struct, (), 128, Checkpoint(topic).to_summary())
     markers.evolve(marker_struct)
     drop_stale_branches(markers, run_timeout_s)
-    state = committed_state(markers, topic)
+    state = committed_state(markers, topic)  # type: ignore[arg-type]  # a batch's checkpoint names its topic
     # Like the dead-letter table's: how far the topic's deletes are recorded (maintenance carries it forward).
     checkpoint = Checkpoint(topic, {p: max(o, state.offsets.get(p, 0)) for p, o in marks.items()}, branch.checkpoint.run_id)
 
@@ -197,5 +197,5 @@ def _commit_delete_markers(
         marker_branch.wrote()
         spark.catalog.dropTempView(view)
 
-    commit_on_branch(markers, state.snapshot_id, checkpoint, write, run_timeout_s)
+    commit_on_branch(markers, state.snapshot_id, checkpoint, write, run_timeout_s)  # type: ignore[arg-type]  # ensure() gives the table its first snapshot
     return markers.full_name
