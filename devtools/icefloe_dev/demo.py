@@ -67,7 +67,9 @@ def _trades(format: str, records: int, work: Path):
     if format == "protobuf":
         from .protos import compile_protos, message_class
 
-        trade = message_class(compile_protos({stock_trades.PROTO_FILE: stock_trades.PROTO}, work), "io.icefloe.demo.StockTrade")
+        trade = message_class(
+            compile_protos({stock_trades.PROTO_FILE: stock_trades.PROTO}, work), "io.icefloe.demo.StockTrade"
+        )
         return trade, ((k, stock_trades.as_protobuf(trade, v)) for k, v in stock_trades.trades(records))
     if format == "json-schema":
         return stock_trades.JSON_SCHEMA, ((k, stock_trades.as_json(v)) for k, v in stock_trades.trades(records))
@@ -111,10 +113,19 @@ def run_demo(records: int, partitions: int, state_dir: Path, format: str = "avro
         started = time.monotonic()
         schema, trades = _trades(format, records, state_dir)
         produce_avro(
-            broker.bootstrap_servers, registry.url, TOPIC, schema, trades, total=records, progress=True, format=format,
-        )  # fmt: skip
+            broker.bootstrap_servers,
+            registry.url,
+            TOPIC,
+            schema,
+            trades,
+            total=records,
+            progress=True,
+            format=format,
+        )
         _say(f"      done in {time.monotonic() - started:.1f}s")
-        config_path = write_local_config(state_dir / "Pulumi.local.yaml", broker.bootstrap_servers, registry.url, format)
+        config_path = write_local_config(
+            state_dir / "Pulumi.local.yaml", broker.bootstrap_servers, registry.url, format
+        )
         config = load_config(str(config_path))
         _say("[3/4] materializing with Spark into Iceberg (Spark start takes a few seconds)")
         with local_spark(config.catalog, state_dir) as spark:
@@ -137,8 +148,8 @@ def run_demo(records: int, partitions: int, state_dir: Path, format: str = "avro
         _say(f"      {symbol:<8}{trades:>9,}{shares:>13,}{price:>11}")
     _say(
         "\nQuery it again (the table stays in the state directory; the demo's broker and registry have stopped):\n"
-        f"  {sys.executable} -c \"from icefloe_dev.readers import duckdb_connect; "
-        f"print(duckdb_connect().sql(\\\"SELECT side, count(*) FROM iceberg_scan('{metadata}') GROUP BY side\\\"))\"\n"
+        f'  {sys.executable} -c "from icefloe_dev.readers import duckdb_connect; '
+        f'print(duckdb_connect().sql(\\"SELECT side, count(*) FROM iceberg_scan(\'{metadata}\') GROUP BY side\\"))"\n'
         f"  or with pyiceberg: icefloe_dev.readers.pyiceberg_catalog(Path('{state_dir}'))"
         f".load_table('{result.identifier}').scan().to_arrow()\n"
         f"  materialize again against your own broker: icefloe run --config {config_path} --once"

@@ -106,10 +106,21 @@ class KafkaBroker(JvmService):
             config.write_text(self._properties(data_dir))
             log4j.write_text(LOG4J2.format(level=self.log_level.upper()))
             formatted = subprocess.run(
-                [*base, "-Xmx256m", "kafka.tools.StorageTool", "format", "--config", str(config),
-                 "--cluster-id", self.cluster_id, "--standalone"],
-                capture_output=True, text=True, timeout=120,
-            )  # fmt: skip
+                [
+                    *base,
+                    "-Xmx256m",
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "--config",
+                    str(config),
+                    "--cluster-id",
+                    self.cluster_id,
+                    "--standalone",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             if formatted.returncode != 0:
                 raise ServiceError(f"formatting {data_dir} failed: {formatted.stdout}{formatted.stderr}")
         return [*base, f"-Xmx{self.heap}", "kafka.Kafka", str(config)]
@@ -132,7 +143,9 @@ class KafkaBroker(JvmService):
     # -- topics
     def create_topic(self, name: str, partitions: int = 1, config: dict[str, str] | None = None, timeout: float = 30.0):
         """Create a topic and return once metadata shows all its partitions with a leader."""
-        futures = self.admin.create_topics([NewTopic(name, partitions, 1, config=config or {})], operation_timeout=timeout)
+        futures = self.admin.create_topics(
+            [NewTopic(name, partitions, 1, config=config or {})], operation_timeout=timeout
+        )
         try:
             futures[name].result(timeout)
         except KafkaException as error:

@@ -94,7 +94,9 @@ class MotoServer(LocalService):
         try:
             urllib.request.urlopen(request, timeout=10).close()
         except urllib.error.HTTPError as error:
-            raise ServiceError(f"the moto server did not backdate s3://{bucket}/{key}: {error.code} {error.read().decode()}") from None
+            raise ServiceError(
+                f"the moto server did not backdate s3://{bucket}/{key}: {error.code} {error.read().decode()}"
+            ) from None
 
     def gate_updates(self, identifier: str, count: int, timeout: float = 120) -> None:
         """Hold the next `count` Glue `UpdateTable` requests of table `identifier` (`database.table`) until all `count`
@@ -108,18 +110,24 @@ class MotoServer(LocalService):
         import boto3
 
         return boto3.client(
-            service, endpoint_url=self.endpoint, region_name=REGION,
-            aws_access_key_id=ACCESS_KEY_ID, aws_secret_access_key=SECRET_ACCESS_KEY,
-        )  # fmt: skip
+            service,
+            endpoint_url=self.endpoint,
+            region_name=REGION,
+            aws_access_key_id=ACCESS_KEY_ID,
+            aws_secret_access_key=SECRET_ACCESS_KEY,
+        )
 
     def pyiceberg_catalog(self, name: str = "icefloe", warehouse: str | None = None):
         """pyiceberg's Glue catalog (Glue and S3 through this server): an independent reader and writer."""
         from pyiceberg.catalog.glue import GlueCatalog
 
         properties = {
-            "glue.endpoint": self.endpoint, "s3.endpoint": self.endpoint, "client.region": REGION,
-            "client.access-key-id": ACCESS_KEY_ID, "client.secret-access-key": SECRET_ACCESS_KEY,
-        }  # fmt: skip
+            "glue.endpoint": self.endpoint,
+            "s3.endpoint": self.endpoint,
+            "client.region": REGION,
+            "client.access-key-id": ACCESS_KEY_ID,
+            "client.secret-access-key": SECRET_ACCESS_KEY,
+        }
         if warehouse:
             properties["warehouse"] = warehouse
         return GlueCatalog(name, **properties)
@@ -154,7 +162,9 @@ class UpdateGates:
                 return
             if not self._changed.wait_for(lambda: self._gates.get(identifier) is not gate, gate["timeout"]):
                 self._gates.pop(identifier, None)
-                _say(f"glue UpdateTable {identifier}: gate timed out with {gate['arrived']} of {gate['count']} requests")
+                _say(
+                    f"glue UpdateTable {identifier}: gate timed out with {gate['arrived']} of {gate['count']} requests"
+                )
 
 
 GATES = UpdateGates()

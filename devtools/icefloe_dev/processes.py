@@ -106,9 +106,15 @@ class LocalService:
         command = self.command()
         with open(self.log_path, "ab") as log:  # appended: a restarted service keeps its earlier log
             self._process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.state_dir,
-                env=os.environ.copy(), start_new_session=True, preexec_fn=_die_with_parent,
-            )  # fmt: skip
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.state_dir,
+                env=os.environ.copy(),
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         self._started_at = time.monotonic()
 
     def wait_until_ready(self) -> None:

@@ -23,8 +23,15 @@ def compile_protos(files: dict[str, str], workdir: Path | None = None):
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             (source / name).write_text(text)
         out = Path(tmp) / "descriptors.pb"
-        command = [sys.executable, "-m", "grpc_tools.protoc", f"--proto_path={source}", "--include_imports",
-                   f"--descriptor_set_out={out}", *files]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"--proto_path={source}",
+            "--include_imports",
+            f"--descriptor_set_out={out}",
+            *files,
+        ]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             raise ValueError(f"protoc refused {sorted(files)}: {result.stderr.strip()}")

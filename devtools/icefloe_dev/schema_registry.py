@@ -34,8 +34,13 @@ class SchemaRegistry(JvmService):
 
     name = "registry"
 
-    def __init__(self, state_dir: Path, heap: str = "512m", startup_timeout: float = 120.0,
-                 compatibility: str = DEFAULT_COMPATIBILITY):  # fmt: skip
+    def __init__(
+        self,
+        state_dir: Path,
+        heap: str = "512m",
+        startup_timeout: float = 120.0,
+        compatibility: str = DEFAULT_COMPATIBILITY,
+    ):
         super().__init__(state_dir, startup_timeout)
         self.heap = heap
         self.compatibility = compatibility
@@ -53,13 +58,18 @@ class SchemaRegistry(JvmService):
             raise ServiceError(f"no Apicurio runner jar under {lib_dir('registry')}: run scripts/setup.sh")
         self.port = free_port()
         return [
-            java(), f"-Xmx{self.heap}",
-            "-Dquarkus.http.host=127.0.0.1", f"-Dquarkus.http.port={self.port}",
-            "-Dquarkus.log.level=WARN", "-Dquarkus.banner.enabled=false",
+            java(),
+            f"-Xmx{self.heap}",
+            "-Dquarkus.http.host=127.0.0.1",
+            f"-Dquarkus.http.port={self.port}",
+            "-Dquarkus.log.level=WARN",
+            "-Dquarkus.banner.enabled=false",
             # No usage reports, no UI: nothing leaves the machine and start-up stays short.
-            "-Dquarkus.analytics.disabled=true", "-Dapicurio.ui.enabled=false",
-            "-jar", str(runners[-1]),
-        ]  # fmt: skip
+            "-Dquarkus.analytics.disabled=true",
+            "-Dapicurio.ui.enabled=false",
+            "-jar",
+            str(runners[-1]),
+        ]
 
     def probe(self) -> str | None:
         try:

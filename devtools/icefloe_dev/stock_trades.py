@@ -34,15 +34,18 @@ def trades(count: int, seed: int = 7, start_ms: int | None = None) -> Iterator[t
     now_ms = start_ms if start_ms is not None else int(time.time() * 1000) - count
     for index in range(count):
         userid = f"User_{rng.randint(1, 9)}"
-        yield userid, {
-            "side": rng.choice(("BUY", "SELL")),
-            "quantity": rng.randint(1, 5000),
-            "symbol": rng.choice(SYMBOLS),
-            "price": rng.randint(5, 1000),
-            "account": rng.choice(ACCOUNTS),
-            "userid": userid,
-            "event_time": now_ms + index,
-        }
+        yield (
+            userid,
+            {
+                "side": rng.choice(("BUY", "SELL")),
+                "quantity": rng.randint(1, 5000),
+                "symbol": rng.choice(SYMBOLS),
+                "price": rng.randint(5, 1000),
+                "account": rng.choice(ACCOUNTS),
+                "userid": userid,
+                "event_time": now_ms + index,
+            },
+        )
 
 
 # The same trades as Protobuf and as JSON Schema (`icefloe demo --format protobuf|json-schema`).
@@ -62,18 +65,24 @@ message StockTrade {
   google.protobuf.Timestamp event_time = 7;
 }
 """
-JSON_SCHEMA = json.dumps({
-    "$schema": "http://json-schema.org/draft-07/schema#",
-    "title": "StockTrade",
-    "type": "object",
-    "properties": {
-        "side": {"enum": ["BUY", "SELL"]}, "quantity": {"type": "integer"}, "symbol": {"type": "string"},
-        "price": {"type": "integer"}, "account": {"type": "string"}, "userid": {"type": "string"},
-        "event_time": {"type": "string", "format": "date-time"},
-    },
-    "required": ["side", "quantity", "symbol", "price", "account", "userid", "event_time"],
-    "additionalProperties": False,
-})  # fmt: skip
+JSON_SCHEMA = json.dumps(
+    {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "title": "StockTrade",
+        "type": "object",
+        "properties": {
+            "side": {"enum": ["BUY", "SELL"]},
+            "quantity": {"type": "integer"},
+            "symbol": {"type": "string"},
+            "price": {"type": "integer"},
+            "account": {"type": "string"},
+            "userid": {"type": "string"},
+            "event_time": {"type": "string", "format": "date-time"},
+        },
+        "required": ["side", "quantity", "symbol", "price", "account", "userid", "event_time"],
+        "additionalProperties": False,
+    }
+)
 
 
 def as_protobuf(message_type, trade: dict):

@@ -54,10 +54,16 @@ class TableAlarms(pulumi.ComponentResource):
             identifier = args.spec.identifier(table)
             slug = identifier.replace(".", "-").replace("_", "-")
             common: dict[str, Any] = dict(
-                namespace=NAMESPACE, dimensions={DIMENSION: identifier}, period=window_seconds(table),
-                evaluation_periods=1, comparison_operator="GreaterThanThreshold", alarm_actions=actions,
-                ok_actions=actions, tags=args.tags, opts=child,
-            )  # fmt: skip
+                namespace=NAMESPACE,
+                dimensions={DIMENSION: identifier},
+                period=window_seconds(table),
+                evaluation_periods=1,
+                comparison_operator="GreaterThanThreshold",
+                alarm_actions=actions,
+                ok_actions=actions,
+                tags=args.tags,
+                opts=child,
+            )
             lag = aws.cloudwatch.MetricAlarm(
                 f"{name}-{slug}-lag",
                 name=f"icefloe-{args.stack_name}-{identifier}-lag",
@@ -65,9 +71,12 @@ class TableAlarms(pulumi.ComponentResource):
                     f"{identifier}: records from {table.topic} waited longer than {table.lag_alarm_seconds:g}s, "
                     "or no batch reported within that time (refresh " + table.refresh + ")"
                 ),
-                metric_name="LagSeconds", statistic="Maximum", threshold=float(table.lag_alarm_seconds),
-                treat_missing_data="breaching", **common,
-            )  # fmt: skip
+                metric_name="LagSeconds",
+                statistic="Maximum",
+                threshold=float(table.lag_alarm_seconds),
+                treat_missing_data="breaching",
+                **common,
+            )
             names = [lag.name]
             if table.errors in ("dlq", "skip"):
                 what = f"{identifier}_dlq grew" if table.errors == "dlq" else f"{identifier} skipped bad records"
@@ -75,9 +84,12 @@ class TableAlarms(pulumi.ComponentResource):
                     f"{name}-{slug}-bad-records",
                     name=f"icefloe-{args.stack_name}-{identifier}-bad-records",
                     alarm_description=f"{what}: more than {table.alarms.bad_records} bad records from {table.topic}",
-                    metric_name="BadRecords", statistic="Sum", threshold=float(table.alarms.bad_records),
-                    treat_missing_data="notBreaching", **common,
-                )  # fmt: skip
+                    metric_name="BadRecords",
+                    statistic="Sum",
+                    threshold=float(table.alarms.bad_records),
+                    treat_missing_data="notBreaching",
+                    **common,
+                )
                 names.append(bad.name)
             self.alarm_names[identifier] = names
         self.register_outputs({"alarmNames": self.alarm_names})

@@ -46,22 +46,37 @@ class RuntimeArtifacts(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
 
         def upload(suffix: str, key: pulumi.Input[str], content_type: str, **body) -> pulumi.Output[str]:
-            uploaded = aws.s3.BucketObjectv2(f"{name}-{suffix}", bucket=args.bucket, key=key,
-                                             content_type=content_type, opts=child, **body)  # fmt: skip
+            uploaded = aws.s3.BucketObjectv2(
+                f"{name}-{suffix}", bucket=args.bucket, key=key, content_type=content_type, opts=child, **body
+            )
             return pulumi.Output.all(uploaded.bucket, uploaded.key).apply(lambda v: prefixes.s3_uri(v[0], v[1]))
 
         prefix = f"{prefixes.BUNDLE}/{args.bundle.digest}"
-        self.archive_uri = upload("bundle", f"{prefix}/deps.tar.gz", "application/gzip",
-                                  source=pulumi.FileAsset(str(args.bundle.archive)))  # fmt: skip
-        self.entry_point_uri = upload("entry-point", f"{prefix}/main.py", "text/x-python",
-                                      source=pulumi.FileAsset(str(args.bundle.entry_point)))  # fmt: skip
+        self.archive_uri = upload(
+            "bundle", f"{prefix}/deps.tar.gz", "application/gzip", source=pulumi.FileAsset(str(args.bundle.archive))
+        )
+        self.entry_point_uri = upload(
+            "entry-point", f"{prefix}/main.py", "text/x-python", source=pulumi.FileAsset(str(args.bundle.entry_point))
+        )
         body = pulumi.Output.from_input(args.job_config)
         self.config_uri = upload("job-config", body.apply(config_key), "application/json", content=body)
         # Named by the artifact, not its version: after a version bump `pulumi up` replaces the object.
-        self.jar_uris = pulumi.Output.all(*[
-            upload(f"jar-{re.sub(r'[^a-z0-9-]+', '-', artifact)}", jar_key(path), "application/java-archive",
-                   source=pulumi.FileAsset(str(path)))
-            for artifact, path in args.jars.items()
-        ])  # fmt: skip
-        self.register_outputs({"archiveUri": self.archive_uri, "entryPointUri": self.entry_point_uri,
-                               "configUri": self.config_uri, "jarUris": self.jar_uris})  # fmt: skip
+        self.jar_uris = pulumi.Output.all(
+            *[
+                upload(
+                    f"jar-{re.sub(r'[^a-z0-9-]+', '-', artifact)}",
+                    jar_key(path),
+                    "application/java-archive",
+                    source=pulumi.FileAsset(str(path)),
+                )
+                for artifact, path in args.jars.items()
+            ]
+        )
+        self.register_outputs(
+            {
+                "archiveUri": self.archive_uri,
+                "entryPointUri": self.entry_point_uri,
+                "configUri": self.config_uri,
+                "jarUris": self.jar_uris,
+            }
+        )

@@ -61,10 +61,13 @@ def runtime_requirements() -> list[str]:
 
 def _files(root: Path) -> list[Path]:
     return [
-        path for path in sorted(root.rglob("*"))
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+        path
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+        and "__pycache__" not in path.parts
+        and path.suffix != ".pyc"
         and path.relative_to(root).parts[0] not in _SKIP_TOP
-    ]  # fmt: skip
+    ]
 
 
 def _source_digest(package: Path) -> str:
@@ -86,11 +89,27 @@ def _add_tree(tar: tarfile.TarFile, root: Path, prefix: str) -> None:
 def _pip_install(requirements: list[str], architecture: str, python_version: str, target: Path) -> None:
     platforms = [arg for tag in PLATFORMS[architecture] for arg in ("--platform", tag)]
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-warn-conflicts",
-         "--no-compile", "--target", str(target), *platforms, "--python-version", python_version,
-         "--implementation", "cp", "--only-binary=:all:", *requirements],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-warn-conflicts",
+            "--no-compile",
+            "--target",
+            str(target),
+            *platforms,
+            "--python-version",
+            python_version,
+            "--implementation",
+            "cp",
+            "--only-binary=:all:",
+            *requirements,
+        ],
         check=True,
-    )  # fmt: skip
+    )
 
 
 def build_bundle(
@@ -105,8 +124,14 @@ def build_bundle(
     out_dir = out_dir or CACHE
     out_dir.mkdir(parents=True, exist_ok=True)
     package = Path(icefloe.__file__).parent
-    inputs = {"layout": LAYOUT_VERSION, "requirements": requirements, "architecture": architecture,
-              "python": python_version, "platforms": PLATFORMS[architecture], "source": _source_digest(package)}
+    inputs = {
+        "layout": LAYOUT_VERSION,
+        "requirements": requirements,
+        "architecture": architecture,
+        "python": python_version,
+        "platforms": PLATFORMS[architecture],
+        "source": _source_digest(package),
+    }
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:24]
     entry_point = out_dir / "main.py"
     entry_point.write_text(ENTRY_POINT)

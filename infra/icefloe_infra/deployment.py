@@ -152,7 +152,9 @@ class ExternalAccessSpec(Model):
 
     name: Annotated[str, StringConstraints(pattern=r"^[a-z0-9-]{1,40}$")]
     principal_arn: Annotated[str, StringConstraints(pattern=AWS_ARN + r"iam::\d{12}:(root|role/.+|user/.+)$")]
-    external_id: Annotated[str, StringConstraints(min_length=2, max_length=1224, pattern=r"^[\w+=,.@:/-]+$")] | None = None
+    external_id: Annotated[str, StringConstraints(min_length=2, max_length=1224, pattern=r"^[\w+=,.@:/-]+$")] | None = (
+        None
+    )
 
 
 class SecretSpec(Model):
@@ -207,7 +209,9 @@ class ScheduleSpec(Model):
 class AlarmsSpec(Model):
     """Where the tables' CloudWatch alarms notify (each table's thresholds are its `alarms` setting)."""
 
-    topic_arn: Annotated[str, StringConstraints(pattern=AWS_ARN + r"sns:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_-]{1,256}$")] | None = None
+    topic_arn: (
+        Annotated[str, StringConstraints(pattern=AWS_ARN + r"sns:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_-]{1,256}$")] | None
+    ) = None
 
 
 class DeploymentConfig(Model):
@@ -215,7 +219,10 @@ class DeploymentConfig(Model):
     storage: StorageSpec = StorageSpec()
     emr: EmrSpec = EmrSpec()
     external_access: tuple[ExternalAccessSpec, ...] = ()
-    tags: dict[Annotated[str, StringConstraints(min_length=1, max_length=128)], Annotated[str, StringConstraints(max_length=256)]] = {}
+    tags: dict[
+        Annotated[str, StringConstraints(min_length=1, max_length=128)],
+        Annotated[str, StringConstraints(max_length=256)],
+    ] = {}
     glue: GlueSpec = GlueSpec()
     secrets: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]+$")], SecretSpec] = {}
     log_retention_days: int = 30
@@ -242,24 +249,33 @@ def load_stack_config(raw: dict[str, Any], source: str = "stack config") -> tupl
     """Validate every `icefloe:*` key (without the prefix): the shared model, then the deployment settings."""
     spec = parse_config(raw, source)  # also rejects keys that neither model knows
     if "catalog" in raw:
-        raise ConfigError(f"{source}: icefloe:catalog is set by the stack (Glue on the lakehouse bucket, or the "
-                          "table bucket with icefloe:storage.type s3tables); remove it")
+        raise ConfigError(
+            f"{source}: icefloe:catalog is set by the stack (Glue on the lakehouse bucket, or the "
+            "table bucket with icefloe:storage.type s3tables); remove it"
+        )
     deployment = validate_keys(DeploymentConfig, raw, DEPLOYMENT_KEYS, source)
     if deployment.storage.uses_table_bucket:
         _check_s3_tables_names(spec, source)
     for index, cluster in enumerate(spec.source_clusters):  # references to stack-created secrets must exist
         where = f"icefloe:sourceClusters[{index}] ({cluster.name})"
-        refs = {"credentialsSecret": cluster.credentials_secret,
-                "schemaRegistry.credentialsSecret": cluster.schema_registry.credentials_secret if cluster.schema_registry else None}
+        refs = {
+            "credentialsSecret": cluster.credentials_secret,
+            "schemaRegistry.credentialsSecret": cluster.schema_registry.credentials_secret
+            if cluster.schema_registry
+            else None,
+        }
         for field, ref in refs.items():
             if ref is None:
                 continue
             if ref.name and ref.name not in deployment.secrets:
-                raise ConfigError(f"{source}: {where}.{field}: names secret {ref.name!r}, which icefloe:secrets "
-                                  f"does not declare (declared: {sorted(deployment.secrets) or 'none'})")
+                raise ConfigError(
+                    f"{source}: {where}.{field}: names secret {ref.name!r}, which icefloe:secrets "
+                    f"does not declare (declared: {sorted(deployment.secrets) or 'none'})"
+                )
             if ref.env:
-                raise ConfigError(f"{source}: {where}.{field}: env is for local runs; "
-                                  "use secretArn or name in a deployed stack")
+                raise ConfigError(
+                    f"{source}: {where}.{field}: env is for local runs; use secretArn or name in a deployed stack"
+                )
     return spec, deployment
 
 
@@ -268,9 +284,11 @@ def _check_s3_tables_names(spec: IcefloeConfig, source: str) -> None:
     for index, table in enumerate(spec.tables):
         for what, name in (("database", spec.database(table)), ("table", table.table_name)):
             if not S3_TABLES_NAME.match(name) or (what == "database" and name.startswith("aws")):
-                raise ConfigError(f"{source}: icefloe:tables[{index}] ({table.topic}): {what} {name!r} is not a valid "
-                                  "S3 Tables name (lowercase letters, digits and underscores, starting with a letter "
-                                  "or digit; namespaces not starting with 'aws') for icefloe:storage.type s3tables")
+                raise ConfigError(
+                    f"{source}: icefloe:tables[{index}] ({table.topic}): {what} {name!r} is not a valid "
+                    "S3 Tables name (lowercase letters, digits and underscores, starting with a letter "
+                    "or digit; namespaces not starting with 'aws') for icefloe:storage.type s3tables"
+                )
 
 
 def decode_config_value(value: Any) -> Any:

@@ -123,7 +123,7 @@ class _Recorder(pulumi.runtime.Mocks):
             "scheduler": f"arn:aws:scheduler:{region}:{account}:schedule/default/{name}",
             "cloudwatch": f"arn:aws:logs:{region}:{account}:log-group:/icefloe/{name}",
             "glue": f"arn:aws:glue:{region}:{account}:database/{name}",
-        }  # fmt: skip
+        }
         return shapes.get(service, f"arn:aws:{service}:{region}:{account}:{kind.lower()}/{name}")
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
@@ -150,16 +150,21 @@ class _Recorder(pulumi.runtime.Mocks):
             outputs["arn"] = self._arn(args.typ, args.name, resource_id)
         outputs.setdefault("id", resource_id)
         secret = frozenset(k for k, v in raw.items() if _carries_secret(v))
-        recorded = RecordedResource(args.typ, args.name, inputs, resource_id, outputs, bool(args.custom),
-                                    secret_inputs=secret)  # fmt: skip
+        recorded = RecordedResource(
+            args.typ, args.name, inputs, resource_id, outputs, bool(args.custom), secret_inputs=secret
+        )
         with self.lock:  # mocks are called from worker threads
             self.resources.append(recorded)
         return resource_id, outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs):
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
-            return {"accountId": ACCOUNT_ID, "arn": f"arn:aws:iam::{ACCOUNT_ID}:user/dry-run", "userId": "dry-run",
-                    "id": ACCOUNT_ID}  # fmt: skip
+            return {
+                "accountId": ACCOUNT_ID,
+                "arn": f"arn:aws:iam::{ACCOUNT_ID}:user/dry-run",
+                "userId": "dry-run",
+                "id": ACCOUNT_ID,
+            }
         if args.token == "aws:index/getRegion:getRegion":
             return {"name": self.region, "region": self.region, "id": self.region, "description": "", "endpoint": ""}
         return {}
@@ -221,7 +226,9 @@ def source_bundle(architecture: str, python_version: str) -> Bundle:
 BundleBuilder = Callable[[str, str], Bundle]
 
 
-def run_program(stack_file: str | Path, build: BundleBuilder = source_bundle, jar_dir: Path | None = None) -> ProgramRun:
+def run_program(
+    stack_file: str | Path, build: BundleBuilder = source_bundle, jar_dir: Path | None = None
+) -> ProgramRun:
     """Run the icefloe program under mocks with a stack file's config; every registered resource, and the outputs.
 
     `build` makes the runtime bundle ((architecture, python version) -> Bundle); `jar_dir` replaces jvm/lib/spark.

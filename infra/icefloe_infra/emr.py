@@ -32,7 +32,9 @@ class SparkApplication(pulumi.ComponentResource):
             network = aws.emrserverless.ApplicationNetworkConfigurationArgs(
                 subnet_ids=list(spec.subnet_ids), security_group_ids=list(spec.security_group_ids)
             )
-        image = aws.emrserverless.ApplicationImageConfigurationArgs(image_uri=spec.image_uri) if spec.image_uri else None
+        image = (
+            aws.emrserverless.ApplicationImageConfigurationArgs(image_uri=spec.image_uri) if spec.image_uri else None
+        )
         monitoring = aws.emrserverless.ApplicationMonitoringConfigurationArgs(
             s3_monitoring_configuration=aws.emrserverless.ApplicationMonitoringConfigurationS3MonitoringConfigurationArgs(
                 log_uri=args.logs_uri, encryption_key_arn=args.kms_key_arn

@@ -22,8 +22,14 @@ def policy(*statements: dict) -> str:
 
 def service_trust(service: str, account_id: str) -> str:
     """Trust an AWS service, only on behalf of this account (confused-deputy guard)."""
-    return policy({"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole",
-                   "Condition": {"StringEquals": {"aws:SourceAccount": account_id}}})  # fmt: skip
+    return policy(
+        {
+            "Effect": "Allow",
+            "Principal": {"Service": service},
+            "Action": "sts:AssumeRole",
+            "Condition": {"StringEquals": {"aws:SourceAccount": account_id}},
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -85,51 +91,112 @@ def job_policy(scope: Scope) -> str:
     tables, secrets, logs, and the MSK topics it reads with IAM."""
     statements = [
         # The bundle, its entry point, the jars and the job config are read-only for the job.
-        {"Sid": "ReadBundleAndConfig", "Effect": "Allow", "Action": ["s3:GetObject"],
-         "Resource": [f"{scope.bucket_arn}/{prefixes.ARTIFACTS}/*"]},
-        {"Sid": "WriteJobLogs", "Effect": "Allow", "Action": ["s3:PutObject"],
-         "Resource": [f"{scope.bucket_arn}/{prefixes.LOGS}/*"]},
-        {"Sid": "BucketLocation", "Effect": "Allow", "Action": ["s3:GetBucketLocation"], "Resource": [scope.bucket_arn]},
-        {"Sid": "DataKey", "Effect": "Allow", "Resource": [scope.kms_key_arn],
-         "Action": ["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:DescribeKey"]},
-    ]  # fmt: skip
-    statements += table_bucket_statements(scope.table_bucket_arn) if scope.table_bucket_arn else warehouse_statements(scope)
+        {
+            "Sid": "ReadBundleAndConfig",
+            "Effect": "Allow",
+            "Action": ["s3:GetObject"],
+            "Resource": [f"{scope.bucket_arn}/{prefixes.ARTIFACTS}/*"],
+        },
+        {
+            "Sid": "WriteJobLogs",
+            "Effect": "Allow",
+            "Action": ["s3:PutObject"],
+            "Resource": [f"{scope.bucket_arn}/{prefixes.LOGS}/*"],
+        },
+        {
+            "Sid": "BucketLocation",
+            "Effect": "Allow",
+            "Action": ["s3:GetBucketLocation"],
+            "Resource": [scope.bucket_arn],
+        },
+        {
+            "Sid": "DataKey",
+            "Effect": "Allow",
+            "Resource": [scope.kms_key_arn],
+            "Action": ["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:DescribeKey"],
+        },
+    ]
+    statements += (
+        table_bucket_statements(scope.table_bucket_arn) if scope.table_bucket_arn else warehouse_statements(scope)
+    )
     statements += kafka_statements(scope.kafka)
     if scope.secret_arns:
-        statements.append({"Sid": "KafkaCredentials", "Effect": "Allow", "Action": ["secretsmanager:GetSecretValue"],
-                           "Resource": scope.secret_arns})  # fmt: skip
+        statements.append(
+            {
+                "Sid": "KafkaCredentials",
+                "Effect": "Allow",
+                "Action": ["secretsmanager:GetSecretValue"],
+                "Resource": scope.secret_arns,
+            }
+        )
     if scope.schema_registries:
         # Decoding records framed for the AWS Glue Schema Registry: read-only, its registries and their schemas.
         base = f"arn:aws:glue:{{}}:{scope.account_id}"
-        statements.append({"Sid": "GlueSchemaRegistry", "Effect": "Allow",
-                           "Action": ["glue:GetSchemaVersion", "glue:GetSchema", "glue:GetSchemaByDefinition",
-                                      "glue:GetRegistry"],
-                           "Resource": [arn for region, name in scope.schema_registries
-                                        for arn in (f"{base.format(region)}:registry/{name}",
-                                                    f"{base.format(region)}:schema/{name}/*")]})  # fmt: skip
+        statements.append(
+            {
+                "Sid": "GlueSchemaRegistry",
+                "Effect": "Allow",
+                "Action": ["glue:GetSchemaVersion", "glue:GetSchema", "glue:GetSchemaByDefinition", "glue:GetRegistry"],
+                "Resource": [
+                    arn
+                    for region, name in scope.schema_registries
+                    for arn in (f"{base.format(region)}:registry/{name}", f"{base.format(region)}:schema/{name}/*")
+                ],
+            }
+        )
     if scope.log_group_arn:
         statements += [
-            {"Sid": "JobLogs", "Effect": "Allow", "Resource": [f"{scope.log_group_arn}:*"],
-             "Action": ["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"]},
+            {
+                "Sid": "JobLogs",
+                "Effect": "Allow",
+                "Resource": [f"{scope.log_group_arn}:*"],
+                "Action": ["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
+            },
             # EMR Serverless looks the group up before writing; DescribeLogGroups takes no narrower resource.
-            {"Sid": "FindLogGroup", "Effect": "Allow", "Action": ["logs:DescribeLogGroups"],
-             "Resource": [f"arn:aws:logs:{scope.region}:{scope.account_id}:log-group:*"]},
-        ]  # fmt: skip
+            {
+                "Sid": "FindLogGroup",
+                "Effect": "Allow",
+                "Action": ["logs:DescribeLogGroups"],
+                "Resource": [f"arn:aws:logs:{scope.region}:{scope.account_id}:log-group:*"],
+            },
+        ]
     return policy(*statements)
 
 
 def warehouse_statements(scope: Scope) -> list[dict]:
     """Tables in the lakehouse bucket's warehouse prefix, catalogued in Glue."""
     return [
-        {"Sid": "WarehouseReadWrite", "Effect": "Allow", "Resource": [f"{scope.bucket_arn}/{scope.warehouse_prefix}/*"],
-         "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]},
+        {
+            "Sid": "WarehouseReadWrite",
+            "Effect": "Allow",
+            "Resource": [f"{scope.bucket_arn}/{scope.warehouse_prefix}/*"],
+            "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+        },
         # Listing for Iceberg's orphan-file cleanup, limited to the warehouse prefix.
-        {"Sid": "ListWarehouse", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [scope.bucket_arn],
-         "Condition": {"StringLike": {"s3:prefix": [f"{scope.warehouse_prefix}/*", scope.warehouse_prefix]}}},
-        {"Sid": "GlueTables", "Effect": "Allow", "Resource": scope.glue_arns(),
-         "Action": ["glue:GetCatalog", "glue:GetDatabase", "glue:GetDatabases", "glue:GetTable", "glue:GetTables",
-                    "glue:CreateTable", "glue:UpdateTable", "glue:DeleteTable", "glue:GetPartitions"]},
-    ]  # fmt: skip
+        {
+            "Sid": "ListWarehouse",
+            "Effect": "Allow",
+            "Action": ["s3:ListBucket"],
+            "Resource": [scope.bucket_arn],
+            "Condition": {"StringLike": {"s3:prefix": [f"{scope.warehouse_prefix}/*", scope.warehouse_prefix]}},
+        },
+        {
+            "Sid": "GlueTables",
+            "Effect": "Allow",
+            "Resource": scope.glue_arns(),
+            "Action": [
+                "glue:GetCatalog",
+                "glue:GetDatabase",
+                "glue:GetDatabases",
+                "glue:GetTable",
+                "glue:GetTables",
+                "glue:CreateTable",
+                "glue:UpdateTable",
+                "glue:DeleteTable",
+                "glue:GetPartitions",
+            ],
+        },
+    ]
 
 
 def table_bucket_statements(bucket_arn: str) -> list[dict]:
@@ -140,13 +207,31 @@ def table_bucket_statements(bucket_arn: str) -> list[dict]:
     drops no table (no DeleteTable); nothing on other buckets. Table ARNs carry table ids, not names, so the tables
     are `bucket/<name>/table/*`."""
     return [
-        {"Sid": "TableBucket", "Effect": "Allow", "Resource": [bucket_arn],
-         "Action": ["s3tables:GetTableBucket", "s3tables:ListNamespaces", "s3tables:GetNamespace",
-                    "s3tables:ListTables", "s3tables:CreateTable"]},
-        {"Sid": "Tables", "Effect": "Allow", "Resource": [f"{bucket_arn}/table/*"],
-         "Action": ["s3tables:GetTable", "s3tables:GetTableMetadataLocation", "s3tables:UpdateTableMetadataLocation",
-                    "s3tables:GetTableData", "s3tables:PutTableData"]},
-    ]  # fmt: skip
+        {
+            "Sid": "TableBucket",
+            "Effect": "Allow",
+            "Resource": [bucket_arn],
+            "Action": [
+                "s3tables:GetTableBucket",
+                "s3tables:ListNamespaces",
+                "s3tables:GetNamespace",
+                "s3tables:ListTables",
+                "s3tables:CreateTable",
+            ],
+        },
+        {
+            "Sid": "Tables",
+            "Effect": "Allow",
+            "Resource": [f"{bucket_arn}/table/*"],
+            "Action": [
+                "s3tables:GetTable",
+                "s3tables:GetTableMetadataLocation",
+                "s3tables:UpdateTableMetadataLocation",
+                "s3tables:GetTableData",
+                "s3tables:PutTableData",
+            ],
+        },
+    ]
 
 
 def kafka_statements(clusters: list[KafkaAccess]) -> list[dict]:
@@ -158,13 +243,25 @@ def kafka_statements(clusters: list[KafkaAccess]) -> list[dict]:
     if not clusters:
         return []
     return [
-        {"Sid": "KafkaConnect", "Effect": "Allow", "Action": ["kafka-cluster:Connect"],
-         "Resource": [c.cluster_arn for c in clusters]},
-        {"Sid": "KafkaReadTopics", "Effect": "Allow", "Action": ["kafka-cluster:DescribeTopic", "kafka-cluster:ReadData"],
-         "Resource": [arn for c in clusters for arn in c.topic_arns]},
-        {"Sid": "KafkaConsumerGroup", "Effect": "Allow", "Action": ["kafka-cluster:DescribeGroup"],
-         "Resource": [c.group_arn for c in clusters]},
-    ]  # fmt: skip
+        {
+            "Sid": "KafkaConnect",
+            "Effect": "Allow",
+            "Action": ["kafka-cluster:Connect"],
+            "Resource": [c.cluster_arn for c in clusters],
+        },
+        {
+            "Sid": "KafkaReadTopics",
+            "Effect": "Allow",
+            "Action": ["kafka-cluster:DescribeTopic", "kafka-cluster:ReadData"],
+            "Resource": [arn for c in clusters for arn in c.topic_arns],
+        },
+        {
+            "Sid": "KafkaConsumerGroup",
+            "Effect": "Allow",
+            "Action": ["kafka-cluster:DescribeGroup"],
+            "Resource": [c.group_arn for c in clusters],
+        },
+    ]
 
 
 def read_only_policy(scope: Scope) -> str:
@@ -172,29 +269,75 @@ def read_only_policy(scope: Scope) -> str:
     table bucket, its namespaces, tables, metadata and data (the REST endpoint's read operations)."""
     if scope.table_bucket_arn:
         return policy(
-            {"Sid": "ReadTableBucket", "Effect": "Allow", "Resource": [scope.table_bucket_arn],
-             "Action": ["s3tables:GetTableBucket", "s3tables:ListNamespaces", "s3tables:GetNamespace",
-                        "s3tables:ListTables"]},
-            {"Sid": "ReadTables", "Effect": "Allow", "Resource": [f"{scope.table_bucket_arn}/table/*"],
-             "Action": ["s3tables:GetTable", "s3tables:GetTableMetadataLocation", "s3tables:GetTableData"]},
-        )  # fmt: skip
+            {
+                "Sid": "ReadTableBucket",
+                "Effect": "Allow",
+                "Resource": [scope.table_bucket_arn],
+                "Action": [
+                    "s3tables:GetTableBucket",
+                    "s3tables:ListNamespaces",
+                    "s3tables:GetNamespace",
+                    "s3tables:ListTables",
+                ],
+            },
+            {
+                "Sid": "ReadTables",
+                "Effect": "Allow",
+                "Resource": [f"{scope.table_bucket_arn}/table/*"],
+                "Action": ["s3tables:GetTable", "s3tables:GetTableMetadataLocation", "s3tables:GetTableData"],
+            },
+        )
     return policy(
-        {"Sid": "ReadWarehouse", "Effect": "Allow", "Action": ["s3:GetObject", "s3:GetObjectVersion"],
-         "Resource": [f"{scope.bucket_arn}/{scope.warehouse_prefix}/*"]},
-        {"Sid": "ListWarehouse", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [scope.bucket_arn],
-         "Condition": {"StringLike": {"s3:prefix": [f"{scope.warehouse_prefix}/*", scope.warehouse_prefix]}}},
-        {"Sid": "BucketLocation", "Effect": "Allow", "Action": ["s3:GetBucketLocation"], "Resource": [scope.bucket_arn]},
-        {"Sid": "DecryptData", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:DescribeKey"],
-         "Resource": [scope.kms_key_arn]},
-        {"Sid": "ReadCatalog", "Effect": "Allow", "Resource": scope.glue_arns(),
-         "Action": ["glue:GetCatalog", "glue:GetDatabase", "glue:GetDatabases", "glue:GetTable", "glue:GetTables",
-                    "glue:GetPartitions"]},
-    )  # fmt: skip
+        {
+            "Sid": "ReadWarehouse",
+            "Effect": "Allow",
+            "Action": ["s3:GetObject", "s3:GetObjectVersion"],
+            "Resource": [f"{scope.bucket_arn}/{scope.warehouse_prefix}/*"],
+        },
+        {
+            "Sid": "ListWarehouse",
+            "Effect": "Allow",
+            "Action": ["s3:ListBucket"],
+            "Resource": [scope.bucket_arn],
+            "Condition": {"StringLike": {"s3:prefix": [f"{scope.warehouse_prefix}/*", scope.warehouse_prefix]}},
+        },
+        {
+            "Sid": "BucketLocation",
+            "Effect": "Allow",
+            "Action": ["s3:GetBucketLocation"],
+            "Resource": [scope.bucket_arn],
+        },
+        {
+            "Sid": "DecryptData",
+            "Effect": "Allow",
+            "Action": ["kms:Decrypt", "kms:DescribeKey"],
+            "Resource": [scope.kms_key_arn],
+        },
+        {
+            "Sid": "ReadCatalog",
+            "Effect": "Allow",
+            "Resource": scope.glue_arns(),
+            "Action": [
+                "glue:GetCatalog",
+                "glue:GetDatabase",
+                "glue:GetDatabases",
+                "glue:GetTable",
+                "glue:GetTables",
+                "glue:GetPartitions",
+            ],
+        },
+    )
 
 
 def external_trust(principal_arn: str, external_id: str) -> str:
-    return policy({"Effect": "Allow", "Principal": {"AWS": principal_arn}, "Action": "sts:AssumeRole",
-                   "Condition": {"StringEquals": {"sts:ExternalId": external_id}}})  # fmt: skip
+    return policy(
+        {
+            "Effect": "Allow",
+            "Principal": {"AWS": principal_arn},
+            "Action": "sts:AssumeRole",
+            "Condition": {"StringEquals": {"sts:ExternalId": external_id}},
+        }
+    )
 
 
 @dataclass
@@ -216,7 +359,10 @@ class JobRole(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         aws.iam.RolePolicy(
-            f"{name}-policy", role=self.role.id, policy=scope.apply(job_policy), opts=pulumi.ResourceOptions(parent=self)
+            f"{name}-policy",
+            role=self.role.id,
+            policy=scope.apply(job_policy),
+            opts=pulumi.ResourceOptions(parent=self),
         )
         self.arn = self.role.arn
         self.register_outputs({"arn": self.arn})
@@ -249,8 +395,10 @@ class ExternalAccessRole(pulumi.ComponentResource):
             opts=child,
         )
         aws.iam.RolePolicy(
-            f"{name}-read", role=self.role.id, policy=pulumi.Output.from_input(args.scope).apply(read_only_policy),
+            f"{name}-read",
+            role=self.role.id,
+            policy=pulumi.Output.from_input(args.scope).apply(read_only_policy),
             opts=child,
-        )  # fmt: skip
+        )
         self.arn = self.role.arn
         self.register_outputs({"arn": self.arn})

@@ -51,7 +51,9 @@ def pinned_spark_jars(pom: Path = POM) -> list[PinnedJar]:
     """The `spark-jars` items of the pom, in its order, with `${property}` versions resolved."""
     root = ElementTree.parse(pom).getroot()
     declared = root.find("m:properties", _NS)
-    properties = {child.tag.split("}", 1)[1]: (child.text or "").strip() for child in ([] if declared is None else declared)}
+    properties = {
+        child.tag.split("}", 1)[1]: (child.text or "").strip() for child in ([] if declared is None else declared)
+    }
     items = root.findall(
         f".//m:execution[m:id='{SPARK_JARS_EXECUTION}']/m:configuration/m:artifactItems/m:artifactItem", _NS
     )
@@ -62,8 +64,9 @@ def pinned_spark_jars(pom: Path = POM) -> list[PinnedJar]:
         value = item.findtext(f"m:{tag}", default="", namespaces=_NS).strip()
         return re.sub(r"\$\{([^}]+)\}", lambda m: properties[m.group(1)], value)
 
-    return [PinnedJar(text(i, "groupId"), text(i, "artifactId"), text(i, "version"), text(i, "classifier"))
-            for i in items]  # fmt: skip
+    return [
+        PinnedJar(text(i, "groupId"), text(i, "artifactId"), text(i, "version"), text(i, "classifier")) for i in items
+    ]
 
 
 def job_jars(lib_dir: Path, pom: Path = POM, msk_iam: bool = False) -> dict[str, Path]:
@@ -77,6 +80,8 @@ def job_jars(lib_dir: Path, pom: Path = POM, msk_iam: bool = False) -> dict[str,
     shipped = {jar.artifact: lib_dir / jar.file_name for jar in pinned if jar.coordinate not in skipped}
     missing = [path.name for path in shipped.values() if not path.is_file()]
     if missing:
-        raise ConfigError(f"the jobs' jars are missing from {lib_dir}: {', '.join(missing)}; run scripts/setup.sh "
-                          "(Maven fetches what jvm/pom.xml pins)")  # fmt: skip
+        raise ConfigError(
+            f"the jobs' jars are missing from {lib_dir}: {', '.join(missing)}; run scripts/setup.sh "
+            "(Maven fetches what jvm/pom.xml pins)"
+        )
     return shipped

@@ -41,16 +41,20 @@ def job_config_document(spec: IcefloeConfig, catalog: CatalogSpec, secret_arns: 
 def spark_submit_parameters(catalog: CatalogSpec, archive_uri: str, jar_uris: list[str], emr: EmrSpec) -> str:
     """Spark settings: the runtime's own catalog settings (Glue or S3 Tables), EMR's Iceberg jar and the shipped
     ones, the bundle and the Python to run it with (the release's 3.11, or your image's), the job size."""
-    conf = spark_catalog_conf(catalog) | {
-        "spark.jars": ",".join([EMR_ICEBERG_JAR, *jar_uris]),
-        # The bundle is unpacked as ./deps next to the driver and every executor.
-        "spark.archives": f"{archive_uri}#deps",
-        "spark.emr-serverless.driverEnv.PYSPARK_DRIVER_PYTHON": emr.python,
-        "spark.emr-serverless.driverEnv.PYSPARK_PYTHON": emr.python,
-        "spark.executorEnv.PYSPARK_PYTHON": emr.python,
-        "spark.emr-serverless.driverEnv.PYTHONPATH": "./deps",
-        "spark.executorEnv.PYTHONPATH": "./deps",
-    } | emr.job.spark_conf()
+    conf = (
+        spark_catalog_conf(catalog)
+        | {
+            "spark.jars": ",".join([EMR_ICEBERG_JAR, *jar_uris]),
+            # The bundle is unpacked as ./deps next to the driver and every executor.
+            "spark.archives": f"{archive_uri}#deps",
+            "spark.emr-serverless.driverEnv.PYSPARK_DRIVER_PYTHON": emr.python,
+            "spark.emr-serverless.driverEnv.PYSPARK_PYTHON": emr.python,
+            "spark.executorEnv.PYSPARK_PYTHON": emr.python,
+            "spark.emr-serverless.driverEnv.PYTHONPATH": "./deps",
+            "spark.executorEnv.PYTHONPATH": "./deps",
+        }
+        | emr.job.spark_conf()
+    )
     for key, value in conf.items():
         if any(c.isspace() for c in key + value):  # the parameters are one space-separated string
             raise ValueError(f"Spark setting {key}={value!r} contains whitespace")
@@ -86,13 +90,31 @@ class TableJob:
         mode = "--continuous" if self.continuous else "--once"
         # --metrics emf: a CloudWatch embedded-metric line per batch, which the tables' alarms watch (alarms.py).
         # --deadline-minutes: EMR stops the job at ExecutionTimeoutMinutes; batches are sized to publish before.
-        return ["run", "--config", config_uri, "--table", self.identifier, mode, "--json", "--metrics", "emf",
-                "--deadline-minutes", str(self.timeout_minutes)]
+        return [
+            "run",
+            "--config",
+            config_uri,
+            "--table",
+            self.identifier,
+            mode,
+            "--json",
+            "--metrics",
+            "emf",
+            "--deadline-minutes",
+            str(self.timeout_minutes),
+        ]
 
     def start_job_run_request(
-        self, *, application_id: str, role_arn: str, entry_point_uri: str, config_uri: str,
-        spark_parameters: str, logs_uri: str, kms_key_arn: str,
-    ) -> dict:  # fmt: skip
+        self,
+        *,
+        application_id: str,
+        role_arn: str,
+        entry_point_uri: str,
+        config_uri: str,
+        spark_parameters: str,
+        logs_uri: str,
+        kms_key_arn: str,
+    ) -> dict:
         """The StartJobRun request, as the Scheduler's universal target takes it (API member names)."""
         return {
             "ApplicationId": application_id,

@@ -78,34 +78,45 @@ def _trust(inputs: dict) -> dict[str, Any]:
             who = [f"{kind}:{p}" for kind, ps in principal.items() for p in _list(ps)]
         else:
             who = [str(principal)]  # "*"
-        conditions = [f"{key} required" if key == "sts:ExternalId" else f"{key}={value}"
-                      for test in statement.get("Condition", {}).values() for key, value in test.items()]  # fmt: skip
+        conditions = [
+            f"{key} required" if key == "sts:ExternalId" else f"{key}={value}"
+            for test in statement.get("Condition", {}).values()
+            for key, value in test.items()
+        ]
         trusted.append(" ".join(who) + (f" ({', '.join(conditions)})" if conditions else ""))
     return {"trusts": trusted}
 
 
 def _permissions(inputs: dict) -> dict[str, Any]:
-    return {statement.get("Sid", f"#{i}"): f"{statement['Effect']} {', '.join(_list(statement['Action']))} on "
-                                           f"{', '.join(_list(statement.get('Resource', '*')))}"
-            for i, statement in enumerate(_statements(inputs.get("policy")))}  # fmt: skip
+    return {
+        statement.get("Sid", f"#{i}"): f"{statement['Effect']} {', '.join(_list(statement['Action']))} on "
+        f"{', '.join(_list(statement.get('Resource', '*')))}"
+        for i, statement in enumerate(_statements(inputs.get("policy")))
+    }
 
 
 def _bucket_policy(inputs: dict) -> dict[str, Any]:
-    return {statement.get("Sid", f"#{i}"): f"{statement['Effect']} {', '.join(_list(statement['Action']))}"
-                                           + (f" when {json.dumps(statement['Condition'])}" if "Condition" in statement else "")
-            for i, statement in enumerate(_statements(inputs.get("policy")))}  # fmt: skip
+    return {
+        statement.get("Sid", f"#{i}"): f"{statement['Effect']} {', '.join(_list(statement['Action']))}"
+        + (f" when {json.dumps(statement['Condition'])}" if "Condition" in statement else "")
+        for i, statement in enumerate(_statements(inputs.get("policy")))
+    }
 
 
 def _schedule(inputs: dict) -> dict[str, Any]:
     target = inputs.get("target", {})
     retry = target.get("retryPolicy", {})
-    return {"expression": inputs.get("scheduleExpression"), "state": inputs.get("state"),
-            "retries": f"{retry.get('maximumRetryAttempts')} within {retry.get('maximumEventAgeInSeconds')}s",
-            "deadLetters": "yes" if target.get("deadLetterConfig") else "none"}  # fmt: skip
+    return {
+        "expression": inputs.get("scheduleExpression"),
+        "state": inputs.get("state"),
+        "retries": f"{retry.get('maximumRetryAttempts')} within {retry.get('maximumEventAgeInSeconds')}s",
+        "deadLetters": "yes" if target.get("deadLetterConfig") else "none",
+    }
 
 
 def _picked(*paths: str) -> Callable[[dict], dict[str, Any]]:
     """The inputs at these dotted paths, under the path's last part."""
+
     def pick(inputs: dict) -> dict[str, Any]:
         settings = {}
         for path in paths:
@@ -125,32 +136,39 @@ SUMMARIES: dict[str, Callable[[dict], dict[str, Any]]] = {
     "aws:s3/bucket:Bucket": _picked("forceDestroy", "tags"),
     "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration": lambda i: {
         "sseAlgorithm": i["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"],
-        "bucketKeyEnabled": i["rules"][0].get("bucketKeyEnabled")},
+        "bucketKeyEnabled": i["rules"][0].get("bucketKeyEnabled"),
+    },
     "aws:s3/bucketVersioning:BucketVersioning": _picked("versioningConfiguration.status"),
     "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock": _picked(
-        "blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets"),
+        "blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets"
+    ),
     "aws:s3/bucketPolicy:BucketPolicy": _bucket_policy,
     "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration": lambda i: {
-        "rules": [r["id"] for r in i.get("rules", [])]},
+        "rules": [r["id"] for r in i.get("rules", [])]
+    },
     "aws:s3/bucketObjectv2:BucketObjectv2": _picked("key"),
     "aws:glue/catalogDatabase:CatalogDatabase": _picked("name", "locationUri"),
     "aws:s3tables/tableBucket:TableBucket": _picked("name", "forceDestroy", "maintenanceConfiguration"),
     "aws:s3tables/namespace:Namespace": _picked("namespace"),
     "aws:cloudwatch/logGroup:LogGroup": _picked("retentionInDays"),
     "aws:cloudwatch/metricAlarm:MetricAlarm": _picked(
-        "metricName", "statistic", "threshold", "period", "treatMissingData", "alarmActions"),
+        "metricName", "statistic", "threshold", "period", "treatMissingData", "alarmActions"
+    ),
     "aws:secretsmanager/secret:Secret": _picked("kmsKeyId", "recoveryWindowInDays"),
     "aws:iam/role:Role": _trust,
     "aws:iam/rolePolicy:RolePolicy": _permissions,
     "random:index/randomPassword:RandomPassword": _picked("length"),
     "aws:emrserverless/application:Application": lambda i: {
-        "releaseLabel": i.get("releaseLabel"), "architecture": i.get("architecture"),
+        "releaseLabel": i.get("releaseLabel"),
+        "architecture": i.get("architecture"),
         "image": (i.get("imageConfiguration") or {}).get("imageUri", "the release's own"),
-        "maximumCapacity": i.get("maximumCapacity"), "autoStop": i.get("autoStopConfiguration"),
-        "network": i.get("networkConfiguration", "none (public endpoints)")},
+        "maximumCapacity": i.get("maximumCapacity"),
+        "autoStop": i.get("autoStopConfiguration"),
+        "network": i.get("networkConfiguration", "none (public endpoints)"),
+    },
     "aws:sqs/queue:Queue": _picked("messageRetentionSeconds", "sqsManagedSseEnabled"),
     "aws:scheduler/schedule:Schedule": _schedule,
-}  # fmt: skip
+}
 
 
 def _whole_numbers(value: Any) -> Any:
@@ -196,22 +214,33 @@ def _tables(run: ProgramRun) -> list[PlannedTable]:
         driver = request["JobDriver"]["SparkSubmit"]
         arguments = driver["EntryPointArguments"]
         table = arguments[arguments.index("--table") + 1]
-        planned[table] = PlannedTable(table, "continuous" if request["Mode"] == "STREAMING" else "batch",
-                                      schedule.inputs["scheduleExpression"], request["ExecutionTimeoutMinutes"],
-                                      spark_settings(driver["SparkSubmitParameters"]))  # fmt: skip
+        planned[table] = PlannedTable(
+            table,
+            "continuous" if request["Mode"] == "STREAMING" else "batch",
+            schedule.inputs["scheduleExpression"],
+            request["ExecutionTimeoutMinutes"],
+            spark_settings(driver["SparkSubmitParameters"]),
+        )
     return [planned.get(table) or PlannedTable(table, "disabled") for table in run.outputs["tables"]]
 
 
-def make_plan(stack_file: str | Path, build: BundleBuilder = source_bundle, jar_dir: Path | None = None,
-              pack_config: dict | None = None) -> Plan:
+def make_plan(
+    stack_file: str | Path,
+    build: BundleBuilder = source_bundle,
+    jar_dir: Path | None = None,
+    pack_config: dict | None = None,
+) -> Plan:
     """Run the program under mocks and the policy pack over what it declared. Raises ConfigError for a bad stack."""
     from icefloe_policies.runner import run_pack
 
     run = run_program(stack_file, build, jar_dir)
-    resources = [PlannedResource(r.type, r.name, _settings(r)) for r in sorted(run, key=lambda r: (r.type, r.name))
-                 if r.custom]  # fmt: skip
-    violations = [{"policy": v.policy, "level": v.level, "message": v.message, "resource": v.urn}
-                  for v in run_pack(run, pack_config)]  # fmt: skip
+    resources = [
+        PlannedResource(r.type, r.name, _settings(r)) for r in sorted(run, key=lambda r: (r.type, r.name)) if r.custom
+    ]
+    violations = [
+        {"policy": v.policy, "level": v.level, "message": v.message, "resource": v.urn}
+        for v in run_pack(run, pack_config)
+    ]
     return Plan(run.stack, str(stack_file), resources, _tables(run), violations)
 
 
@@ -252,13 +281,18 @@ def render(plan: Plan) -> str:
         if table.run == "disabled":
             lines.append(f"  {table.table}: disabled, no schedule")
             continue
-        lines.append(f"  {table.table}: {table.run}, {table.schedule}, each job stopped after {table.timeout_minutes} min")
+        lines.append(
+            f"  {table.table}: {table.run}, {table.schedule}, each job stopped after {table.timeout_minutes} min"
+        )
         lines += _spark_lines({k: v for k, v in table.spark.items() if k not in common}, "      ")
     if common:
         lines += ["", "Spark parameters of every table's job:"] + _spark_lines(common, "  ")
     verdict = "FAILED" if plan.mandatory else "passed"
-    lines += ["", f"Policy pack: {verdict} ({plan.mandatory} mandatory, {len(plan.violations) - plan.mandatory} "
-                  "advisory violations)"]  # fmt: skip
+    lines += [
+        "",
+        f"Policy pack: {verdict} ({plan.mandatory} mandatory, {len(plan.violations) - plan.mandatory} "
+        "advisory violations)",
+    ]
     for violation in plan.violations:
         where = f" [{violation['resource'].rsplit('::', 1)[-1]}]" if violation["resource"] else ""
         lines.append(f"  {violation['level']} {violation['policy']}{where}: {violation['message']}")

@@ -34,12 +34,21 @@ class TableSchedulesArgs:
 
 def scheduler_policy(application_arn: str, job_role_arn: str, queue_arn: str) -> str:
     return policy(
-        {"Sid": "StartTableJobs", "Effect": "Allow", "Action": ["emr-serverless:StartJobRun"],
-         "Resource": [application_arn, f"{application_arn}/jobruns/*"]},
-        {"Sid": "PassJobRole", "Effect": "Allow", "Action": ["iam:PassRole"], "Resource": [job_role_arn],
-         "Condition": {"StringEquals": {"iam:PassedToService": "emr-serverless.amazonaws.com"}}},
+        {
+            "Sid": "StartTableJobs",
+            "Effect": "Allow",
+            "Action": ["emr-serverless:StartJobRun"],
+            "Resource": [application_arn, f"{application_arn}/jobruns/*"],
+        },
+        {
+            "Sid": "PassJobRole",
+            "Effect": "Allow",
+            "Action": ["iam:PassRole"],
+            "Resource": [job_role_arn],
+            "Condition": {"StringEquals": {"iam:PassedToService": "emr-serverless.amazonaws.com"}},
+        },
         {"Sid": "DeadLetters", "Effect": "Allow", "Action": ["sqs:SendMessage"], "Resource": [queue_arn]},
-    )  # fmt: skip
+    )
 
 
 def schedule_name(identifier: str) -> str:
@@ -56,13 +65,18 @@ class TableSchedules(pulumi.ComponentResource):
         spec = args.spec
         # Firings that fail after every retry land here (with the error), instead of vanishing.
         self.dead_letters = aws.sqs.Queue(
-            f"{name}-dlq", message_retention_seconds=spec.dead_letter_retention_seconds, sqs_managed_sse_enabled=True,
-            tags=args.tags, opts=child,
-        )  # fmt: skip
+            f"{name}-dlq",
+            message_retention_seconds=spec.dead_letter_retention_seconds,
+            sqs_managed_sse_enabled=True,
+            tags=args.tags,
+            opts=child,
+        )
         role = aws.iam.Role(
-            f"{name}-role", assume_role_policy=service_trust("scheduler.amazonaws.com", args.account_id),
-            tags=args.tags, opts=child,
-        )  # fmt: skip
+            f"{name}-role",
+            assume_role_policy=service_trust("scheduler.amazonaws.com", args.account_id),
+            tags=args.tags,
+            opts=child,
+        )
         role_policy = aws.iam.RolePolicy(
             f"{name}-start-jobs",
             role=role.id,

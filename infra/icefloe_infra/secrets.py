@@ -42,10 +42,13 @@ class StackSecrets(pulumi.ComponentResource):
         self.arns = {}
         for key, spec in args.secrets.items():
             secret = aws.secretsmanager.Secret(
-                f"{name}-{key}", description=f"icefloe: credentials '{key}' (username, password)",
-                kms_key_id=args.kms_key_arn, recovery_window_in_days=7, tags=args.tags,
+                f"{name}-{key}",
+                description=f"icefloe: credentials '{key}' (username, password)",
+                kms_key_id=args.kms_key_arn,
+                recovery_window_in_days=7,
+                tags=args.tags,
                 opts=pulumi.ResourceOptions(parent=self),
-            )  # fmt: skip
+            )
             value = pulumi.Output.json_dumps({"username": spec.username, "password": spec.password.get_secret_value()})
             aws.secretsmanager.SecretVersion(
                 f"{name}-{key}-value",

@@ -14,7 +14,7 @@ def query_snippets(
     bucket_url = warehouse_uri.rsplit("/", 1)[0] + "/"
     role = external_role_arns.get("snowflake") or next(iter(external_role_arns.values()), "<external access role ARN>")
     athena = (
-        f'-- Athena (engine v3) in {region}, workgroup of your choice\n'
+        f"-- Athena (engine v3) in {region}, workgroup of your choice\n"
         f'SELECT count(*), max(kafka_timestamp) FROM "{database}"."{table}";\n'
         f'SELECT committed_at, summary FROM "{database}"."{table}$snapshots" ORDER BY committed_at DESC LIMIT 5;'
     )

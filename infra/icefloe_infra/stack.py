@@ -64,9 +64,16 @@ class IcefloeStack(pulumi.ComponentResource):
         databases = sorted({spec.database(t) for t in spec.tables} | {c.database_name for c in spec.source_clusters})
         table_bucket_arn: pulumi.Output[str | None] = pulumi.Output.from_input(None)
         if deployment.storage.uses_table_bucket:
-            table_bucket = TableBucket(f"{name}-tables", TableBucketArgs(
-                deployment.storage.table_bucket(args.stack_name), databases, deployment.storage.force_destroy, tags,
-            ), child)  # fmt: skip
+            table_bucket = TableBucket(
+                f"{name}-tables",
+                TableBucketArgs(
+                    deployment.storage.table_bucket(args.stack_name),
+                    databases,
+                    deployment.storage.force_destroy,
+                    tags,
+                ),
+                child,
+            )
             table_bucket_arn = table_bucket.arn
             catalog = table_bucket.arn.apply(lambda arn: CatalogSpec(type="s3tables", warehouse=arn))
         else:
@@ -79,21 +86,36 @@ class IcefloeStack(pulumi.ComponentResource):
         log_group = aws.cloudwatch.LogGroup(
             f"{name}-logs", retention_in_days=deployment.log_retention_days, tags=tags, opts=child
         )
-        secrets = StackSecrets(f"{name}-secrets", StackSecretsArgs(deployment.secrets, storage.kms_key_arn, tags), child)
+        secrets = StackSecrets(
+            f"{name}-secrets", StackSecretsArgs(deployment.secrets, storage.kms_key_arn, tags), child
+        )
         referenced = referenced_secret_arns(spec)
         secret_arns = pulumi.Output.all(*secrets.arns.values()).apply(lambda created: [*referenced, *created])
 
         def scope(values: list) -> Scope:
             bucket_arn, key_arn, log_arn, arns, tables_arn = values
-            return Scope(identity.account_id, region.region, bucket_arn, key_arn, deployment.storage.warehouse_prefix,
-                         databases, arns, log_arn, tables_arn, kafka_access(spec), glue_schema_registries(spec))  # fmt: skip
+            return Scope(
+                identity.account_id,
+                region.region,
+                bucket_arn,
+                key_arn,
+                deployment.storage.warehouse_prefix,
+                databases,
+                arns,
+                log_arn,
+                tables_arn,
+                kafka_access(spec),
+                glue_schema_registries(spec),
+            )
 
         role_scope = pulumi.Output.all(
             storage.bucket_arn, storage.kms_key_arn, log_group.arn, secret_arns, table_bucket_arn
         ).apply(scope)
         job_role = JobRole(f"{name}-job", JobRoleArgs(role_scope, tags), child)
         external = {
-            access.name: ExternalAccessRole(f"{name}-{access.name}", ExternalAccessRoleArgs(access, role_scope, tags), child)
+            access.name: ExternalAccessRole(
+                f"{name}-{access.name}", ExternalAccessRoleArgs(access, role_scope, tags), child
+            )
             for access in deployment.external_access
         }
 
@@ -116,17 +138,32 @@ class IcefloeStack(pulumi.ComponentResource):
         for table in spec.select(None):  # enabled tables only: a disabled table has no schedule
             job = TableJob.plan(spec, table, deployment.emr, deployment.schedule)
             request = pulumi.Output.all(
-                application.id, job_role.arn, artifacts.entry_point_uri, artifacts.config_uri, artifacts.archive_uri,
-                catalog, logs_uri, storage.kms_key_arn, artifacts.jar_uris,
-            ).apply(lambda v, job=job: job.start_job_run_request(  # type: ignore[misc]  # a lambda binding the loop variable as a default
-                application_id=v[0], role_arn=v[1], entry_point_uri=v[2], config_uri=v[3],
-                spark_parameters=spark_submit_parameters(v[5], v[4], v[8], deployment.emr), logs_uri=v[6],
-                kms_key_arn=v[7],
-            ))  # fmt: skip
+                application.id,
+                job_role.arn,
+                artifacts.entry_point_uri,
+                artifacts.config_uri,
+                artifacts.archive_uri,
+                catalog,
+                logs_uri,
+                storage.kms_key_arn,
+                artifacts.jar_uris,
+            ).apply(
+                lambda v, job=job: job.start_job_run_request(  # type: ignore[misc]  # a lambda binding the loop variable as a default
+                    application_id=v[0],
+                    role_arn=v[1],
+                    entry_point_uri=v[2],
+                    config_uri=v[3],
+                    spark_parameters=spark_submit_parameters(v[5], v[4], v[8], deployment.emr),
+                    logs_uri=v[6],
+                    kms_key_arn=v[7],
+                )
+            )
             scheduled.append(ScheduledJob(job, request))
         schedules = TableSchedules(
             f"{name}-schedules",
-            TableSchedulesArgs(scheduled, deployment.schedule, application.arn, job_role.arn, identity.account_id, tags),
+            TableSchedulesArgs(
+                scheduled, deployment.schedule, application.arn, job_role.arn, identity.account_id, tags
+            ),
             child,
         )
         alarms = TableAlarms(f"{name}-alarms", TableAlarmsArgs(spec, deployment.alarms, args.stack_name, tags), child)
@@ -140,8 +177,9 @@ class IcefloeStack(pulumi.ComponentResource):
             "glueDatabases": [] if deployment.storage.uses_table_bucket else databases,
             "tableBucketArn": table_bucket_arn,
             "tables": identifiers,
-            "scheduledTables": {s.job.identifier: "continuous" if s.job.continuous else s.job.rate_expression
-                                for s in scheduled},
+            "scheduledTables": {
+                s.job.identifier: "continuous" if s.job.continuous else s.job.rate_expression for s in scheduled
+            },
             "applicationId": application.id,
             "jobRoleArn": job_role.arn,
             "schedulerRoleArn": schedules.role_arn,
@@ -155,5 +193,5 @@ class IcefloeStack(pulumi.ComponentResource):
             "snippets": pulumi.Output.all(storage.warehouse_uri, external_arns).apply(
                 lambda v: query_snippets(identity.account_id, region.region, identifiers, v[0], v[1])
             ),
-        }  # fmt: skip
+        }
         self.register_outputs(self.outputs)

@@ -45,15 +45,30 @@ _URL_PASSWORD = re.compile(r"\b[a-zA-Z][\w+.-]*://[^\s/:@]+:(?P<password>[^\s/@]
 
 def _looks_like_aws_secret_key(token: str) -> bool:
     # Mixed case and a digit: rules out hex digests, words and paths that happen to be 40 long.
-    return (len(token) == 40 and "//" not in token and any(c.islower() for c in token)
-            and any(c.isupper() for c in token) and any(c.isdigit() for c in token))
+    return (
+        len(token) == 40
+        and "//" not in token
+        and any(c.islower() for c in token)
+        and any(c.isupper() for c in token)
+        and any(c.isdigit() for c in token)
+    )
 
 
 # --- names that mean "the value is a credential" -------------------------------------------------------
 
 _SENSITIVE_ENDINGS = [
-    ("password",), ("passwd",), ("pwd",), ("passphrase",), ("secret",), ("token",), ("apikey",),
-    ("api", "key"), ("secret", "key"), ("access", "key"), ("private", "key"), ("credentials",),
+    ("password",),
+    ("passwd",),
+    ("pwd",),
+    ("passphrase",),
+    ("secret",),
+    ("token",),
+    ("apikey",),
+    ("api", "key"),
+    ("secret", "key"),
+    ("access", "key"),
+    ("private", "key"),
+    ("credentials",),
 ]
 # Names ending in "token" that are not secrets (StartJobRun's idempotency token, paging tokens).
 _NOT_SENSITIVE = {"clienttoken", "idempotencytoken", "nexttoken", "continuationtoken", "pagetoken"}
@@ -71,7 +86,7 @@ def is_sensitive_name(name: str) -> bool:
     words = _words(name)
     if "".join(words) in _NOT_SENSITIVE:
         return False
-    return any(tuple(words[-len(end):]) == end for end in _SENSITIVE_ENDINGS)
+    return any(tuple(words[-len(end) :]) == end for end in _SENSITIVE_ENDINGS)
 
 
 # --- values that refer to a credential instead of being one ---------------------------------------------
@@ -144,8 +159,7 @@ def scan_args(args: list[Any], where: str) -> list[Finding]:
     for i, arg in enumerate(args):
         here = f"{where}[{i}]"
         previous = args[i - 1] if i else None
-        if (isinstance(previous, str) and previous.startswith("-") and "=" not in previous
-                and isinstance(arg, str)):
+        if isinstance(previous, str) and previous.startswith("-") and "=" not in previous and isinstance(arg, str):
             found += scan_pair(previous.lstrip("-"), arg, here)
         else:
             found += scan(arg, here)

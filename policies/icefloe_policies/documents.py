@@ -86,15 +86,17 @@ def parse(document: Any) -> list[Statement]:
         if not is_mapping(raw):
             raise DocumentError(f"unexpected statement {raw!r}")
         condition = raw.get("Condition") or {}
-        statements.append(Statement(
-            effect=str(raw.get("Effect", "")),
-            actions=_strings(raw.get("Action")),
-            not_actions=_strings(raw.get("NotAction")),
-            resources=_strings(raw.get("Resource")),
-            not_resources=_strings(raw.get("NotResource")),
-            principals=_principals(raw.get("Principal")),
-            has_not_principal="NotPrincipal" in raw,
-            condition=dict(condition) if is_mapping(condition) else {},
-            sid=str(raw.get("Sid", "")),
-        ))
+        statements.append(
+            Statement(
+                effect=str(raw.get("Effect", "")),
+                actions=_strings(raw.get("Action")),
+                not_actions=_strings(raw.get("NotAction")),
+                resources=_strings(raw.get("Resource")),
+                not_resources=_strings(raw.get("NotResource")),
+                principals=_principals(raw.get("Principal")),
+                has_not_principal="NotPrincipal" in raw,
+                condition=dict(condition) if is_mapping(condition) else {},
+                sid=str(raw.get("Sid", "")),
+            )
+        )
     return statements

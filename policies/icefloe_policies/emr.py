@@ -26,10 +26,13 @@ def _validate_capacity(args: ResourceValidationArgs, report: ReportViolation) ->
         return
     capacity = get(args.props, "maximumCapacity", default={})
     if not get(capacity, "cpu") or not get(capacity, "memory"):
-        report(message(
-            f"EMR Serverless application '{args.name}' has no maximum capacity, so a runaway job can scale "
-            "without limit and cost.",
-            "set maximum_capacity with cpu and memory (e.g. cpu='16 vCPU', memory='64 GB')."))
+        report(
+            message(
+                f"EMR Serverless application '{args.name}' has no maximum capacity, so a runaway job can scale "
+                "without limit and cost.",
+                "set maximum_capacity with cpu and memory (e.g. cpu='16 vCPU', memory='64 GB').",
+            )
+        )
 
 
 def _validate_auto_stop(args: ResourceValidationArgs, report: ReportViolation) -> None:
@@ -38,10 +41,13 @@ def _validate_auto_stop(args: ResourceValidationArgs, report: ReportViolation) -
     # Omitting autoStopConfiguration is fine: AWS then enables auto-stop (15 idle minutes).
     # Only an explicit `enabled: false` keeps idle workers running.
     if get(args.props, "autoStopConfiguration", "enabled") is False:
-        report(message(
-            f"EMR Serverless application '{args.name}' has auto-stop disabled, so idle pre-initialized "
-            "workers keep running and billing.",
-            "set auto_stop_configuration enabled=True (with idle_timeout_minutes) or omit it."))
+        report(
+            message(
+                f"EMR Serverless application '{args.name}' has auto-stop disabled, so idle pre-initialized "
+                "workers keep running and billing.",
+                "set auto_stop_configuration enabled=True (with idle_timeout_minutes) or omit it.",
+            )
+        )
 
 
 def supported_release(label: str) -> bool:
@@ -55,10 +61,13 @@ def _validate_release(args: ResourceValidationArgs, report: ReportViolation) -> 
         return
     label = str(get(args.props, "releaseLabel", default=""))
     if not supported_release(label):
-        report(message(
-            f"EMR Serverless application '{args.name}' uses release '{label}'; icefloe runs on {SUPPORTED_RELEASES} "
-            "(Spark 3.5 with Scala 2.12, Python 3.11 in the release image, streaming jobs).",
-            "set release_label to 'emr-7.1.0' or a later emr-7.x release."))
+        report(
+            message(
+                f"EMR Serverless application '{args.name}' uses release '{label}'; icefloe runs on {SUPPORTED_RELEASES} "
+                "(Spark 3.5 with Scala 2.12, Python 3.11 in the release image, streaming jobs).",
+                "set release_label to 'emr-7.1.0' or a later emr-7.x release.",
+            )
+        )
 
 
 MAXIMUM_CAPACITY = ResourceValidationPolicy(
@@ -71,7 +80,7 @@ MAXIMUM_CAPACITY = ResourceValidationPolicy(
 AUTO_STOP = ResourceValidationPolicy(
     name="emr-auto-stop",
     description="EMR Serverless applications do not disable auto-stop (absent autoStopConfiguration means "
-                "AWS enables it).",
+    "AWS enables it).",
     validate=_validate_auto_stop,
     severity=Severity.LOW,
     remediation_steps="Set auto_stop_configuration enabled=True or omit it.",

@@ -36,12 +36,23 @@ from .stack import of_type
 
 # Actions that change what a principal may do, or mint credentials for one.
 POLICY_WRITE_ACTIONS = [
-    "iam:CreatePolicyVersion", "iam:SetDefaultPolicyVersion",
-    "iam:AttachRolePolicy", "iam:AttachUserPolicy", "iam:AttachGroupPolicy",
-    "iam:PutRolePolicy", "iam:PutUserPolicy", "iam:PutGroupPolicy", "iam:UpdateAssumeRolePolicy",
-    "iam:PutRolePermissionsBoundary", "iam:DeleteRolePermissionsBoundary",
-    "iam:PutUserPermissionsBoundary", "iam:DeleteUserPermissionsBoundary",
-    "iam:AddUserToGroup", "iam:CreateAccessKey", "iam:CreateLoginProfile", "iam:UpdateLoginProfile",
+    "iam:CreatePolicyVersion",
+    "iam:SetDefaultPolicyVersion",
+    "iam:AttachRolePolicy",
+    "iam:AttachUserPolicy",
+    "iam:AttachGroupPolicy",
+    "iam:PutRolePolicy",
+    "iam:PutUserPolicy",
+    "iam:PutGroupPolicy",
+    "iam:UpdateAssumeRolePolicy",
+    "iam:PutRolePermissionsBoundary",
+    "iam:DeleteRolePermissionsBoundary",
+    "iam:PutUserPermissionsBoundary",
+    "iam:DeleteUserPermissionsBoundary",
+    "iam:AddUserToGroup",
+    "iam:CreateAccessKey",
+    "iam:CreateLoginProfile",
+    "iam:UpdateLoginProfile",
 ]
 PASS_ROLE, ASSUME_ROLE = "iam:PassRole", "sts:AssumeRole"
 
@@ -64,34 +75,47 @@ def _validate_escalation(args: ResourceValidationArgs, report: ReportViolation) 
     for label, statement in policy_statements(args, report, trust=False):
         writes = [a for a in POLICY_WRITE_ACTIONS if statement.grants(a)]
         if writes:
-            report(message(
-                f"'{args.name}' may change IAM permissions ({listing(writes)}; "
-                f"{label}, {statement.label}), so whoever runs as it can grant itself administrator access.",
-                "remove the IAM write actions: icefloe's roles never change IAM; declare roles and policies in "
-                "the Pulumi program instead."))
+            report(
+                message(
+                    f"'{args.name}' may change IAM permissions ({listing(writes)}; "
+                    f"{label}, {statement.label}), so whoever runs as it can grant itself administrator access.",
+                    "remove the IAM write actions: icefloe's roles never change IAM; declare roles and policies in "
+                    "the Pulumi program instead.",
+                )
+            )
         anywhere = _any_role(statement)
         if anywhere and statement.grants(PASS_ROLE):
-            report(message(
-                f"'{args.name}' may pass any role (iam:PassRole on {', '.join(anywhere)}; {label}, {statement.label}), "
-                "so it can hand a more powerful role to a service it starts.",
-                "scope Resource to the stack's job role ARN and add Condition {StringEquals: "
-                "{'iam:PassedToService': 'emr-serverless.amazonaws.com'}}."))
+            report(
+                message(
+                    f"'{args.name}' may pass any role (iam:PassRole on {', '.join(anywhere)}; {label}, {statement.label}), "
+                    "so it can hand a more powerful role to a service it starts.",
+                    "scope Resource to the stack's job role ARN and add Condition {StringEquals: "
+                    "{'iam:PassedToService': 'emr-serverless.amazonaws.com'}}.",
+                )
+            )
         if anywhere and statement.grants(ASSUME_ROLE):
-            report(message(
-                f"'{args.name}' may assume any role (sts:AssumeRole on {', '.join(anywhere)}; {label}, "
-                f"{statement.label}), including roles with more permissions than its own.",
-                "list the ARNs of the roles it needs to assume."))
+            report(
+                message(
+                    f"'{args.name}' may assume any role (sts:AssumeRole on {', '.join(anywhere)}; {label}, "
+                    f"{statement.label}), including roles with more permissions than its own.",
+                    "list the ARNs of the roles it needs to assume.",
+                )
+            )
 
 
 # --- PassRole on roles the stack does not declare ---------------------------------------------------------------
 
-STACK_ROLES_CONFIG = PolicyConfigSchema(properties={
-    "allowedRoleArns": {
-        "type": "array", "items": {"type": "string"}, "default": [],
-        "description": "Roles outside the stack that its policies may pass (ARN patterns, * allowed), "
-                       "e.g. a shared EMR runtime role.",
-    },
-})
+STACK_ROLES_CONFIG = PolicyConfigSchema(
+    properties={
+        "allowedRoleArns": {
+            "type": "array",
+            "items": {"type": "string"},
+            "default": [],
+            "description": "Roles outside the stack that its policies may pass (ARN patterns, * allowed), "
+            "e.g. a shared EMR runtime role.",
+        },
+    }
+)
 
 
 def _stack_roles(resources: Iterable[PolicyResource]) -> tuple[set[str], set[str], bool]:
@@ -109,8 +133,12 @@ def _known_statements(resource: PolicyResource) -> list[tuple[str, Statement]]:
     """Statements of a resource's permission documents; none while a document is unknown (preview) or
     malformed (the resource rules report that)."""
     try:
-        return [(label, statement) for label, document in policy_documents(resource, trust=False)
-                if document is not None for statement in parse(document)]
+        return [
+            (label, statement)
+            for label, document in policy_documents(resource, trust=False)
+            if document is not None
+            for statement in parse(document)
+        ]
     except (UnknownValueError, DocumentError):
         return []
 
@@ -133,17 +161,21 @@ def _validate_stack_roles(args: StackValidationArgs, report: ReportViolation) ->
                 continue  # NotResource is iam-no-privilege-escalation's
             foreign = [r for r in statement.resources if not names_any_role(r) and owned(r) is False]
             if foreign:
-                report(message(
-                    f"'{resource.name}' may pass role(s) the stack does not declare ({', '.join(foreign)}; {label}, "
-                    f"{statement.label}), handing their permissions to whatever service it starts.",
-                    "pass only roles this stack creates (use the role's arn output), or list a shared role in "
-                    "this rule's allowedRoleArns config."), resource.urn)
+                report(
+                    message(
+                        f"'{resource.name}' may pass role(s) the stack does not declare ({', '.join(foreign)}; {label}, "
+                        f"{statement.label}), handing their permissions to whatever service it starts.",
+                        "pass only roles this stack creates (use the role's arn output), or list a shared role in "
+                        "this rule's allowedRoleArns config.",
+                    ),
+                    resource.urn,
+                )
 
 
 NO_PRIVILEGE_ESCALATION = ResourceValidationPolicy(
     name="iam-no-privilege-escalation",
     description="No IAM policy allows IAM policy writes (iam:CreatePolicyVersion, iam:AttachRolePolicy, "
-                "iam:PutRolePolicy, ...), iam:PassRole on any role, or sts:AssumeRole on any role.",
+    "iam:PutRolePolicy, ...), iam:PassRole on any role, or sts:AssumeRole on any role.",
     validate=_validate_escalation,
     severity=Severity.CRITICAL,
     remediation_steps="Remove IAM write actions; scope iam:PassRole and sts:AssumeRole to named role ARNs.",

@@ -27,38 +27,77 @@ IDENTITY_POLICY_TYPES = {tokens.IAM_ROLE_POLICY, tokens.IAM_POLICY, tokens.IAM_U
 
 # Data-plane writes that must name the buckets/tables they touch.
 DATA_WRITE_ACTIONS = [
-    "s3:PutObject", "s3:DeleteObject", "s3:DeleteObjectVersion", "s3:PutObjectAcl", "s3:RestoreObject",
+    "s3:PutObject",
+    "s3:DeleteObject",
+    "s3:DeleteObjectVersion",
+    "s3:PutObjectAcl",
+    "s3:RestoreObject",
     "s3:AbortMultipartUpload",
-    "glue:CreateDatabase", "glue:UpdateDatabase", "glue:DeleteDatabase",
-    "glue:CreateTable", "glue:UpdateTable", "glue:DeleteTable", "glue:BatchDeleteTable",
-    "glue:DeleteTableVersion", "glue:BatchDeleteTableVersion",
-    "glue:CreatePartition", "glue:BatchCreatePartition", "glue:UpdatePartition", "glue:BatchUpdatePartition",
-    "glue:DeletePartition", "glue:BatchDeletePartition",
+    "glue:CreateDatabase",
+    "glue:UpdateDatabase",
+    "glue:DeleteDatabase",
+    "glue:CreateTable",
+    "glue:UpdateTable",
+    "glue:DeleteTable",
+    "glue:BatchDeleteTable",
+    "glue:DeleteTableVersion",
+    "glue:BatchDeleteTableVersion",
+    "glue:CreatePartition",
+    "glue:BatchCreatePartition",
+    "glue:UpdatePartition",
+    "glue:BatchUpdatePartition",
+    "glue:DeletePartition",
+    "glue:BatchDeletePartition",
     # S3 Tables: table data, metadata commits, tables and namespaces.
-    "s3tables:PutTableData", "s3tables:UpdateTableMetadataLocation", "s3tables:CreateTable", "s3tables:DeleteTable",
-    "s3tables:RenameTable", "s3tables:CreateNamespace", "s3tables:DeleteNamespace",
+    "s3tables:PutTableData",
+    "s3tables:UpdateTableMetadataLocation",
+    "s3tables:CreateTable",
+    "s3tables:DeleteTable",
+    "s3tables:RenameTable",
+    "s3tables:CreateNamespace",
+    "s3tables:DeleteNamespace",
     # Amazon MSK (IAM access control): producing, and changing topics and groups.
-    "kafka-cluster:WriteData", "kafka-cluster:CreateTopic", "kafka-cluster:AlterTopic", "kafka-cluster:DeleteTopic",
-    "kafka-cluster:AlterGroup", "kafka-cluster:DeleteGroup",
+    "kafka-cluster:WriteData",
+    "kafka-cluster:CreateTopic",
+    "kafka-cluster:AlterTopic",
+    "kafka-cluster:DeleteTopic",
+    "kafka-cluster:AlterGroup",
+    "kafka-cluster:DeleteGroup",
 ]
 # The first path element of ARNs that name a kind before the name: Glue's table/database/..., S3 Tables'
 # bucket/<name>, MSK's cluster|topic|group/<cluster name>/...
-_KIND_PREFIXES = {"table", "database", "userDefinedFunction", "connection", "bucket", "cluster", "topic", "group",
-                  "transactional-id"}
+_KIND_PREFIXES = {
+    "table",
+    "database",
+    "userDefinedFunction",
+    "connection",
+    "bucket",
+    "cluster",
+    "topic",
+    "group",
+    "transactional-id",
+}
 
 # AWS managed policies that amount to "*" or "<service>:*".
 _BROAD_MANAGED_POLICY = re.compile(
-    r"^arn:aws[\w-]*:iam::aws:policy/(.*/)?(AdministratorAccess|PowerUserAccess|\w*FullAccess)$")
+    r"^arn:aws[\w-]*:iam::aws:policy/(.*/)?(AdministratorAccess|PowerUserAccess|\w*FullAccess)$"
+)
 _ARN_ACCOUNT = re.compile(r"^arn:aws[\w-]*:(?:iam|sts)::(\d{12}):")
 
-ACCOUNT_CONFIG = PolicyConfigSchema(properties={
-    "accountId": {"type": "string", "pattern": "^[0-9]{12}$",
-                  "description": "The stack's AWS account; principals of other accounts are external. "
-                                 "Unset: every AWS-account principal counts as external."},
-})
+ACCOUNT_CONFIG = PolicyConfigSchema(
+    properties={
+        "accountId": {
+            "type": "string",
+            "pattern": "^[0-9]{12}$",
+            "description": "The stack's AWS account; principals of other accounts are external. "
+            "Unset: every AWS-account principal counts as external.",
+        },
+    }
+)
 
 
 # --- where the documents are ------------------------------------------------------------------------------
+
 
 def policy_documents(args: ResourceValidationArgs | PolicyResource, trust: bool) -> Iterator[tuple[str, object]]:
     """(label, document) pairs: the trust policy when `trust`, else the permission documents.
@@ -74,8 +113,9 @@ def policy_documents(args: ResourceValidationArgs | PolicyResource, trust: bool)
         yield "policy", get(args.props, "policy")
 
 
-def policy_statements(args: ResourceValidationArgs, report: ReportViolation,
-                      trust: bool) -> Iterator[tuple[str, Statement]]:
+def policy_statements(
+    args: ResourceValidationArgs, report: ReportViolation, trust: bool
+) -> Iterator[tuple[str, Statement]]:
     """(label, statement) pairs of the resource's documents; a document that cannot be parsed is reported."""
     for label, document in policy_documents(args, trust):
         if document is None:
@@ -84,11 +124,16 @@ def policy_statements(args: ResourceValidationArgs, report: ReportViolation,
             for statement in parse(document):
                 yield label, statement
         except DocumentError as error:
-            report(message(f"The {label} of '{args.name}' cannot be checked: {error}.",
-                           "give a JSON policy document with a Statement list."))
+            report(
+                message(
+                    f"The {label} of '{args.name}' cannot be checked: {error}.",
+                    "give a JSON policy document with a Statement list.",
+                )
+            )
 
 
 # --- principals ---------------------------------------------------------------------------------------------
+
 
 def principal_account(principal: str) -> str | None:
     """Account id of an AWS principal (`123456789012` or an iam/sts ARN), None if it names none."""
@@ -124,13 +169,16 @@ def _validate_external_id(args: ResourceValidationArgs, report: ReportViolation)
         # (AssumeRoleWithWebIdentity/SAML) has no ExternalId and needs an identity provider in this account.
         external = [p for kind, p in statement.principals if kind == "AWS" and is_external(p, own_account)]
         if external and not _requires_external_id(statement):
-            report(message(
-                f"Role '{args.name}' lets {', '.join(external)} assume it ({label}, {statement.label}) without "
-                "an ExternalId, so any other customer of that account's service can reach your data "
-                "(confused deputy).",
-                "add Condition {StringEquals: {'sts:ExternalId': '<the id the service gave you>'}} to the "
-                "statement (and set this rule's accountId config so principals of your own account are "
-                "recognised)."))
+            report(
+                message(
+                    f"Role '{args.name}' lets {', '.join(external)} assume it ({label}, {statement.label}) without "
+                    "an ExternalId, so any other customer of that account's service can reach your data "
+                    "(confused deputy).",
+                    "add Condition {StringEquals: {'sts:ExternalId': '<the id the service gave you>'}} to the "
+                    "statement (and set this rule's accountId config so principals of your own account are "
+                    "recognised).",
+                )
+            )
 
 
 def _validate_wildcard_principal(args: ResourceValidationArgs, report: ReportViolation) -> None:
@@ -139,13 +187,17 @@ def _validate_wildcard_principal(args: ResourceValidationArgs, report: ReportVio
             if not statement.allows:
                 continue
             if ("AWS", "*") in statement.principals or statement.has_not_principal:
-                report(message(
-                    f"'{args.name}' allows any AWS principal ({label}, {statement.label}: "
-                    f"{'NotPrincipal' if statement.has_not_principal else 'Principal *'}).",
-                    "name the accounts, roles or services that need access instead of '*'."))
+                report(
+                    message(
+                        f"'{args.name}' allows any AWS principal ({label}, {statement.label}: "
+                        f"{'NotPrincipal' if statement.has_not_principal else 'Principal *'}).",
+                        "name the accounts, roles or services that need access instead of '*'.",
+                    )
+                )
 
 
 # --- actions and resources --------------------------------------------------------------------------------
+
 
 def _is_wildcard_action(action: str) -> bool:
     return action == "*" or bool(re.fullmatch(r"[\w-]+:\*", action))
@@ -158,15 +210,21 @@ def _validate_wildcard_actions(args: ResourceValidationArgs, report: ReportViola
         broad = [a for a in statement.actions if _is_wildcard_action(a)]
         if broad or statement.not_actions:
             what = ", ".join(broad) if broad else "NotAction (everything else)"
-            report(message(
-                f"'{args.name}' grants every action of a service ({label}, {statement.label}: {what}), "
-                "including writes and deletes.",
-                "list the actions the job needs, e.g. s3:GetObject, s3:PutObject, glue:GetTable, glue:UpdateTable."))
+            report(
+                message(
+                    f"'{args.name}' grants every action of a service ({label}, {statement.label}: {what}), "
+                    "including writes and deletes.",
+                    "list the actions the job needs, e.g. s3:GetObject, s3:PutObject, glue:GetTable, glue:UpdateTable.",
+                )
+            )
     for arn in _managed_policy_arns(args):
         if _BROAD_MANAGED_POLICY.match(arn):
-            report(message(
-                f"'{args.name}' attaches the AWS managed policy {arn}, which grants whole services.",
-                "attach a policy that lists the needed actions on the stack's own resources."))
+            report(
+                message(
+                    f"'{args.name}' attaches the AWS managed policy {arn}, which grants whole services.",
+                    "attach a policy that lists the needed actions on the stack's own resources.",
+                )
+            )
 
 
 def _managed_policy_arns(args: ResourceValidationArgs) -> list[str]:
@@ -202,17 +260,20 @@ def _validate_unscoped_writes(args: ResourceValidationArgs, report: ReportViolat
         writes = _writes(statement)
         unscoped = [r for r in statement.resources if is_unscoped(r)]
         if writes and (unscoped or statement.not_resources):
-            report(message(
-                f"'{args.name}' allows data writes ({listing(writes)}) "
-                f"on every resource ({label}, {statement.label}).",
-                "scope Resource to the stack's bucket (arn:aws:s3:::<bucket>/*) and its Glue catalog, "
-                "database and table ARNs (S3 Tables: the table bucket's ARN; MSK: the cluster's topics)."))
+            report(
+                message(
+                    f"'{args.name}' allows data writes ({listing(writes)}) "
+                    f"on every resource ({label}, {statement.label}).",
+                    "scope Resource to the stack's bucket (arn:aws:s3:::<bucket>/*) and its Glue catalog, "
+                    "database and table ARNs (S3 Tables: the table bucket's ARN; MSK: the cluster's topics).",
+                )
+            )
 
 
 EXTERNAL_ID = ResourceValidationPolicy(
     name="iam-external-trust-requires-external-id",
     description="A role that AWS principals outside the stack's account may assume requires a "
-                "StringEquals sts:ExternalId condition.",
+    "StringEquals sts:ExternalId condition.",
     validate=_validate_external_id,
     config_schema=ACCOUNT_CONFIG,
     severity=Severity.CRITICAL,
@@ -228,7 +289,7 @@ NO_WILDCARD_PRINCIPAL = ResourceValidationPolicy(
 NO_WILDCARD_ACTIONS = ResourceValidationPolicy(
     name="iam-no-wildcard-actions",
     description="No IAM policy allows Action '*', a whole service ('s3:*', 'glue:*'), NotAction, or attaches an "
-                "AWS managed full-access policy.",
+    "AWS managed full-access policy.",
     validate=_validate_wildcard_actions,
     severity=Severity.HIGH,
     remediation_steps="List the needed actions explicitly.",
@@ -236,7 +297,7 @@ NO_WILDCARD_ACTIONS = ResourceValidationPolicy(
 NO_UNSCOPED_WRITES = ResourceValidationPolicy(
     name="iam-no-unscoped-data-writes",
     description="No IAM policy allows S3 object, Glue catalog, S3 Tables or MSK writes on Resource '*' (or an ARN "
-                "naming no bucket/table/cluster).",
+    "naming no bucket/table/cluster).",
     validate=_validate_unscoped_writes,
     severity=Severity.HIGH,
     remediation_steps="Scope Resource to the stack's bucket and Glue ARNs.",

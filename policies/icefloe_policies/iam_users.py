@@ -27,17 +27,20 @@ def _validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
     what, user_input = CREDENTIALS[args.resource_type]
     user = known(args.props, user_input)  # the verdict does not depend on the user, so report it in preview too
     whose = f"IAM user '{user}'" if isinstance(user, str) else "an IAM user"
-    report(message(
-        f"'{args.name}' gives {whose} {what}: a long-lived credential that works until someone deletes it "
-        "and, unlike a role's, is never rotated.",
-        "run the workload on an IAM role (the EMR Serverless job role, a role for CI through OIDC) and give people "
-        "access through IAM Identity Center; remove the user's credentials."))
+    report(
+        message(
+            f"'{args.name}' gives {whose} {what}: a long-lived credential that works until someone deletes it "
+            "and, unlike a role's, is never rotated.",
+            "run the workload on an IAM role (the EMR Serverless job role, a role for CI through OIDC) and give people "
+            "access through IAM Identity Center; remove the user's credentials.",
+        )
+    )
 
 
 NO_LONG_LIVED_CREDENTIALS = ResourceValidationPolicy(
     name="iam-no-long-lived-credentials",
     description="No IAM user access keys, login profiles (console passwords) or service-specific credentials: "
-                "workloads run on roles.",
+    "workloads run on roles.",
     validate=_validate,
     severity=Severity.HIGH,
     remediation_steps="Use an IAM role instead of a user's access key or password.",

@@ -16,9 +16,12 @@ def _validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
     if spec != "SYMMETRIC_DEFAULT":
         return  # AWS rotates only symmetric encryption keys; asymmetric and HMAC keys cannot rotate.
     if get(args.props, "enableKeyRotation") is not True:
-        report(message(
-            f"KMS key '{args.name}' does not rotate its key material.",
-            "set enable_key_rotation=True on the aws.kms.Key (optionally rotation_period_in_days)."))
+        report(
+            message(
+                f"KMS key '{args.name}' does not rotate its key material.",
+                "set enable_key_rotation=True on the aws.kms.Key (optionally rotation_period_in_days).",
+            )
+        )
 
 
 KEY_ROTATION = ResourceValidationPolicy(

@@ -14,10 +14,13 @@ def _validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
         return
     days = get(args.props, "retentionInDays")
     if not days:  # absent or 0 both mean "keep forever"
-        report(message(
-            f"Log group '{args.name}' keeps its logs forever: job logs can hold record samples and cost "
-            "grows without bound.",
-            "set retention_in_days on the aws.cloudwatch.LogGroup (e.g. 30)."))
+        report(
+            message(
+                f"Log group '{args.name}' keeps its logs forever: job logs can hold record samples and cost "
+                "grows without bound.",
+                "set retention_in_days on the aws.cloudwatch.LogGroup (e.g. 30).",
+            )
+        )
 
 
 LOG_RETENTION = ResourceValidationPolicy(

@@ -22,9 +22,20 @@ DEFAULT_ENFORCEMENT = EnforcementLevel.MANDATORY
 
 
 def all_policies() -> list[Policy]:
-    return [*s3.POLICIES, *s3_acls.POLICIES, *resource_policies.POLICIES, *kms.POLICIES, *iam.POLICIES,
-            *escalation.POLICIES, *iam_users.POLICIES, *emr.POLICIES, *scheduler.POLICIES, *secrets.POLICIES,
-            *logs.POLICIES, *tagging.POLICIES]
+    return [
+        *s3.POLICIES,
+        *s3_acls.POLICIES,
+        *resource_policies.POLICIES,
+        *kms.POLICIES,
+        *iam.POLICIES,
+        *escalation.POLICIES,
+        *iam_users.POLICIES,
+        *emr.POLICIES,
+        *scheduler.POLICIES,
+        *secrets.POLICIES,
+        *logs.POLICIES,
+        *tagging.POLICIES,
+    ]
 
 
 @dataclass(frozen=True)
@@ -37,8 +48,11 @@ def default_level(policy: Policy, pack_default: EnforcementLevel = DEFAULT_ENFOR
     return policy.enforcement_level or pack_default
 
 
-def resolve_config(policies: list[Policy], pack_config: Mapping[str, Any] | None = None,
-                   pack_default: EnforcementLevel = DEFAULT_ENFORCEMENT) -> dict[str, PolicySettings]:
+def resolve_config(
+    policies: list[Policy],
+    pack_config: Mapping[str, Any] | None = None,
+    pack_default: EnforcementLevel = DEFAULT_ENFORCEMENT,
+) -> dict[str, PolicySettings]:
     """Per-policy level and properties, reconciled like the Pulumi CLI does for a policy pack config file."""
     pack_config = dict(pack_config or {})
     names = {p.name for p in policies}

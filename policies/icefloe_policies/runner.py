@@ -49,6 +49,7 @@ class Violation:
 @dataclass(frozen=True)
 class Resource:
     """A minimal recorded resource, for hand-built stacks."""
+
     type: str
     name: str
     inputs: Mapping[str, Any]
@@ -77,9 +78,15 @@ def _urn(recorded: Any) -> str:
 
 
 def _options(recorded: Any) -> PolicyResourceOptions:
-    return PolicyResourceOptions(protect=False, ignore_changes=[], delete_before_replace=None, aliases=[],
-                                 custom_timeouts=PolicyCustomTimeouts(0, 0, 0), additional_secret_outputs=[],
-                                 parent=getattr(recorded, "parent", None))
+    return PolicyResourceOptions(
+        protect=False,
+        ignore_changes=[],
+        delete_before_replace=None,
+        aliases=[],
+        custom_timeouts=PolicyCustomTimeouts(0, 0, 0),
+        additional_secret_outputs=[],
+        parent=getattr(recorded, "parent", None),
+    )
 
 
 def _provider(recorded: Any) -> PolicyProviderResource | None:
@@ -97,18 +104,29 @@ def _stack_props(recorded: Any) -> Mapping[str, Any]:
     return engine_props(props)
 
 
-def resource_args(recorded: Any, config: Mapping[str, Any] | None = None,
-                  stack_tags: Mapping[str, str] | None = None) -> ResourceValidationArgs:
+def resource_args(
+    recorded: Any, config: Mapping[str, Any] | None = None, stack_tags: Mapping[str, str] | None = None
+) -> ResourceValidationArgs:
     """What Analyze hands a resource rule: the resource's inputs."""
-    return ResourceValidationArgs(recorded.type, engine_props(recorded.inputs), _urn(recorded), recorded.name,
-                                  _options(recorded), _provider(recorded), config, stack_tags)
+    return ResourceValidationArgs(
+        recorded.type,
+        engine_props(recorded.inputs),
+        _urn(recorded),
+        recorded.name,
+        _options(recorded),
+        _provider(recorded),
+        config,
+        stack_tags,
+    )
 
 
 def stack_resources(recorded: Iterable[Any]) -> list[PolicyResource]:
     """PolicyResources with parents and dependencies linked, as AnalyzeStack builds them."""
     recorded = list(recorded)
-    resources = [PolicyResource(r.type, _stack_props(r), _urn(r), r.name, _options(r), _provider(r), None, [], {})
-                 for r in recorded]
+    resources = [
+        PolicyResource(r.type, _stack_props(r), _urn(r), r.name, _options(r), _provider(r), None, [], {})
+        for r in recorded
+    ]
     by_urn = {r.urn: r for r in resources}
     for rec, resource in zip(recorded, resources):
         resource.parent = by_urn.get(getattr(rec, "parent", None) or "")
@@ -132,12 +150,16 @@ def _run(policy: ResourceValidationPolicy | StackValidationPolicy, args: Any, re
 def _reporter(violations: list[Violation], policy: str, level: EnforcementLevel, resource_urn: str | None = None):
     def report(msg: str, urn: str | None = None) -> None:
         violations.append(Violation(policy, level.value, msg, resource_urn or urn))
+
     return report
 
 
-def run_pack(recorded: Iterable[Any], pack_config: Mapping[str, Any] | None = None,
-             stack_tags: Mapping[str, str] | None = None,
-             policies: list[Policy] | None = None) -> list[Violation]:
+def run_pack(
+    recorded: Iterable[Any],
+    pack_config: Mapping[str, Any] | None = None,
+    stack_tags: Mapping[str, str] | None = None,
+    policies: list[Policy] | None = None,
+) -> list[Violation]:
     """Every violation the pack reports for these resources (resource rules, then stack rules).
 
     `pack_config` has the shape of a `--policy-pack-config` file; disabled rules do not run.

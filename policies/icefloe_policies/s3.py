@@ -40,16 +40,24 @@ def _validate_encryption(args: StackValidationArgs, report: ReportViolation) -> 
     for bucket in _buckets(args):
         configs = attached(args.resources, tokens.BUCKET_SSE, bucket)
         if not configs:
-            report(message(
-                f"Bucket '{bucket.name}' has no server-side encryption configuration.",
-                "add an aws.s3.BucketServerSideEncryptionConfiguration for it with sse_algorithm "
-                "'aws:kms' (or 'aws:kms:dsse') and kms_master_key_id set to the stack's KMS key."), bucket.urn)
+            report(
+                message(
+                    f"Bucket '{bucket.name}' has no server-side encryption configuration.",
+                    "add an aws.s3.BucketServerSideEncryptionConfiguration for it with sse_algorithm "
+                    "'aws:kms' (or 'aws:kms:dsse') and kms_master_key_id set to the stack's KMS key.",
+                ),
+                bucket.urn,
+            )
         elif not any(_uses_kms(c) in (True, None) for c in configs):
-            report(message(
-                f"Bucket '{bucket.name}' is encrypted without KMS (SSE-S3/AES256), so access to the data "
-                "is not governed by the key policy.",
-                "set sse_algorithm to 'aws:kms' (or 'aws:kms:dsse') with kms_master_key_id in its "
-                "BucketServerSideEncryptionConfiguration."), configs[0].urn)
+            report(
+                message(
+                    f"Bucket '{bucket.name}' is encrypted without KMS (SSE-S3/AES256), so access to the data "
+                    "is not governed by the key policy.",
+                    "set sse_algorithm to 'aws:kms' (or 'aws:kms:dsse') with kms_master_key_id in its "
+                    "BucketServerSideEncryptionConfiguration.",
+                ),
+                configs[0].urn,
+            )
 
 
 def _blocks_everything(block: PolicyResource) -> bool:
@@ -61,16 +69,24 @@ def _validate_public_access(args: StackValidationArgs, report: ReportViolation) 
     for bucket in _buckets(args):
         blocks = attached(args.resources, tokens.BUCKET_PUBLIC_ACCESS_BLOCK, bucket)
         if not blocks:
-            report(message(
-                f"Bucket '{bucket.name}' has no public access block, so an ACL or bucket policy can make it "
-                "public.",
-                "add an aws.s3.BucketPublicAccessBlock for it with block_public_acls, block_public_policy, "
-                "ignore_public_acls and restrict_public_buckets all True."), bucket.urn)
+            report(
+                message(
+                    f"Bucket '{bucket.name}' has no public access block, so an ACL or bucket policy can make it "
+                    "public.",
+                    "add an aws.s3.BucketPublicAccessBlock for it with block_public_acls, block_public_policy, "
+                    "ignore_public_acls and restrict_public_buckets all True.",
+                ),
+                bucket.urn,
+            )
         elif not any(_blocks_everything(b) for b in blocks):
             off = [s for s in PUBLIC_ACCESS_SETTINGS if known(blocks[0].props, s) is not True]
-            report(message(
-                f"Bucket '{bucket.name}' has a public access block with {', '.join(off)} not enabled.",
-                "set all four settings of its BucketPublicAccessBlock to True."), blocks[0].urn)
+            report(
+                message(
+                    f"Bucket '{bucket.name}' has a public access block with {', '.join(off)} not enabled.",
+                    "set all four settings of its BucketPublicAccessBlock to True.",
+                ),
+                blocks[0].urn,
+            )
 
 
 def _denies_insecure_transport(document) -> bool:
@@ -97,24 +113,32 @@ def _validate_tls(args: StackValidationArgs, report: ReportViolation) -> None:
             except DocumentError:
                 verdicts.append(False)
         if not any(verdicts):
-            report(message(
-                f"Bucket '{bucket.name}' accepts requests without TLS: no bucket policy denies them.",
-                "attach an aws.s3.BucketPolicy with a statement {Effect: Deny, Principal: '*', Action: 's3:*', "
-                "Resource: [bucket ARN, bucket ARN + '/*'], Condition: {Bool: {'aws:SecureTransport': 'false'}}}."),
-                bucket.urn)
+            report(
+                message(
+                    f"Bucket '{bucket.name}' accepts requests without TLS: no bucket policy denies them.",
+                    "attach an aws.s3.BucketPolicy with a statement {Effect: Deny, Principal: '*', Action: 's3:*', "
+                    "Resource: [bucket ARN, bucket ARN + '/*'], Condition: {Bool: {'aws:SecureTransport': 'false'}}}.",
+                ),
+                bucket.urn,
+            )
 
 
 def _validate_versioning(args: StackValidationArgs, report: ReportViolation) -> None:
     for bucket in filter(is_lakehouse, _buckets(args)):
-        statuses = [known(v.props, "versioningConfiguration", "status")
-                    for v in attached(args.resources, tokens.BUCKET_VERSIONING, bucket)]
+        statuses = [
+            known(v.props, "versioningConfiguration", "status")
+            for v in attached(args.resources, tokens.BUCKET_VERSIONING, bucket)
+        ]
         if not any(s in ("Enabled", UNKNOWN) for s in statuses):
-            report(message(
-                f"Bucket '{bucket.name}' is not versioned, so an overwritten or deleted Iceberg data or "
-                "metadata file cannot be recovered.",
-                "add an aws.s3.BucketVersioning for it with versioning_configuration status 'Enabled' "
-                f"(a bucket that is not the lakehouse can opt out with the tag {TAG_ROLE}=<its role>)."),
-                bucket.urn)
+            report(
+                message(
+                    f"Bucket '{bucket.name}' is not versioned, so an overwritten or deleted Iceberg data or "
+                    "metadata file cannot be recovered.",
+                    "add an aws.s3.BucketVersioning for it with versioning_configuration status 'Enabled' "
+                    f"(a bucket that is not the lakehouse can opt out with the tag {TAG_ROLE}=<its role>).",
+                ),
+                bucket.urn,
+            )
 
 
 ENCRYPTION = StackValidationPolicy(
@@ -123,7 +147,7 @@ ENCRYPTION = StackValidationPolicy(
     validate=_validate_encryption,
     severity=Severity.HIGH,
     remediation_steps="Add aws.s3.BucketServerSideEncryptionConfiguration with sse_algorithm 'aws:kms' and the "
-                      "stack's KMS key.",
+    "stack's KMS key.",
 )
 PUBLIC_ACCESS_BLOCK = StackValidationPolicy(
     name="s3-bucket-public-access-block",
@@ -135,7 +159,7 @@ PUBLIC_ACCESS_BLOCK = StackValidationPolicy(
 DENY_INSECURE_TRANSPORT = StackValidationPolicy(
     name="s3-bucket-deny-insecure-transport",
     description="Every S3 bucket has a bucket policy that denies requests made without TLS "
-                "(aws:SecureTransport = false).",
+    "(aws:SecureTransport = false).",
     validate=_validate_tls,
     severity=Severity.HIGH,
     remediation_steps="Attach a BucketPolicy denying s3:* to '*' when aws:SecureTransport is false.",
@@ -143,7 +167,7 @@ DENY_INSECURE_TRANSPORT = StackValidationPolicy(
 VERSIONING = StackValidationPolicy(
     name="s3-bucket-versioning",
     description=f"The lakehouse bucket (every bucket unless tagged {TAG_ROLE} with another role) has "
-                "versioning enabled.",
+    "versioning enabled.",
     validate=_validate_versioning,
     severity=Severity.MEDIUM,
     remediation_steps="Add aws.s3.BucketVersioning with status 'Enabled'.",

@@ -59,11 +59,14 @@ def _validate_public_acl(args: ResourceValidationArgs, report: ReportViolation) 
         if group := _public_group(uri):
             found.append(f"{permission} to the {group} group")
     if found:
-        report(message(
-            f"'{args.name}' ({args.resource_type.split(':')[-1]}) is made public by its ACL ({', '.join(found)}): "
-            "everyone (AuthenticatedUsers: every AWS account) can reach the data, whatever the bucket policy says.",
-            "drop the ACL (keep 'private' or none) and grant access in the bucket policy to named principals; "
-            "set the bucket's object ownership to BucketOwnerEnforced so ACLs are ignored."))
+        report(
+            message(
+                f"'{args.name}' ({args.resource_type.split(':')[-1]}) is made public by its ACL ({', '.join(found)}): "
+                "everyone (AuthenticatedUsers: every AWS account) can reach the data, whatever the bucket policy says.",
+                "drop the ACL (keep 'private' or none) and grant access in the bucket policy to named principals; "
+                "set the bucket's object ownership to BucketOwnerEnforced so ACLs are ignored.",
+            )
+        )
 
 
 def _lakehouse_buckets(args: StackValidationArgs):
@@ -75,28 +78,34 @@ def _validate_owner_enforced(args: StackValidationArgs, report: ReportViolation)
         for controls in attached(args.resources, tokens.BUCKET_OWNERSHIP_CONTROLS, bucket):
             ownership = known(controls.props, "rule", "objectOwnership")
             if ownership is not UNKNOWN and ownership != BUCKET_OWNER_ENFORCED:
-                report(message(
-                    f"Bucket '{bucket.name}' sets object ownership '{ownership}', which keeps ACLs in force: objects "
-                    "written by other accounts stay theirs and an ACL can open them to the public.",
-                    f"set rule.object_ownership to '{BUCKET_OWNER_ENFORCED}' in its aws.s3.BucketOwnershipControls "
-                    f"(a bucket that is not the lakehouse can opt out with the tag {TAG_ROLE}=<its role>)."),
-                    controls.urn)
+                report(
+                    message(
+                        f"Bucket '{bucket.name}' sets object ownership '{ownership}', which keeps ACLs in force: objects "
+                        "written by other accounts stay theirs and an ACL can open them to the public.",
+                        f"set rule.object_ownership to '{BUCKET_OWNER_ENFORCED}' in its aws.s3.BucketOwnershipControls "
+                        f"(a bucket that is not the lakehouse can opt out with the tag {TAG_ROLE}=<its role>).",
+                    ),
+                    controls.urn,
+                )
 
 
 def _validate_ownership_declared(args: StackValidationArgs, report: ReportViolation) -> None:
     for bucket in _lakehouse_buckets(args):
         if not attached(args.resources, tokens.BUCKET_OWNERSHIP_CONTROLS, bucket):
-            report(message(
-                f"Bucket '{bucket.name}' declares no object ownership, so whether ACLs are disabled depends on "
-                f"AWS's default for new buckets ({BUCKET_OWNER_ENFORCED} since April 2023) rather than on the program.",
-                f"add an aws.s3.BucketOwnershipControls for it with rule object_ownership '{BUCKET_OWNER_ENFORCED}'."),
-                bucket.urn)
+            report(
+                message(
+                    f"Bucket '{bucket.name}' declares no object ownership, so whether ACLs are disabled depends on "
+                    f"AWS's default for new buckets ({BUCKET_OWNER_ENFORCED} since April 2023) rather than on the program.",
+                    f"add an aws.s3.BucketOwnershipControls for it with rule object_ownership '{BUCKET_OWNER_ENFORCED}'.",
+                ),
+                bucket.urn,
+            )
 
 
 NO_PUBLIC_ACL = ResourceValidationPolicy(
     name="s3-no-public-acl",
     description="No bucket, BucketAcl or object has a public canned ACL (public-read, public-read-write, "
-                "authenticated-read) or an ACL grant to the AllUsers or AuthenticatedUsers group.",
+    "authenticated-read) or an ACL grant to the AllUsers or AuthenticatedUsers group.",
     validate=_validate_public_acl,
     severity=Severity.CRITICAL,
     remediation_steps="Remove the public ACL; grant access through the bucket policy to named principals.",
@@ -111,7 +120,7 @@ OWNER_ENFORCED = StackValidationPolicy(
 OWNERSHIP_DECLARED = StackValidationPolicy(
     name="s3-bucket-ownership-declared",
     description=f"The lakehouse bucket declares aws.s3.BucketOwnershipControls (advisory: AWS defaults new buckets "
-                f"to {BUCKET_OWNER_ENFORCED}).",
+    f"to {BUCKET_OWNER_ENFORCED}).",
     validate=_validate_ownership_declared,
     enforcement_level=EnforcementLevel.ADVISORY,
     severity=Severity.LOW,

@@ -17,20 +17,26 @@ def _validate_retry(args: ResourceValidationArgs, report: ReportViolation) -> No
     if args.resource_type != tokens.SCHEDULE:
         return
     if get(args.props, "target", "retryPolicy") is None:
-        report(message(
-            f"Schedule '{args.name}' has no retry policy, so how long a failed StartJobRun is retried is left "
-            "to AWS defaults (185 attempts over 24 hours).",
-            "set target.retry_policy with maximum_retry_attempts and maximum_event_age_in_seconds."))
+        report(
+            message(
+                f"Schedule '{args.name}' has no retry policy, so how long a failed StartJobRun is retried is left "
+                "to AWS defaults (185 attempts over 24 hours).",
+                "set target.retry_policy with maximum_retry_attempts and maximum_event_age_in_seconds.",
+            )
+        )
 
 
 def _validate_dead_letter(args: ResourceValidationArgs, report: ReportViolation) -> None:
     if args.resource_type != tokens.SCHEDULE:
         return
     if not get(args.props, "target", "deadLetterConfig", "arn"):
-        report(message(
-            f"Schedule '{args.name}' has no dead-letter queue, so a job start that keeps failing is dropped "
-            "without a trace.",
-            "set target.dead_letter_config arn to the stack's SQS dead-letter queue."))
+        report(
+            message(
+                f"Schedule '{args.name}' has no dead-letter queue, so a job start that keeps failing is dropped "
+                "without a trace.",
+                "set target.dead_letter_config arn to the stack's SQS dead-letter queue.",
+            )
+        )
 
 
 RETRY_POLICY = ResourceValidationPolicy(

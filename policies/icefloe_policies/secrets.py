@@ -36,16 +36,19 @@ def _places(args: ResourceValidationArgs) -> Iterator[tuple[str, object]]:
 def _validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
     for where, value in _places(args):
         for finding in scan(value, where):
-            report(message(
-                f"'{args.name}' has what looks like a {finding.kind} in plain text at {finding.where} "
-                "(value not shown). It would be stored in the Pulumi state and visible in AWS.",
-                "store it in AWS Secrets Manager and pass the secret's ARN or name; the job reads it at run time."))
+            report(
+                message(
+                    f"'{args.name}' has what looks like a {finding.kind} in plain text at {finding.where} "
+                    "(value not shown). It would be stored in the Pulumi state and visible in AWS.",
+                    "store it in AWS Secrets Manager and pass the secret's ARN or name; the job reads it at run time.",
+                )
+            )
 
 
 NO_PLAINTEXT_CREDENTIALS = ResourceValidationPolicy(
     name="no-plaintext-credentials",
     description="No password, secret key, token or private key in plain text in job arguments, Spark "
-                "parameters, runtime configuration, environment variables or tags.",
+    "parameters, runtime configuration, environment variables or tags.",
     validate=_validate,
     severity=Severity.CRITICAL,
     remediation_steps="Move the value to Secrets Manager and pass its ARN.",

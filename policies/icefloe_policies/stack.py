@@ -33,8 +33,7 @@ def belongs_to(resource: PolicyResource, bucket: PolicyResource) -> bool:
     return value is not UNKNOWN and value in _identifiers(bucket)
 
 
-def attached(resources: Iterable[PolicyResource], types: Iterable[str],
-             bucket: PolicyResource) -> list[PolicyResource]:
+def attached(resources: Iterable[PolicyResource], types: Iterable[str], bucket: PolicyResource) -> list[PolicyResource]:
     return [r for r in of_type(resources, types) if belongs_to(r, bucket)]
 
 

@@ -27,11 +27,15 @@ def _validate(args: StackValidationArgs, report: ReportViolation) -> None:
         tags = effective_tags(resource.props, resource.provider)
         missing = [key for key in REQUIRED_TAGS if not _has_value(tags.get(key))]
         if missing:
-            report(message(
-                f"'{resource.name}' ({resource.resource_type.split(':')[-1]}) is missing the tag(s) "
-                f"{', '.join(missing)}, so it cannot be traced to its stack and owner.",
-                f"tag it with {TAG_STACK}=<stack name> and {TAG_OWNER}=<team or person> (import the keys from "
-                "icefloe_policies), or set them in the AWS provider's default_tags."), resource.urn)
+            report(
+                message(
+                    f"'{resource.name}' ({resource.resource_type.split(':')[-1]}) is missing the tag(s) "
+                    f"{', '.join(missing)}, so it cannot be traced to its stack and owner.",
+                    f"tag it with {TAG_STACK}=<stack name> and {TAG_OWNER}=<team or person> (import the keys from "
+                    "icefloe_policies), or set them in the AWS provider's default_tags.",
+                ),
+                resource.urn,
+            )
 
 
 OWNERSHIP_TAGS = StackValidationPolicy(

@@ -5,14 +5,18 @@ aliases, so a program may register either; the rules accept both.
 """
 
 BUCKET = frozenset({"aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2"})
-BUCKET_SSE = frozenset({
-    "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
-    "aws:s3/bucketServerSideEncryptionConfigurationV2:BucketServerSideEncryptionConfigurationV2",
-})
-BUCKET_VERSIONING = frozenset({
-    "aws:s3/bucketVersioning:BucketVersioning",
-    "aws:s3/bucketVersioningV2:BucketVersioningV2",
-})
+BUCKET_SSE = frozenset(
+    {
+        "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+        "aws:s3/bucketServerSideEncryptionConfigurationV2:BucketServerSideEncryptionConfigurationV2",
+    }
+)
+BUCKET_VERSIONING = frozenset(
+    {
+        "aws:s3/bucketVersioning:BucketVersioning",
+        "aws:s3/bucketVersioningV2:BucketVersioningV2",
+    }
+)
 BUCKET_PUBLIC_ACCESS_BLOCK = frozenset({"aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock"})
 BUCKET_POLICY = frozenset({"aws:s3/bucketPolicy:BucketPolicy"})
 BUCKET_ACL = frozenset({"aws:s3/bucketAcl:BucketAcl", "aws:s3/bucketAclV2:BucketAclV2"})

@@ -67,13 +67,18 @@ class AvroJvmPlan:
     """How one batch's values are decoded in the JVM (built on the driver)."""
 
     reader: dict  # the table's Avro schema (the subject's latest, or the inline one)
-    writers: dict[int | UUID, str]  # schema id (Confluent) or version UUID (Glue) -> writer schema, those the JVM decodes
+    writers: dict[
+        int | UUID, str
+    ]  # schema id (Confluent) or version UUID (Glue) -> writer schema, those the JVM decodes
     inline: bool = False  # no registry: every framed record is decoded with `reader`, its id ignored
     routed: dict[int | UUID, str] = field(default_factory=dict)  # ids left to Python, and why
 
     @property
     def reader_with_marker(self) -> str:
-        marked = {**self.reader, "fields": [*self.reader["fields"], {"name": MARKER, "type": "boolean", "default": True}]}
+        marked = {
+            **self.reader,
+            "fields": [*self.reader["fields"], {"name": MARKER, "type": "boolean", "default": True}],
+        }
         return json.dumps(marked)
 
 
@@ -84,14 +89,19 @@ def plan_avro(spark: SparkSession, decoder: DecoderSpec) -> AvroJvmPlan | None:
     try:
         reader_schema = jvm.Schema.Parser().parse(AvroJvmPlan(reader, {}).reader_with_marker)
     except Exception as error:  # Avro Java is stricter than fastavro (names, defaults)
-        log.warning("%s: Avro Java refuses the table's schema, values are decoded in Python: %s", decoder.topic,
-                    _first_line(error))  # fmt: skip
+        log.warning(
+            "%s: Avro Java refuses the table's schema, values are decoded in Python: %s",
+            decoder.topic,
+            _first_line(error),
+        )
         return None
     if decoder.format == "avro-inline":
         return AvroJvmPlan(reader, {}, inline=True)
     versions: dict[Any, tuple[str, list]]  # by schema id (Confluent) or version UUID (Glue)
     if decoder.format == glue_registry.FORMAT:  # Glue schemas have no references
-        versions = {v: (text, []) for v, text in glue_registry.avro_versions(decoder.registry, MAX_WRITER_VERSIONS).items()}
+        versions = {
+            v: (text, []) for v, text in glue_registry.avro_versions(decoder.registry, MAX_WRITER_VERSIONS).items()
+        }
     else:
         versions = subject_schemas(decoder.registry, subject_for(decoder.topic), MAX_WRITER_VERSIONS)
     writers: dict[int | UUID, str] = {}
@@ -233,8 +243,9 @@ def _checks(schema: Any, expr: str, names: _Names, ids: count, namespace: str = 
     return None  # boolean, numbers, bytes, fixed, enum, decimal: Avro Java's result is Python's; strings apart
 
 
-def _strings(schema: Any, expr: str, names: _Names, ids: count, namespace: str = "", depth: int = 0,
-             nulls: bool = False) -> list[str]:
+def _strings(
+    schema: Any, expr: str, names: _Names, ids: count, namespace: str = "", depth: int = 0, nulls: bool = False
+) -> list[str]:
     """SQL expressions (string or array<string>) giving every string at `expr`, map keys included (not uuids, which
     `_checks` matches, nor enums, whose symbols come from the schema). At depth 1 `expr` is an array of the schema's
     values (`nulls`: it may hold nulls). Collections are reached with field extraction, `map_keys`, `map_values`
@@ -248,11 +259,17 @@ def _strings(schema: Any, expr: str, names: _Names, ids: count, namespace: str =
         return [] if logical == "uuid" else [expr]
     if kind == "record" or kind == "union":
         nulls = nulls or nullable or kind == "union"  # a null record, or the members of a union not taken
-        return [p for name, t in _members(schema) for p in _strings(t, f"{expr}.`{name}`", names, ids, namespace, depth, nulls)]
+        return [
+            p
+            for name, t in _members(schema)
+            for p in _strings(t, f"{expr}.`{name}`", names, ids, namespace, depth, nulls)
+        ]
     if kind == "array" and depth == 0:
         return _strings(schema["items"], expr, names, ids, namespace, 1, _nullable(schema["items"]))
     if kind == "map" and depth == 0:
-        values = _strings(schema["values"], f"map_values({expr})", names, ids, namespace, 1, _nullable(schema["values"]))
+        values = _strings(
+            schema["values"], f"map_values({expr})", names, ids, namespace, 1, _nullable(schema["values"])
+        )
         return [f"map_keys({expr})", *values]
     if kind == "array" and not (nulls or nullable):  # an array of arrays: one array of their items
         return _strings(schema["items"], f"flatten({expr})", names, ids, namespace, 1, _nullable(schema["items"]))
@@ -371,7 +388,9 @@ def _compare(writer, reader, wnames: _Names, rnames: _Names, wns: str, rns: str,
         for item in reader["fields"]:
             found = next((by_name[n] for n in [item["name"], *item.get("aliases", [])] if n in by_name), None)
             if found is not None:
-                differs = _compare(found["type"], item["type"], wnames, rnames, wns, rns, f"{path}.{item['name']}", seen)
+                differs = _compare(
+                    found["type"], item["type"], wnames, rnames, wns, rns, f"{path}.{item['name']}", seen
+                )
                 if differs:
                     return differs
     elif wkind == "array":

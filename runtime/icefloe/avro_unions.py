@@ -26,18 +26,44 @@ Rewrite = Callable[[Any], Any]
 _PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
 # Python type of a decoded value -> the kind of branch it comes from (order matters: bool is an int, datetime a date)
 _VALUE_KINDS: list[tuple[type, str]] = [
-    (bool, "boolean"), (int, "int"), (float, "float"), (str, "string"), (bytes, "bytes"), (list, "array"),
-    (dict, "dict"), (Decimal, "decimal"), (dt.datetime, "datetime"), (dt.date, "date"), (dt.time, "time"),
+    (bool, "boolean"),
+    (int, "int"),
+    (float, "float"),
+    (str, "string"),
+    (bytes, "bytes"),
+    (list, "array"),
+    (dict, "dict"),
+    (Decimal, "decimal"),
+    (dt.datetime, "datetime"),
+    (dt.date, "date"),
+    (dt.time, "time"),
     (uuid.UUID, "uuid"),
-]  # fmt: skip
+]
 _LOGICAL_KINDS = {
-    "decimal": "decimal", "date": "date", "timestamp-millis": "datetime", "timestamp-micros": "datetime",
-    "local-timestamp-millis": "datetime", "local-timestamp-micros": "datetime", "time-millis": "time",
-    "time-micros": "time", "uuid": "uuid",
-}  # fmt: skip
-_BASE_KINDS = {"boolean": "boolean", "int": "int", "long": "int", "float": "float", "double": "float",
-               "string": "string", "enum": "string", "bytes": "bytes", "fixed": "bytes", "array": "array",
-               "map": "dict", "record": "dict"}  # fmt: skip
+    "decimal": "decimal",
+    "date": "date",
+    "timestamp-millis": "datetime",
+    "timestamp-micros": "datetime",
+    "local-timestamp-millis": "datetime",
+    "local-timestamp-micros": "datetime",
+    "time-millis": "time",
+    "time-micros": "time",
+    "uuid": "uuid",
+}
+_BASE_KINDS = {
+    "boolean": "boolean",
+    "int": "int",
+    "long": "int",
+    "float": "float",
+    "double": "float",
+    "string": "string",
+    "enum": "string",
+    "bytes": "bytes",
+    "fixed": "bytes",
+    "array": "array",
+    "map": "dict",
+    "record": "dict",
+}
 
 
 def member_name(index: int) -> str:
@@ -103,7 +129,9 @@ class _Compiler:
         schema, namespace, _ = self.schemas.resolve(schema, namespace)
         kind = _kind(schema)
         if kind == "record":
-            compiled = [(f["name"], self.compile(f["type"], namespace, f"{path}.{f['name']}")) for f in schema["fields"]]
+            compiled = [
+                (f["name"], self.compile(f["type"], namespace, f"{path}.{f['name']}")) for f in schema["fields"]
+            ]
             fields = [(name, rewrite) for name, rewrite in compiled if rewrite is not None]
             if not fields:
                 return None
@@ -121,7 +149,11 @@ class _Compiler:
             return None if inner is None else (lambda value: [None if v is None else inner(v) for v in value])  # type: ignore[misc]  # inner is not None in this branch
         if kind == "map":
             inner = self.compile(schema["values"], namespace, f"{path}{{}}")
-            return None if inner is None else (lambda value: {k: None if v is None else inner(v) for k, v in value.items()})
+            return (
+                None
+                if inner is None
+                else (lambda value: {k: None if v is None else inner(v) for k, v in value.items()})
+            )
         return None
 
     def _single(self, member: Any, namespace: str, path: str) -> Rewrite | None:
@@ -135,7 +167,9 @@ class _Compiler:
     def _union(self, members: list, namespace: str, path: str) -> Rewrite:
         collapse = collapsed(members)
         if collapse == "ambiguous":
-            raise ConfigError(f"{path}: an Avro union of int and long (or float and double) with a logical type is not supported")
+            raise ConfigError(
+                f"{path}: an Avro union of int and long (or float and double) with a logical type is not supported"
+            )
         if collapse:
             return _same
         kinds: dict[str, int] = {}

@@ -86,8 +86,9 @@ def measured_rate(state: CommittedState) -> Rate | None:
     return Rate(found.records / seconds, found.bytes / seconds, max(1.0, found.bytes / found.records), found.cut)
 
 
-def batch_records(seconds: float, rate: Rate | None, mean_record_bytes: float, halvings: int = 0,
-                  cap: int | None = None) -> int:  # fmt: skip
+def batch_records(
+    seconds: float, rate: Rate | None, mean_record_bytes: float, halvings: int = 0, cap: int | None = None
+) -> int:
     """The records a batch reads in `seconds` at the measured `rate` (else, or if more, the default), records of
     `mean_record_bytes`, halved per unfinished attempt, at most `cap` (`maxRecordsPerRun`), at least one."""
     budget_bytes = seconds * rate.bytes_per_s if rate is not None else 0.0
@@ -97,8 +98,9 @@ def batch_records(seconds: float, rate: Rate | None, mean_record_bytes: float, h
     return records if cap is None else min(cap, records)
 
 
-def unfinished_attempts(branches: list[str], state: CommittedState, deadline: Deadline | None,
-                        now: float | None = None) -> int:  # fmt: skip
+def unfinished_attempts(
+    branches: list[str], state: CommittedState, deadline: Deadline | None, now: float | None = None
+) -> int:
     """Runs started since the table's checkpoint was committed that left their branch (of `branches`, the table's
     run branches): stopped (a job's time limit, a SIGKILL, a lost driver) before they published; a run that fails
     otherwise drops its branch. With a deadline, a run younger than the job's time limit may still be writing (runs
@@ -138,8 +140,15 @@ class Sized:
         return sum(r.count for r in self.plan.ranges)
 
 
-def size_batch(table: IcebergTable, conf: dict, spec: TableSpec, state: CommittedState, plan: Plan,
-               deadline: Deadline | None, branches: list[str]) -> Sized:  # fmt: skip
+def size_batch(
+    table: IcebergTable,
+    conf: dict,
+    spec: TableSpec,
+    state: CommittedState,
+    plan: Plan,
+    deadline: Deadline | None,
+    branches: list[str],
+) -> Sized:
     """Cut `plan` (everything pending) to what one batch can publish in time (see the module's docstring);
     `branches`: the table's run branches (`commit.drop_stale_branches`)."""
     pending = sum(r.count for r in plan.ranges)
@@ -158,12 +167,23 @@ def size_batch(table: IcebergTable, conf: dict, spec: TableSpec, state: Committe
     if pending > records:
         speed = rate.bytes_per_s if rate is not None else DEFAULT_BYTES_PER_SECOND
         per_s = f"{speed / 1024:.0f} KiB/s {'measured' if rate is not None else 'assumed'}"
-        log.info("%s: %d of %d pending records this batch (%.0fs at %s, records of %.0f bytes%s%s)", table.identifier,
-                 records, pending, seconds, per_s, mean, f", halved {halvings}x after runs stopped before they published"
-                 if halvings else "", ", maxRecordsPerRun" if records == spec.max_records_per_run else "")  # fmt: skip
+        log.info(
+            "%s: %d of %d pending records this batch (%.0fs at %s, records of %.0f bytes%s%s)",
+            table.identifier,
+            records,
+            pending,
+            seconds,
+            per_s,
+            mean,
+            f", halved {halvings}x after runs stopped before they published" if halvings else "",
+            ", maxRecordsPerRun" if records == spec.max_records_per_run else "",
+        )
         if halvings:
-            log.warning("%s: %d runs since the last commit were stopped before they published; planning smaller "
-                        "batches", table.identifier, halvings)  # fmt: skip
+            log.warning(
+                "%s: %d runs since the last commit were stopped before they published; planning smaller batches",
+                table.identifier,
+                halvings,
+            )
         return Sized(limited(plan, records), mean, cut=True)
     return Sized(plan, mean)
 

@@ -112,8 +112,12 @@ def pyiceberg_catalog(catalog: CatalogSpec, state_dir: Path | None = None, read_
             raise ValueError("a local catalog needs a state directory")
         db_file, warehouse = local_paths(state_dir)
         uri = f"sqlite:///file:{db_file}?mode=ro&uri=true" if read_only else f"sqlite:///{db_file}"
-        return SqlCatalog(CATALOG, uri=uri, warehouse=catalog.warehouse or warehouse.as_uri(),
-                          init_catalog_tables=str(not read_only).lower())  # fmt: skip
+        return SqlCatalog(
+            CATALOG,
+            uri=uri,
+            warehouse=catalog.warehouse or warehouse.as_uri(),
+            init_catalog_tables=str(not read_only).lower(),
+        )
     if catalog.type == "s3tables":
         return _pyiceberg_s3_tables(catalog)
     if not catalog.warehouse:

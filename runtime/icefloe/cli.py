@@ -36,17 +36,28 @@ def build_parser() -> argparse.ArgumentParser:
     when.add_argument("--continuous", action="store_true", help="micro-batches until SIGTERM")
     run.add_argument("--json", action="store_true", help="print one JSON summary per table")
     run.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="local catalog and warehouse (local catalog only)")
-    run.add_argument("--metrics", choices=["emf"], help="emf: a CloudWatch embedded-metric line per table and batch on stdout")
-    run.add_argument("--deadline-minutes", type=float, metavar="N",
-                     help="the job is stopped after N minutes (the deployed jobs pass their timeout): batches are sized "
-                          "to publish well before, and a continuous run ends before it")  # fmt: skip
+    run.add_argument(
+        "--metrics", choices=["emf"], help="emf: a CloudWatch embedded-metric line per table and batch on stdout"
+    )
+    run.add_argument(
+        "--deadline-minutes",
+        type=float,
+        metavar="N",
+        help="the job is stopped after N minutes (the deployed jobs pass their timeout): batches are sized "
+        "to publish well before, and a continuous run ends before it",
+    )
 
     status = commands.add_parser("status", help="freshness per table: last commit, lag, rows, DLQ, data loss")
     status.add_argument("--config", required=True)
     status.add_argument("--table", action="append", default=[], metavar="NAME")
     status.add_argument("--json", action="store_true", help="one JSON object per table (see README)")
-    status.add_argument("--max-lag", action="append", default=[], metavar="N|DURATION",
-                        help=f"exit {EXIT_BEHIND} if a table lags more records (10000) or longer (5m) than this")
+    status.add_argument(
+        "--max-lag",
+        action="append",
+        default=[],
+        metavar="N|DURATION",
+        help=f"exit {EXIT_BEHIND} if a table lags more records (10000) or longer (5m) than this",
+    )
     status.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
 
     maintain = commands.add_parser("maintain", help="compact, expire snapshots, remove orphan files")
@@ -63,8 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--records", type=int, default=100_000)
     demo.add_argument("--partitions", type=int, default=3)
     demo.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
-    demo.add_argument("--format", choices=["avro", "protobuf", "json-schema"], default="avro",
-                      help="how the trades are serialized (through the registry)")
+    demo.add_argument(
+        "--format",
+        choices=["avro", "protobuf", "json-schema"],
+        default="avro",
+        help="how the trades are serialized (through the registry)",
+    )
     return parser
 
 
@@ -88,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
             return _plan(args)
         from icefloe_dev.demo import run_demo
 
-        return run_demo(records=args.records, partitions=args.partitions, state_dir=Path(args.state_dir),
-                        format=args.format)
+        return run_demo(
+            records=args.records, partitions=args.partitions, state_dir=Path(args.state_dir), format=args.format
+        )
     except IcefloeError as error:
         print(f"icefloe: error: {error}", file=sys.stderr)
         return 2
@@ -136,12 +152,15 @@ def _status(args: argparse.Namespace) -> int:
     if any(s.problems for s in statuses):
         return 1
     return EXIT_BEHIND if any(s.behind_max_lag for s in statuses) else 0
+
+
 def _plan(args: argparse.Namespace) -> int:
     try:
         from icefloe_infra.plan import main as plan
     except ImportError as error:
-        raise IcefloeError(f"plan needs the Pulumi program's dependencies ({error.name} is missing): "
-                           "pip install 'icefloe[infra]'") from None
+        raise IcefloeError(
+            f"plan needs the Pulumi program's dependencies ({error.name} is missing): pip install 'icefloe[infra]'"
+        ) from None
     return plan(args.config, as_json=args.json)
 
 

@@ -80,8 +80,10 @@ class Branch:
             append_with_checkpoint(conformed(frame, self.table.schema()), self.identifier, self.checkpoint)
         except Exception:
             if self.table.ref_snapshot_id(self.name) is None:  # Spark refuses to write to a dropped branch
-                raise CommitConflict(f"table {self.table.identifier}: branch {self.name} was dropped while being "
-                                     "written; nothing was committed, the batch will be re-planned") from None  # fmt: skip
+                raise CommitConflict(
+                    f"table {self.table.identifier}: branch {self.name} was dropped while being "
+                    "written; nothing was committed, the batch will be re-planned"
+                ) from None
             raise
         self.checkpointed = True
         self.wrote()

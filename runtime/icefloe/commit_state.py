@@ -32,11 +32,22 @@ TOPIC_ID_KEY = "icefloe.topic-id"  # the Kafka topic id the offsets belong to (a
 DATA_LOSS_KEY = "icefloe.data-loss"  # ranges deleted before they were read (onDataLoss: warn), as JSON
 CARRIED_KEY = "icefloe.carried-from"  # on a maintenance commit: the snapshot whose checkpoint it carries forward
 THROUGHPUT_KEY = "icefloe.throughput"  # the batch's size and start, as JSON (see `Throughput`)
-LEADER_EPOCHS_KEY = "icefloe.leader-epochs"  # per partition, a leader epoch whose log held the offsets (truncation check)
+LEADER_EPOCHS_KEY = (
+    "icefloe.leader-epochs"  # per partition, a leader epoch whose log held the offsets (truncation check)
+)
 CLOCKS_KEY = "icefloe.partition-clocks"  # upsert: each partition's clock at its next offset (epoch ms), as JSON
 Found = TypeVar("Found")
-SUMMARY_KEYS = (OFFSETS_KEY, TOPIC_KEY, RUN_ID_KEY, TOPIC_ID_KEY, DATA_LOSS_KEY, CARRIED_KEY, THROUGHPUT_KEY,
-                LEADER_EPOCHS_KEY, CLOCKS_KEY)
+SUMMARY_KEYS = (
+    OFFSETS_KEY,
+    TOPIC_KEY,
+    RUN_ID_KEY,
+    TOPIC_ID_KEY,
+    DATA_LOSS_KEY,
+    CARRIED_KEY,
+    THROUGHPUT_KEY,
+    LEADER_EPOCHS_KEY,
+    CLOCKS_KEY,
+)
 CARRY_ATTEMPTS = 3
 log = logging.getLogger(__name__)
 
@@ -53,7 +64,9 @@ class Throughput:
     cut: bool = False
 
     def to_json(self) -> str:
-        return json.dumps({"records": self.records, "bytes": self.bytes, "started_ms": self.started_ms, "cut": self.cut})
+        return json.dumps(
+            {"records": self.records, "bytes": self.bytes, "started_ms": self.started_ms, "cut": self.cut}
+        )
 
     @classmethod
     def from_json(cls, text: str) -> Throughput:
@@ -224,8 +237,11 @@ def carry_checkpoint(table: IcebergTable, topic: str) -> None:
         table.create_branch(branch, state.snapshot_id)  # type: ignore[arg-type]  # a table with a checkpoint has a main snapshot
         try:
             empty = table.spark.createDataFrame([], table.spark.table(table.full_name).schema)
-            append_with_checkpoint(empty, f"{table.full_name}.branch_{branch}",
-                                   state.checkpoint.carried(state.checkpoint_snapshot_id))  # type: ignore[arg-type]  # set with the checkpoint  # fmt: skip
+            append_with_checkpoint(
+                empty,
+                f"{table.full_name}.branch_{branch}",
+                state.checkpoint.carried(state.checkpoint_snapshot_id),  # type: ignore[arg-type]  # set with the checkpoint
+            )
             try:
                 table.fast_forward("main", branch)
                 return

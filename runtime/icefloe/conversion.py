@@ -24,8 +24,17 @@ from .batch_columns import KAFKA_COLUMNS, STATUS_COLUMNS
 
 Convert = Callable[[Any], Any]
 # Types a decoder (fastavro) already hands over exactly as Arrow takes them; Arrow itself rejects what overflows.
-_AVRO_NATIVE = (T.BooleanType, T.IntegerType, T.FloatType, T.DoubleType, T.DecimalType, T.TimestampType,
-                T.TimestampNTZType, T.DateType, T.BinaryType)  # fmt: skip
+_AVRO_NATIVE = (
+    T.BooleanType,
+    T.IntegerType,
+    T.FloatType,
+    T.DoubleType,
+    T.DecimalType,
+    T.TimestampType,
+    T.TimestampNTZType,
+    T.DateType,
+    T.BinaryType,
+)
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -77,7 +86,9 @@ class ValueConverter:
 
     def _struct(self, struct: T.StructType, path: str, top: bool = False) -> Convert | None:
         paths = [f"{path}.{f.name}".lstrip(".") for f in struct.fields]
-        fields = [(f.name, self._compile(f.dataType, p) or _same, p in self.required) for f, p in zip(struct.fields, paths)]
+        fields = [
+            (f.name, self._compile(f.dataType, p) or _same, p in self.required) for f, p in zip(struct.fields, paths)
+        ]
         where = path or "value"
         if not self.strict:
             converted = [(name, convert) for name, convert, _ in fields if convert is not _same]
@@ -312,18 +323,33 @@ class BatchBuilder:
     def __len__(self) -> int:
         return len(self.values)
 
-    def add(self, value: dict | None, topic: str, partition: int, offset: int, timestamp_ms: int | None,
-            timestamp_type: str | None, key: bytes | None, headers: list[tuple[str, bytes | None]] | None,
-            tombstone: bool = False, error: RecordFailure | None = None,
-            payload: bytes | None = None) -> None:  # fmt: skip
+    def add(
+        self,
+        value: dict | None,
+        topic: str,
+        partition: int,
+        offset: int,
+        timestamp_ms: int | None,
+        timestamp_type: str | None,
+        key: bytes | None,
+        headers: list[tuple[str, bytes | None]] | None,
+        tombstone: bool = False,
+        error: RecordFailure | None = None,
+        payload: bytes | None = None,
+    ) -> None:
         self.values.append(value)
         self.payloads.append(payload)
         row = (
-            topic, partition, offset, timestamp_ms, timestamp_type, key,
+            topic,
+            partition,
+            offset,
+            timestamp_ms,
+            timestamp_type,
+            key,
             [{"key": k, "value": v} for k, v in headers] if headers else None,
             tombstone,
             *(error if error is not None else (None, None, None, None)),
-        )  # fmt: skip
+        )
         self.rows.append(row)
 
     def build(self) -> pa.RecordBatch:

@@ -32,6 +32,4 @@ def resolve_credentials(ref: SecretRef, what: str) -> tuple[str, str]:
         document = json.loads(payload)
         return document["username"], document["password"]
     except (ValueError, KeyError, TypeError):
-        raise ConfigError(
-            f"{what}: secret {ref.secret_arn} must be JSON with 'username' and 'password'"
-        ) from None
+        raise ConfigError(f"{what}: secret {ref.secret_arn} must be JSON with 'username' and 'password'") from None

@@ -65,17 +65,29 @@ def choose_read_path(spark: SparkSession, decoder: DecoderSpec) -> ReadPath:
     avro = plan_avro(spark, decoder)
     if avro is None:
         return ReadPath(PYTHON, "Avro Java cannot use the table's schema")
-    writers = "inline schema" if avro.inline else f"writer schemas {', '.join(str(i) for i in sorted(avro.writers)) or 'none'}"
+    writers = (
+        "inline schema"
+        if avro.inline
+        else f"writer schemas {', '.join(str(i) for i in sorted(avro.writers)) or 'none'}"
+    )
     return ReadPath(JVM, f"Kafka source and from_avro ({writers})", avro)
 
 
 class JvmBatch:
     """One batch read by the JVM: Spark's Kafka source and `from_avro`, Python only for what the JVM cannot decode."""
 
-    def __init__(self, spark: SparkSession, plan: ReadPlan, avro: AvroJvmPlan | raw_format.RawJvmPlan,
-                 ranges: list[OffsetRange], tasks: int):  # fmt: skip
+    def __init__(
+        self,
+        spark: SparkSession,
+        plan: ReadPlan,
+        avro: AvroJvmPlan | raw_format.RawJvmPlan,
+        ranges: list[OffsetRange],
+        tasks: int,
+    ):
         self.spark, self.plan, self.avro, self.ranges, self.tasks = spark, plan, avro, ranges, tasks
-        self.codec = raw_format if isinstance(avro, raw_format.RawJvmPlan) else avro_jvm  # decoded, exact, value_columns
+        self.codec = (
+            raw_format if isinstance(avro, raw_format.RawJvmPlan) else avro_jvm
+        )  # decoded, exact, value_columns
 
     def _decoded(self) -> DataFrame:
         """Kafka columns, the raw value, the decoded struct and whether the JVM's result is exact."""
@@ -124,12 +136,15 @@ class JvmBatch:
             F.when(~F.col(_EXACT), F.col("value")).alias("value"),  # only what Python decodes keeps its bytes
         ).persist(StorageLevel.DISK_ONLY)
         status = [F.col(TOMBSTONE)] + [
-            F.lit(None).cast(batch_schema[name].dataType).alias(name) for name in (ERROR_CLASS, ERROR_MESSAGE, RAW_VALUE, SCHEMA_ID)
+            F.lit(None).cast(batch_schema[name].dataType).alias(name)
+            for name in (ERROR_CLASS, ERROR_MESSAGE, RAW_VALUE, SCHEMA_ID)
         ]
         exact_rows = kept.where(F.col(_EXACT)).select(*self._values(), *_KAFKA, *status)
         for_python = (
             kept.where(~F.col(_EXACT))
-            .select(*[F.unix_millis(c).alias(f"{c}_ms") if c == "kafka_timestamp" else F.col(c) for c in _KAFKA], "value")
+            .select(
+                *[F.unix_millis(c).alias(f"{c}_ms") if c == "kafka_timestamp" else F.col(c) for c in _KAFKA], "value"
+            )
             .mapInArrow(partial(redecode_rows, self.plan), batch_schema)
             .persist(StorageLevel.DISK_ONLY)
         )

@@ -64,6 +64,10 @@ def commit_dead_letters(
     marks = {p: max(o, state.offsets.get(p, 0)) for p, o in next_offsets.items()}
     checkpoint = Checkpoint(topic, marks, run_id)
     snapshot_id, _ = commit_on_branch(
-        dlq, state.snapshot_id, checkpoint, lambda branch: branch.append(rows), run_timeout_s  # type: ignore[arg-type]  # ensure() gives the table its first snapshot
+        dlq,
+        state.snapshot_id,  # type: ignore[arg-type]  # ensure() gives the table its first snapshot
+        checkpoint,
+        lambda branch: branch.append(rows),
+        run_timeout_s,
     )
     return snapshot_id

@@ -69,11 +69,15 @@ def decoder_spec(table: TableSpec, cluster: SourceCluster) -> DecoderSpec:
     from . import glue_registry
     from .schema_mapping import inline_to_avro
 
-    keys: dict[str, Any] = {"key_fields": table.key or (), "key_format": table.effective_key_format if table.key else None}
+    keys: dict[str, Any] = {
+        "key_fields": table.key or (),
+        "key_format": table.effective_key_format if table.key else None,
+    }
     glue = cluster.schema_registry is not None and cluster.schema_registry.type == "glue"
     if glue and keys["key_format"] in glue_registry.DATA_FORMATS:
-        keys["key_conf"], _ = glue_registry.checked_conf(cluster.schema_registry, table.topic, keys["key_format"],
-                                                         f"table {table.table_name}", key=True)  # fmt: skip
+        keys["key_conf"], _ = glue_registry.checked_conf(
+            cluster.schema_registry, table.topic, keys["key_format"], f"table {table.table_name}", key=True
+        )
     if glue and table.format in glue_registry.DATA_FORMATS:
         return _glue_spec(table, cluster, keys)
     registry = registry_config(cluster.schema_registry, cluster.name) if _confluent(cluster) else None  # type: ignore[arg-type]  # _confluent(cluster) means it has one
@@ -105,7 +109,9 @@ def _registry_format_spec(table: TableSpec, registry: dict[str, str], keys: dict
         kind = latest.schema.schema_type
         expected = "PROTOBUF" if table.format == "protobuf" else "JSON"
         if kind != expected:
-            raise ConfigError(f"subject {subject!r} holds a {kind or 'AVRO'} schema, not {expected} (format {table.format})")
+            raise ConfigError(
+                f"subject {subject!r} holds a {kind or 'AVRO'} schema, not {expected} (format {table.format})"
+            )
         if table.format == "protobuf":
             from .protobuf_schemas import ProtobufSchemas, find_message, serialize_file
 
@@ -127,13 +133,16 @@ def _confluent(cluster: SourceCluster) -> bool:
 def _glue_spec(table: TableSpec, cluster: SourceCluster, keys: dict) -> DecoderSpec:
     from . import glue_registry
 
-    conf, definition = glue_registry.checked_conf(cluster.schema_registry, table.topic, table.format,
-                                                  f"table {table.table_name}")  # fmt: skip
+    conf, definition = glue_registry.checked_conf(
+        cluster.schema_registry, table.topic, table.format, f"table {table.table_name}"
+    )
     message = None
     if table.format == "protobuf":
         from .glue_protobuf import table_message
 
-        message = table_message(definition, table.message_type, f"table {table.table_name} (Glue schema {conf['schema']!r})")
+        message = table_message(
+            definition, table.message_type, f"table {table.table_name} (Glue schema {conf['schema']!r})"
+        )
     return DecoderSpec(glue_registry.FORMAT, table.topic, definition, conf, message_type=message, **keys)
 
 
@@ -246,7 +255,9 @@ def build_key_decoder(spec: DecoderSpec) -> Callable[[bytes], dict]:
         from .raw_format import utf8
 
         if len(spec.key_fields) != 1:
-            raise ConfigError(f"{spec.topic}: keyFormat {spec.key_format} can only give one key field, not {spec.key_fields}")
+            raise ConfigError(
+                f"{spec.topic}: keyFormat {spec.key_format} can only give one key field, not {spec.key_fields}"
+            )
         field_name, as_text = spec.key_fields[0], spec.key_format == "string"
         return lambda data: {field_name: utf8(data, "key") if as_text else data}
     if spec.key_conf is not None:  # framed for the AWS Glue Schema Registry, decoded as written
@@ -318,7 +329,9 @@ def _inline_avro_decoder(schema_str: str) -> Decoder:
         except fastavro_gaps.UnionIndexError:
             raise
         except Exception as error:  # fastavro raises many types on corrupt input
-            raise ValueError(f"Avro payload does not match the inline schema ({type(error).__name__})") from None  # its text may quote data
+            raise ValueError(
+                f"Avro payload does not match the inline schema ({type(error).__name__})"
+            ) from None  # its text may quote data
         if buffer.tell() != len(data) - 5:
             raise ValueError("Avro payload has trailing bytes: written with another schema?")
         return value

@@ -69,11 +69,27 @@ def clock_skew(error: BaseException, identifier: str) -> ClockSkew | None:
 # Words in a JVM or client error that mark a passing environment failure (network, throttling, a service briefly
 # away), as opposed to a bug or bad data. Matched case-insensitively against the error's text.
 _TRANSIENT_MARKS = (
-    "connection refused", "connect timed out", "connection reset", "unable to execute http request",
-    "sdkclientexception", "serviceunavailable", "service unavailable", "throttl", "slowdown", "slow down",
-    "requesttimeout", "timed out", "timeout", "temporarily", "too many requests", "broker transport failure",
-    "all brokers are down", "unknownhost", "no route to host",
-    "sqlite_busy", "database is locked",  # the local catalog held by another run: re-plan once it is free
+    "connection refused",
+    "connect timed out",
+    "connection reset",
+    "unable to execute http request",
+    "sdkclientexception",
+    "serviceunavailable",
+    "service unavailable",
+    "throttl",
+    "slowdown",
+    "slow down",
+    "requesttimeout",
+    "timed out",
+    "timeout",
+    "temporarily",
+    "too many requests",
+    "broker transport failure",
+    "all brokers are down",
+    "unknownhost",
+    "no route to host",
+    "sqlite_busy",
+    "database is locked",  # the local catalog held by another run: re-plan once it is free
     # A catalog commit that lost a race and was not retried by Iceberg (a schema change: Iceberg re-applies it to the
     # metadata it first read, and Glue refuses that every time). Nothing was committed; the next attempt re-reads.
     "commitfailedexception",
@@ -89,7 +105,9 @@ _TRANSIENT_JAVA = {
     "org.apache.iceberg.exceptions.CommitStateUnknownException",
     "org.apache.iceberg.exceptions.ServiceUnavailableException",  # a REST catalog's 503 (S3 Tables)
     "software.amazon.awssdk.core.exception.SdkClientException",  # no answer from AWS (network, timeouts)
-    "java.net.SocketTimeoutException", "java.net.ConnectException", "java.net.UnknownHostException",
+    "java.net.SocketTimeoutException",
+    "java.net.ConnectException",
+    "java.net.UnknownHostException",
 }
 
 

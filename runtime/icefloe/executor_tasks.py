@@ -75,9 +75,15 @@ def _read(plan: ReadPlan, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.Record
             for msg in read_range(plan.kafka_conf, offset_range):
                 kind, ts = msg.timestamp()
                 yield from records.add(
-                    msg.value(), msg.key(), msg.topic(), msg.partition(), msg.offset(), ts if kind else None,  # type: ignore[arg-type]  # set on a consumed message
-                    _TIMESTAMP_TYPES.get(kind), msg.headers(),
-                )  # fmt: skip
+                    msg.value(),
+                    msg.key(),
+                    msg.topic(),  # type: ignore[arg-type]  # set on a consumed message
+                    msg.partition(),  # type: ignore[arg-type]  # set on a consumed message
+                    msg.offset(),  # type: ignore[arg-type]  # set on a consumed message
+                    ts if kind else None,
+                    _TIMESTAMP_TYPES.get(kind),
+                    msg.headers(),
+                )
     yield from records.flush()
 
 
@@ -87,9 +93,15 @@ def _redecode(plan: ReadPlan, rows: Iterator[pa.RecordBatch]) -> Iterator[pa.Rec
         for row in batch.to_pylist():
             headers = [(h["key"], h["value"]) for h in row["kafka_headers"]] if row["kafka_headers"] else None
             yield from records.add(
-                row["value"], row["kafka_key"], row["kafka_topic"], row["kafka_partition"], row["kafka_offset"],
-                row["kafka_timestamp_ms"], row["kafka_timestamp_type"], headers,
-            )  # fmt: skip
+                row["value"],
+                row["kafka_key"],
+                row["kafka_topic"],
+                row["kafka_partition"],
+                row["kafka_offset"],
+                row["kafka_timestamp_ms"],
+                row["kafka_timestamp_type"],
+                headers,
+            )
     yield from records.flush()
 
 
@@ -112,8 +124,17 @@ class _Records:
         self.framed = plan.decoder.format.startswith("avro") or plan.decoder.format in ("protobuf", "json-schema")
         self.bytes = 0  # raw bytes of the records in the builder
 
-    def add(self, payload: bytes | None, key: bytes | None, topic: str, partition: int, offset: int,
-            timestamp_ms: int | None, timestamp_type: str | None, headers) -> Iterator[pa.RecordBatch]:  # fmt: skip
+    def add(
+        self,
+        payload: bytes | None,
+        key: bytes | None,
+        topic: str,
+        partition: int,
+        offset: int,
+        timestamp_ms: int | None,
+        timestamp_type: str | None,
+        headers,
+    ) -> Iterator[pa.RecordBatch]:
         value, failure = None, None
         try:
             _check_timestamp(timestamp_ms)
@@ -123,9 +144,18 @@ class _Records:
             if bad.kind == INVALID_TIMESTAMP:  # the row's timestamp column cannot hold it
                 timestamp_ms = None
         self.builder.add(
-            value, topic, partition, offset, timestamp_ms, timestamp_type, key, headers,
-            tombstone=payload is None and failure is None, error=failure, payload=payload,
-        )  # fmt: skip
+            value,
+            topic,
+            partition,
+            offset,
+            timestamp_ms,
+            timestamp_type,
+            key,
+            headers,
+            tombstone=payload is None and failure is None,
+            error=failure,
+            payload=payload,
+        )
         self.bytes += len(payload or b"") + len(key or b"")
         if len(self.builder) >= self.plan.batch_rows or self.bytes >= self.plan.batch_bytes:
             yield from self.flush()
@@ -146,13 +176,17 @@ def _check_timestamp(timestamp_ms: int | None) -> None:
     """A Kafka timestamp the table's timestamp column cannot hold makes a bad record (a producer that set
     nanoseconds or microseconds where Kafka wants milliseconds)."""
     if timestamp_ms is not None and not KAFKA_TIMESTAMP_MS[0] <= timestamp_ms <= KAFKA_TIMESTAMP_MS[1]:
-        raise _Bad(INVALID_TIMESTAMP, f"Kafka timestamp {timestamp_ms} ms is outside years 1 to 9999 (not milliseconds?)")
+        raise _Bad(
+            INVALID_TIMESTAMP, f"Kafka timestamp {timestamp_ms} ms is outside years 1 to 9999 (not milliseconds?)"
+        )
 
 
 def _value(plan: ReadPlan, decode, decode_key, convert, payload: bytes | None, key: bytes | None) -> dict | None:
     key_fields = plan.decoder.key_fields
     if (plan.needs_key or (key_fields and payload is None)) and not key:
-        raise _Bad("InvalidKey", "upsert needs a non-empty record key, got " + ("none" if key is None else "an empty one"))
+        raise _Bad(
+            "InvalidKey", "upsert needs a non-empty record key, got " + ("none" if key is None else "an empty one")
+        )
     if payload is None:
         if not key_fields:
             return None  # a tombstone
@@ -162,7 +196,9 @@ def _value(plan: ReadPlan, decode, decode_key, convert, payload: bytes | None, k
             raise _Bad("InvalidKey", f"tombstone key: {error}") from None
     else:
         if len(payload) > plan.max_record_bytes:
-            raise _Bad("RecordTooLarge", f"value of {len(payload)} bytes exceeds maxRecordBytes {plan.max_record_bytes}")
+            raise _Bad(
+                "RecordTooLarge", f"value of {len(payload)} bytes exceeds maxRecordBytes {plan.max_record_bytes}"
+            )
         try:
             decoded = decode(payload)
         except ValueError as error:

@@ -28,7 +28,9 @@ _GUARDED = "__icefloe_guarded"  # marks a parsed record schema already guarded (
 
 class UnionIndexError(ValueError):
     def __init__(self) -> None:
-        super().__init__("Avro union branch index out of range (negative, or past the union's branches): a corrupt payload")
+        super().__init__(
+            "Avro union branch index out of range (negative, or past the union's branches): a corrupt payload"
+        )
 
 
 def _nanos(epoch: dt.datetime) -> Callable[..., dt.datetime]:

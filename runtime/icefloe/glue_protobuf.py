@@ -104,10 +104,14 @@ def payload_decoder(writer: str, table: str, message_type: str | None) -> Callab
         index, start = _index(payload)
         if index not in classes:
             if index >= len(types):
-                raise ValueError(f"Glue Protobuf message index {index} does not exist: the writer version has "
-                                 f"{len(types)} message type(s)")  # fmt: skip
+                raise ValueError(
+                    f"Glue Protobuf message index {index} does not exist: the writer version has "
+                    f"{len(types)} message type(s)"
+                )
             if message_type is not None and types[index].full_name != message_type:
-                raise ValueError(f"record is a {types[index].full_name} (message index {index}), the table reads {message_type}")
+                raise ValueError(
+                    f"record is a {types[index].full_name} (message index {index}), the table reads {message_type}"
+                )
             classes[index] = GetMessageClass(types[index])
         message = classes[index]()
         try:

@@ -37,14 +37,23 @@ FORMAT = "glue"  # DecoderSpec.format of a table whose values are framed for the
 HEADER = 0x03
 COMPRESSION = {0x00: None, 0x05: "zlib"}
 PREFIX = 18  # header, compression, UUID
-DATA_FORMATS = {"avro": "AVRO", "json-schema": "JSON", "protobuf": "PROTOBUF"}  # the table's `format` -> the Glue DataFormat it reads
+DATA_FORMATS = {
+    "avro": "AVRO",
+    "json-schema": "JSON",
+    "protobuf": "PROTOBUF",
+}  # the table's `format` -> the Glue DataFormat it reads
 Decoder = Callable[[bytes], Any]
 
 
 def registry_conf(registry, topic: str, key: bool = False) -> dict[str, str]:
     """What executors need to reach the registry (no credential: AWS clients take them from the environment)."""
-    return {"type": "glue", "registry": registry.registry_name, "region": registry.region,
-            "endpoint": registry.endpoint or "", "schema": registry.glue_schema(topic, key)}  # fmt: skip
+    return {
+        "type": "glue",
+        "registry": registry.registry_name,
+        "region": registry.region,
+        "endpoint": registry.endpoint or "",
+        "schema": registry.glue_schema(topic, key),
+    }
 
 
 def checked_conf(registry, topic: str, fmt: str, where: str, key: bool = False) -> tuple[dict[str, str], str]:
@@ -53,8 +62,10 @@ def checked_conf(registry, topic: str, fmt: str, where: str, key: bool = False) 
     conf = registry_conf(registry, topic, key)
     data_format, definition = latest_version(conf)
     if data_format != DATA_FORMATS[fmt]:
-        raise ConfigError(f"{where}: the Glue {'key ' if key else ''}schema {conf['schema']!r} is {data_format}, not "
-                          f"{DATA_FORMATS[fmt]} ({'keyFormat' if key else 'format'} {fmt})")  # fmt: skip
+        raise ConfigError(
+            f"{where}: the Glue {'key ' if key else ''}schema {conf['schema']!r} is {data_format}, not "
+            f"{DATA_FORMATS[fmt]} ({'keyFormat' if key else 'format'} {fmt})"
+        )
     return conf | {"data_format": data_format}, definition
 
 
@@ -174,7 +185,8 @@ def decoder(conf: dict[str, str], table_schema: str | None = None, message_type:
 
     def for_version(version: UUID) -> Decoder:
         found = _VERSIONS.get(version) or _schema_version(
-            client, conf, ("EntityNotFoundException", "InvalidInputException"), SchemaVersionId=str(version))
+            client, conf, ("EntityNotFoundException", "InvalidInputException"), SchemaVersionId=str(version)
+        )
         if found is None:
             raise ValueError(f"schema version {version} is not in the {_where(conf)}")
         if found["Status"] == "AVAILABLE":
@@ -223,7 +235,9 @@ def avro_payload(writer: str, reader: str | None, message_type: str | None = Non
         except UnionIndexError:
             raise
         except Exception as error:  # fastavro raises many types on corrupt input
-            raise ValueError(f"Avro payload cannot be decoded: {type(error).__name__}: {unpadded(str(error))}") from None
+            raise ValueError(
+                f"Avro payload cannot be decoded: {type(error).__name__}: {unpadded(str(error))}"
+            ) from None
         return rewrite(value)
 
     return decode
@@ -261,9 +275,13 @@ def _protobuf_fields(definition: str, subject: str, message_type: str | None) ->
 
 # DataFormat -> factory(writer version's definition, the table's definition, its message type; None, None for keys)
 PAYLOAD_DECODERS: dict[str, Callable[[str, str | None, str | None], Decoder]] = {
-    "AVRO": avro_payload, "JSON": _json_payload, "PROTOBUF": _protobuf_payload,
-}  # fmt: skip
+    "AVRO": avro_payload,
+    "JSON": _json_payload,
+    "PROTOBUF": _protobuf_payload,
+}
 # DataFormat -> function(the table's definition, what to name in errors, its message type) -> the table's value fields
 VALUE_FIELDS: dict[str, Callable[[str, str, str | None], list]] = {
-    "AVRO": _avro_fields, "JSON": _json_fields, "PROTOBUF": _protobuf_fields,
-}  # fmt: skip
+    "AVRO": _avro_fields,
+    "JSON": _json_fields,
+    "PROTOBUF": _protobuf_fields,
+}

@@ -75,14 +75,18 @@ class IcebergTable:
     def exists(self) -> bool:
         LOADS["exists"] += 1
         catalog = self.spark._jsparkSession.sessionState().catalogManager().catalog(CATALOG).icebergCatalog()
-        return catalog.tableExists(jvm_gateway(self.spark).org.apache.iceberg.catalog.TableIdentifier.parse(self.identifier))
+        return catalog.tableExists(
+            jvm_gateway(self.spark).org.apache.iceberg.catalog.TableIdentifier.parse(self.identifier)
+        )
 
     def java(self):
         """The table through Iceberg's Java API, loaded from the catalog now (other writers commit: never cached).
         Reading refs, snapshots and their summaries here is a few calls, where a query of a metadata table would be
         a Spark job."""
         LOADS["java"] += 1
-        return jvm_gateway(self.spark).org.apache.iceberg.spark.Spark3Util.loadIcebergTable(self.spark._jsparkSession, self.full_name)
+        return jvm_gateway(self.spark).org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+            self.spark._jsparkSession, self.full_name
+        )
 
     def ensure(
         self,
@@ -227,8 +231,14 @@ class IcebergTable:
                 if "CommitFailedException" not in str(error) or attempt == REF_COMMIT_ATTEMPTS:
                     raise
             delay = REF_RETRY_DELAY_S * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)
-            log.info("%s: a refs commit lost a race with another writer (attempt %d of %d), retried in %.1fs on the "
-                     "table as it is then", self.identifier, attempt, REF_COMMIT_ATTEMPTS, delay)  # fmt: skip
+            log.info(
+                "%s: a refs commit lost a race with another writer (attempt %d of %d), retried in %.1fs on the "
+                "table as it is then",
+                self.identifier,
+                attempt,
+                REF_COMMIT_ATTEMPTS,
+                delay,
+            )
             time.sleep(delay)
             attempt += 1
 
@@ -268,9 +278,11 @@ def _type_changes(old: T.DataType, new: T.DataType, name: str) -> list[str]:
     if pair[0] == pair[1]:
         return []
     widening = pair in _WIDENINGS or (
-        isinstance(old, T.DecimalType) and isinstance(new, T.DecimalType)
-        and old.scale == new.scale and new.precision > old.precision
-    )  # fmt: skip
+        isinstance(old, T.DecimalType)
+        and isinstance(new, T.DecimalType)
+        and old.scale == new.scale
+        and new.precision > old.precision
+    )
     if not widening:
         raise ConfigError(f"column {name.replace('`', '')} changed from {pair[0]} to {pair[1]}: not a safe evolution")
     return [f"ALTER COLUMN {name} TYPE {pair[1]}"]

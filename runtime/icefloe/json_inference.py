@@ -115,8 +115,13 @@ def spark_type(kind: Inferred):
     if kind == "null":
         return None
     if isinstance(kind, str):
-        return {"boolean": T.BooleanType(), "int": T.IntegerType(), "long": T.LongType(), "double": T.DoubleType(),
-                "string": T.StringType()}[kind]  # fmt: skip
+        return {
+            "boolean": T.BooleanType(),
+            "int": T.IntegerType(),
+            "long": T.LongType(),
+            "double": T.DoubleType(),
+            "string": T.StringType(),
+        }[kind]
     if "either" in kind:
         return T.StringType()
     if "list" in kind:
@@ -140,11 +145,14 @@ def evolved(current, batch: Inferred):
         have = {f.name.lower() for f in current.fields}
         kinds = dict(same["struct"])
         fields = [T.StructField(f.name, evolved(f.dataType, kinds.get(f.name, "null")), True) for f in current.fields]
-        fields += [T.StructField(k, spark_type(t), True) for k, t in same["struct"]
-                   if k.lower() not in have and t != "null"]  # fmt: skip
+        fields += [
+            T.StructField(k, spark_type(t), True) for k, t in same["struct"] if k.lower() not in have and t != "null"
+        ]
         return T.StructType(fields)
     if isinstance(current, T.ArrayType) and same is not None:
-        return T.ArrayType(evolved(current.elementType, same["list"]) if same["list"] != "null" else current.elementType, True)
+        return T.ArrayType(
+            evolved(current.elementType, same["list"]) if same["list"] != "null" else current.elementType, True
+        )
     return current
 
 
@@ -173,7 +181,9 @@ def infer_ranges(kafka_conf: dict, max_record_bytes: int, tasks: Iterator[pa.Rec
     for task_batch in tasks:
         for task in task_batch.to_pylist():
             kind: Inferred = "null"
-            for msg in read_range(kafka_conf, OffsetRange(task["topic"], task["partition"], task["start"], task["end"])):
+            for msg in read_range(
+                kafka_conf, OffsetRange(task["topic"], task["partition"], task["start"], task["end"])
+            ):
                 value = msg.value()
                 if value is None or len(value) > max_record_bytes:
                     continue
@@ -201,6 +211,7 @@ def _shaper(dtype, path: str) -> Callable[[Any], Any]:
     if isinstance(dtype, T.StringType):
         return lambda v: v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, separators=(",", ":"))
     if isinstance(dtype, T.DoubleType):
+
         def double(v: Any) -> Any:
             if isinstance(v, int) and not isinstance(v, bool) and float(v) != v:
                 raise ValueError(f"{path}: an integer that cannot be held exactly by the double column")  # no value
@@ -234,7 +245,8 @@ def infer_batch(spark, kafka_conf: dict, tasks: list, max_record_bytes: int) -> 
     from functools import partial, reduce
 
     rows = [(t.topic, t.partition, t.start, t.end) for t in tasks]
-    frame = spark.createDataFrame(spark.sparkContext.parallelize(rows, max(1, len(rows))),
-                                  "topic string, partition int, start long, end long")  # fmt: skip
+    frame = spark.createDataFrame(
+        spark.sparkContext.parallelize(rows, max(1, len(rows))), "topic string, partition int, start long, end long"
+    )
     kinds = frame.mapInArrow(partial(infer_ranges, kafka_conf, max_record_bytes), "type string").collect()
     return reduce(unify, (json.loads(row.type) for row in kinds), "null")

@@ -111,10 +111,15 @@ class _Shapes:
         if kind == "object":
             extra = node.get("additionalProperties")
             if "properties" in node:
-                fields = [(name, self.shape(sub, document, f"{path}.{name}", seen)) for name, sub in node["properties"].items()]
+                fields = [
+                    (name, self.shape(sub, document, f"{path}.{name}", seen))
+                    for name, sub in node["properties"].items()
+                ]
                 keep_extra = "additionalProperties" in node and extra is not False
                 if keep_extra and EXTRA_COLUMN in node["properties"]:
-                    raise ConfigError(f"{path}: property {EXTRA_COLUMN!r} clashes with the column for additional properties")
+                    raise ConfigError(
+                        f"{path}: property {EXTRA_COLUMN!r} clashes with the column for additional properties"
+                    )
                 if not fields and not keep_extra:
                     return ("json",)
                 return ("struct", fields, keep_extra)
@@ -186,7 +191,9 @@ def failed_rule(error) -> str:
     where = "value" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
     rule = error.validator
     if rule == "required":
-        missing = [name for name in error.validator_value if isinstance(error.instance, dict) and name not in error.instance]
+        missing = [
+            name for name in error.validator_value if isinstance(error.instance, dict) and name not in error.instance
+        ]
         return f"{where}: required property {missing[0] if missing else error.validator_value!r} is missing"
     if rule in ("additionalProperties", "unevaluatedProperties") and error.validator_value is False:
         return f"{where}: additional properties are not allowed ({rule}: false)"
@@ -268,7 +275,9 @@ def validator_for_bundle(bundle: dict, what: str = "the schema"):
     from referencing.jsonschema import DRAFT7
 
     main = bundle["schema"]
-    resources = [(name, Resource.from_contents(doc, default_specification=DRAFT7)) for name, doc in bundle["references"].items()]
+    resources = [
+        (name, Resource.from_contents(doc, default_specification=DRAFT7)) for name, doc in bundle["references"].items()
+    ]
     cls = jsonschema.validators.validator_for(main, default=jsonschema.Draft7Validator)
     try:
         cls.check_schema(main)

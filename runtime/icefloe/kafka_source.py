@@ -186,8 +186,10 @@ def log_bounds(conf: dict[str, str], topic: str, partitions: list[int]) -> dict[
             results = {tp.partition: future.result(PLAN_TIMEOUT_S) for tp, future in futures.items()}
         except KafkaException as error:
             raise _unreachable(conf, error) from None
-        return {p: (r.offset, r.leader_epoch if r.leader_epoch is not None and r.leader_epoch >= 0 else None)
-                for p, r in results.items()}  # fmt: skip
+        return {
+            p: (r.offset, r.leader_epoch if r.leader_epoch is not None and r.leader_epoch >= 0 else None)
+            for p, r in results.items()
+        }
 
     starts, ends = listed(OffsetSpec.earliest()), listed(OffsetSpec.latest())
     return {p: (starts[p][0], *ends[p]) for p in partitions}
@@ -203,7 +205,9 @@ def truncated_below(conf: dict[str, str], topic: str, positions: dict[int, tuple
     consumer = _consumer(conf, **{"auto.offset.reset": "error"})
     found: dict[int, int] = {}
     try:
-        consumer.assign([TopicPartition(topic, p, offset, leader_epoch=epoch) for p, (offset, epoch) in positions.items()])
+        consumer.assign(
+            [TopicPartition(topic, p, offset, leader_epoch=epoch) for p, (offset, epoch) in positions.items()]
+        )
         pending, deadline = set(positions), time.monotonic() + PLAN_TIMEOUT_S
         while pending and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
@@ -292,10 +296,12 @@ def plan_ranges(
     recorded_epochs = known_epochs or {}
     # A new leader epoch (or a log ending below the position): ask the broker where the recorded epoch's log ends.
     moved = {
-        p: (committed[p], recorded_epochs[p]) for p in partitions
-        if p in recorded_epochs and committed.get(p)
+        p: (committed[p], recorded_epochs[p])
+        for p in partitions
+        if p in recorded_epochs
+        and committed.get(p)
         and (bounds[p][2] not in (None, recorded_epochs[p]) or committed[p] > bounds[p][1])
-    }  # fmt: skip
+    }
     diverged = truncated_below(conf, topic, moved)
     truncated: list[LostRange] = []
     for partition in partitions:
@@ -322,8 +328,12 @@ def plan_ranges(
             "table keeps the rows it read there)"
         )
     for cut in [] if quiet else truncated:
-        log.warning("%s: log truncation: %s were read but the log no longer has them: reading on from offset %d",
-                    topic, cut.describe(topic), cut.start)  # fmt: skip
+        log.warning(
+            "%s: log truncation: %s were read but the log no longer has them: reading on from offset %d",
+            topic,
+            cut.describe(topic),
+            cut.start,
+        )
     if lost and on_data_loss == "fail":
         ranges_text = "; ".join(r.describe(topic) for r in lost)
         raise DataLossError(
@@ -418,8 +428,9 @@ def first_record_timestamps(conf: dict[str, str], topic: str, ranges: dict[int, 
     return found
 
 
-def sample_record_bytes(conf: dict[str, str], topic: str, ranges: list[OffsetRange], per_partition: int = 20,
-                        timeout_s: float = 10.0) -> float | None:  # fmt: skip
+def sample_record_bytes(
+    conf: dict[str, str], topic: str, ranges: list[OffsetRange], per_partition: int = 20, timeout_s: float = 10.0
+) -> float | None:
     """The mean size (key and value bytes) of up to `per_partition` records at the start of each range: what a
     batch's records weigh, to size it. None when none could be read in time (the caller then keeps its estimate)."""
     wanted = {r.partition: min(r.end, r.start + per_partition) for r in ranges if r.count}

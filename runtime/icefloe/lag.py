@@ -24,8 +24,14 @@ class PartitionLag:
     lost: int  # records deleted before the table read them, not yet recorded by a run
 
     def as_dict(self) -> dict:
-        return {"partition": self.partition, "committed": self.committed, "end": self.end,
-                "lag_records": self.records, "lag_seconds": _round(self.seconds), "lost_unread": self.lost}  # fmt: skip
+        return {
+            "partition": self.partition,
+            "committed": self.committed,
+            "end": self.end,
+            "lag_records": self.records,
+            "lag_seconds": _round(self.seconds),
+            "lost_unread": self.lost,
+        }
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,9 @@ class Lag:
         return sum(p.lost for p in self.partitions)
 
 
-def measure_lag(conf: dict[str, str], topic: str, committed: dict[int, int], starting: str, now: float | None = None) -> Lag:
+def measure_lag(
+    conf: dict[str, str], topic: str, committed: dict[int, int], starting: str, now: float | None = None
+) -> Lag:
     """The lag of a table whose next offsets are `committed` (empty before its first commit: then it counts from
     where the first run would start, per `startingOffsets`)."""
     plan = plan_ranges(conf, topic, committed, starting, None, on_data_loss="warn", quiet=True)
@@ -58,7 +66,9 @@ def measure_lag(conf: dict[str, str], topic: str, committed: dict[int, int], sta
     for partition, end in sorted(plan.next_offsets.items()):
         start, _ = unread.get(partition, (end, end))
         age = max(0.0, now - stamps[partition]) if partition in stamps else None
-        partitions.append(PartitionLag(partition, committed.get(partition), end, end - start, age, lost.get(partition, 0)))
+        partitions.append(
+            PartitionLag(partition, committed.get(partition), end, end - start, age, lost.get(partition, 0))
+        )
     return Lag(partitions)
 
 

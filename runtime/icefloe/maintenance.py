@@ -43,8 +43,13 @@ CLAIM_ATTEMPTS = 5
 # Compaction commits at most this many times (partial progress): file groups that lose a race fail alone.
 COMPACTION_MAX_COMMITS = 10
 # Iceberg's refusals of a commit that lost a race: a rewrite whose files another commit replaced or deleted from.
-_LOST_RACE_MARKS = ("CommitFailedException", "ValidationException", "Missing required files to delete",
-                    "could not be found in the latest snapshot", "found new position delete")  # fmt: skip
+_LOST_RACE_MARKS = (
+    "CommitFailedException",
+    "ValidationException",
+    "Missing required files to delete",
+    "could not be found in the latest snapshot",
+    "found new position delete",
+)
 
 
 @dataclass
@@ -78,7 +83,8 @@ class MaintenanceResult:
             f"{self.identifier}: data files {self.data_files_before} -> {self.data_files_after}, delete files "
             f"{self.delete_files_before} -> {self.delete_files_after}, expired {self.expired_snapshots} snapshots, "
             f"removed {self.orphan_files_removed} orphan files, TTL deleted {self.rows_expired_by_ttl} rows "
-            f"({self.seconds:.1f}s){lost}" + (f"; {self.dead_letters}" if self.dead_letters else "")
+            f"({self.seconds:.1f}s){lost}"
+            + (f"; {self.dead_letters}" if self.dead_letters else "")
             + (f"; {self.delete_markers}" if self.delete_markers else "")
         )
 
@@ -115,8 +121,12 @@ def bound_snapshots(table: IcebergTable, spec: TableSpec, loaded=None) -> int:
     older_than = offsets_at.timestamp() if offsets_at is not None else time.time()
     loaded.expireSnapshots().expireOlderThan(int(older_than * 1000)).retainLast(CONTINUOUS_SNAPSHOTS_KEPT).commit()
     expired = count - table.java().operations().current().snapshots().size()
-    log.info("%s: expired %d snapshots (continuous mode keeps the newest %d between maintenance runs)",
-             table.identifier, expired, CONTINUOUS_SNAPSHOTS_KEPT)  # fmt: skip
+    log.info(
+        "%s: expired %d snapshots (continuous mode keeps the newest %d between maintenance runs)",
+        table.identifier,
+        expired,
+        CONTINUOUS_SNAPSHOTS_KEPT,
+    )
     return expired
 
 
@@ -183,8 +193,12 @@ def claim(table: IcebergTable, claimant: str, lease_s: float, interval_ms: float
         except Exception as error:
             if "CommitFailedException" not in str(error):
                 raise
-            log.info("%s: claiming maintenance lost a race with another commit (attempt %d of %d); reading the table "
-                     "again", table.identifier, attempt, CLAIM_ATTEMPTS)  # fmt: skip
+            log.info(
+                "%s: claiming maintenance lost a race with another commit (attempt %d of %d); reading the table again",
+                table.identifier,
+                attempt,
+                CLAIM_ATTEMPTS,
+            )
             continue
         # A catalog whose commit checks less than the metadata's version (REST checks only the table's uuid for a
         # property change) lets the last of two claims win: read back who holds the claim.
@@ -207,16 +221,25 @@ def release(table: IcebergTable, claimant: str) -> None:
             removed = jvm_gateway(table.spark).java.util.HashSet()
             removed.add(LEASE_PROPERTY)
             try:
-                operations.commit(base, jvm_gateway(table.spark).org.apache.iceberg.TableMetadata.buildFrom(base)
-                                  .removeProperties(removed).build())  # fmt: skip
+                operations.commit(
+                    base,
+                    jvm_gateway(table.spark)
+                    .org.apache.iceberg.TableMetadata.buildFrom(base)
+                    .removeProperties(removed)
+                    .build(),
+                )
                 return
             except Exception as error:
                 if "CommitFailedException" not in str(error):
                     raise
     except Exception as error:
         cause = str(error).splitlines()[0] if str(error) else type(error).__name__
-        log.warning("%s: could not release the maintenance claim of run %s (it expires by itself): %s",
-                    table.identifier, claimant, cause)  # fmt: skip
+        log.warning(
+            "%s: could not release the maintenance claim of run %s (it expires by itself): %s",
+            table.identifier,
+            claimant,
+            cause,
+        )
 
 
 def _step(table: IcebergTable, result: MaintenanceResult, name: str, action: Callable[[], object]) -> bool:
@@ -229,8 +252,13 @@ def _step(table: IcebergTable, result: MaintenanceResult, name: str, action: Cal
         if not any(mark in text for mark in _LOST_RACE_MARKS):
             raise
         cause = next((line.strip() for line in text.splitlines() if any(m in line for m in _LOST_RACE_MARKS)), "")
-        log.warning("%s: maintenance step %s lost a race with another writer's commit and was skipped (tried again at "
-                    "the next maintenance): %s", table.identifier, name, cause[:300])  # fmt: skip
+        log.warning(
+            "%s: maintenance step %s lost a race with another writer's commit and was skipped (tried again at "
+            "the next maintenance): %s",
+            table.identifier,
+            name,
+            cause[:300],
+        )
         result.lost_races.append(name)
         return False
     result.steps.append(name)
@@ -259,21 +287,37 @@ def _maintain_one(
         compacted: list = []
         # Partial progress: file groups commit on their own, so a batch publishing deletes against some files (an
         # overlapping upsert run) makes only those groups fail, not the whole compaction every time.
-        _step(table, result, "compaction", lambda: compacted.extend(spark.sql(
-            f"CALL {CATALOG}.system.rewrite_data_files(table => '{table.identifier}', options => map("
-            f"'target-file-size-bytes', '{target}', 'min-input-files', '2', 'delete-file-threshold', '1', "
-            "'remove-dangling-deletes', 'true', 'rewrite-all', 'false', 'partial-progress.enabled', 'true', "
-            f"'partial-progress.max-commits', '{COMPACTION_MAX_COMMITS}'))"
-        ).collect()))  # fmt: skip
+        _step(
+            table,
+            result,
+            "compaction",
+            lambda: compacted.extend(
+                spark.sql(
+                    f"CALL {CATALOG}.system.rewrite_data_files(table => '{table.identifier}', options => map("
+                    f"'target-file-size-bytes', '{target}', 'min-input-files', '2', 'delete-file-threshold', '1', "
+                    "'remove-dangling-deletes', 'true', 'rewrite-all', 'false', 'partial-progress.enabled', 'true', "
+                    f"'partial-progress.max-commits', '{COMPACTION_MAX_COMMITS}'))"
+                ).collect()
+            ),
+        )
         if compacted:
             result.rewritten_files = compacted[0].rewritten_data_files_count
             result.compaction_failed_files = compacted[0].asDict().get("failed_data_files_count") or 0
     if result.delete_files_before:
-        _step(table, result, "delete-files", lambda: spark.sql(
-            f"CALL {CATALOG}.system.rewrite_position_delete_files(table => '{table.identifier}')"
-        ).collect())  # fmt: skip
-    _step(table, result, "manifests", lambda: spark.sql(
-        f"CALL {CATALOG}.system.rewrite_manifests(table => '{table.identifier}')").collect())  # fmt: skip
+        _step(
+            table,
+            result,
+            "delete-files",
+            lambda: spark.sql(
+                f"CALL {CATALOG}.system.rewrite_position_delete_files(table => '{table.identifier}')"
+            ).collect(),
+        )
+    _step(
+        table,
+        result,
+        "manifests",
+        lambda: spark.sql(f"CALL {CATALOG}.system.rewrite_manifests(table => '{table.identifier}')").collect(),
+    )
     # The checkpoint on main's head: expiry below may remove where it was written.
     _step(table, result, "carry-checkpoint", lambda: carry_checkpoint(table, spec.topic))
     if managed:
@@ -288,14 +332,21 @@ def _maintain_one(
         keep_from = min(keep_from, offsets_at)
     # Counted as the snapshots that went, not as a difference of counts: batches may commit snapshots meanwhile.
     before = _snapshot_ids(table)
-    if _step(table, result, "expire-snapshots", lambda: spark.sql(
-        f"CALL {CATALOG}.system.expire_snapshots(table => '{table.identifier}', "
-        f"older_than => TIMESTAMP '{_millis(keep_from.astimezone(dt.UTC))}+00:00', "
-        f"retain_last => {settings.min_snapshots_to_keep})"
-    ).collect()):  # fmt: skip
+    if _step(
+        table,
+        result,
+        "expire-snapshots",
+        lambda: spark.sql(
+            f"CALL {CATALOG}.system.expire_snapshots(table => '{table.identifier}', "
+            f"older_than => TIMESTAMP '{_millis(keep_from.astimezone(dt.UTC))}+00:00', "
+            f"retain_last => {settings.min_snapshots_to_keep})"
+        ).collect(),
+    ):
         result.expired_snapshots = len(before - _snapshot_ids(table))
 
-    result.orphan_files_removed = _remove_orphans(table, now - dt.timedelta(seconds=duration_seconds(settings.orphan_file_age)))
+    result.orphan_files_removed = _remove_orphans(
+        table, now - dt.timedelta(seconds=duration_seconds(settings.orphan_file_age))
+    )
     result.steps.append("orphans")
     return _finish(table, result, started)
 

@@ -45,7 +45,7 @@ from .schema_mapping import (
     registry_value_fields,
     required_paths,
     table_struct,
-)  # fmt: skip
+)
 from .spec import IcefloeConfig, TableSpec
 from .upsert import key_columns, merge_batch, positioned
 
@@ -88,8 +88,10 @@ class BatchResult:
         if self.status == "up-to-date":
             return f"{self.identifier}: up to date at offsets {self.as_dict()['offsets']} (nothing committed)"
         if self.status == "yielded":
-            return (f"{self.identifier}: yielded: other runs committed before each of this run's attempts; nothing "
-                    "committed by this run, the next run reads on from what they committed")  # fmt: skip
+            return (
+                f"{self.identifier}: yielded: other runs committed before each of this run's attempts; nothing "
+                "committed by this run, the next run reads on from what they committed"
+            )
         failed = f", {self.records_failed} bad records" if self.records_failed else ""
         if self.data_lost:
             lost = sum(r["end"] - r["start"] for r in self.data_lost)
@@ -141,8 +143,9 @@ class CommitOutcome:
     error_mode: ErrorModeOutcome
 
 
-def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpec,
-                     deadline: Deadline | None = None) -> BatchResult:  # fmt: skip
+def materialize_once(
+    spark: SparkSession, config: IcefloeConfig, table: TableSpec, deadline: Deadline | None = None
+) -> BatchResult:
     """One batch, sized to publish well inside `runTimeout` and the job's `deadline` (`budget`)."""
     started, started_ms = time.monotonic(), int(time.time() * 1000)
     run_id = new_run_id()
@@ -158,23 +161,37 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     iceberg = IcebergTable(spark, identifier)
     first = Checkpoint(table.topic).to_summary()  # a first, empty checkpoint: the base of the first commit
     upsert = table.mode == "upsert"
-    if iceberg.ensure(table_struct(value_fields, upsert), table.partitions, table.maintenance.target_file_size_mb, first):
+    if iceberg.ensure(
+        table_struct(value_fields, upsert), table.partitions, table.maintenance.target_file_size_mb, first
+    ):
         log.info("%s: created table", identifier)
     branches = drop_stale_branches(iceberg, table.run_timeout_seconds)
     state = committed_state(iceberg, table.topic)
     planned = plan_ranges(
-        kafka_conf, table.topic, state.offsets, table.starting_offsets, None, table.on_data_loss, state.topic_id,
+        kafka_conf,
+        table.topic,
+        state.offsets,
+        table.starting_offsets,
+        None,
+        table.on_data_loss,
+        state.topic_id,
         state.leader_epochs,
-    )  # fmt: skip
+    )
     sized = size_batch(iceberg, kafka_conf, table, state, planned, deadline, branches)
     planned = sized.plan
     ranges, next_offsets = planned.ranges, planned.next_offsets
     batch = Batch(ranges, next_offsets)
     if next_offsets == state.offsets and not planned.lost:
         return BatchResult(
-            identifier, table.topic, "up-to-date", snapshot_id=state.snapshot_id, offsets=state.offsets,
-            metadata_location=iceberg.metadata_location(), run_id=run_id, seconds=time.monotonic() - started,
-        )  # fmt: skip
+            identifier,
+            table.topic,
+            "up-to-date",
+            snapshot_id=state.snapshot_id,
+            offsets=state.offsets,
+            metadata_location=iceberg.metadata_location(),
+            run_id=run_id,
+            seconds=time.monotonic() - started,
+        )
     if decoder.format in _REGISTRY_FORMATS:
         # Fetched again now: every record of the planned ranges was written with a version registered before the
         # plan, so the reader schema is at least as new as each writer's (fetched before planning, a version
@@ -188,8 +205,14 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
         for change in iceberg.evolve(table_struct(value_fields, upsert)):
             log.info("%s: schema evolved: %s", identifier, change)
     path = choose_read_path(spark, decoder)
-    log.info("%s: reading %d records from %d partitions, read path %s: %s", identifier, sum(r.count for r in ranges),
-             len(ranges), path.name, path.reason)  # fmt: skip
+    log.info(
+        "%s: reading %d records from %d partitions, read path %s: %s",
+        identifier,
+        sum(r.count for r in ranges),
+        len(ranges),
+        path.name,
+        path.reason,
+    )
     progress.reading(spark, identifier, sum(r.count for r in ranges))
 
     plan = ReadPlan(
@@ -197,7 +220,8 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
         decoder=decoder,
         batch_schema_json=batch_struct(struct).json(),
         value_fields=tuple(f.name for f in value_fields),
-        strict=decoder.format in ("json", "json-schema", json_inference.FORMAT) or glue_registry.reads(decoder.registry_conf, "JSON"),
+        strict=decoder.format in ("json", "json-schema", json_inference.FORMAT)
+        or glue_registry.reads(decoder.registry_conf, "JSON"),
         required=required_paths(table.inline_schema) if decoder.format == "json" else frozenset(),
         needs_key=table.mode == "upsert" and not table.key,
         max_record_bytes=table.max_record_bytes,
@@ -211,8 +235,16 @@ def materialize_once(spark: SparkSession, config: IcefloeConfig, table: TableSpe
     measured = Throughput(sized.records, int(sized.records * sized.mean_record_bytes), started_ms, sized.cut)
     # Upsert: the partitions' clocks carry over every commit, also one that reads nothing (`upsert.positioned`).
     clocks = dict(state.checkpoint.clocks) if upsert and state.checkpoint is not None else {}
-    checkpoint = Checkpoint(table.topic, next_offsets, run_id, planned.topic_id, tuple(planned.lost), throughput=measured,
-                            leader_epochs=planned.leader_epochs, clocks=clocks)  # fmt: skip
+    checkpoint = Checkpoint(
+        table.topic,
+        next_offsets,
+        run_id,
+        planned.topic_id,
+        tuple(planned.lost),
+        throughput=measured,
+        leader_epochs=planned.leader_epochs,
+        clocks=clocks,
+    )
     try:
         outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, path)
     except _TimestampOverflow:  # nothing was committed: the Python path routes the record per `errors`
@@ -259,8 +291,9 @@ def _value_fields(decoder: DecoderSpec, table: TableSpec, identifier: str) -> li
     return inline_value_fields(table.inline_schema)  # type: ignore[arg-type]  # an avro-inline table has one
 
 
-def _infer_json(spark: SparkSession, iceberg: IcebergTable, kafka_conf: dict, table: TableSpec, batch: Batch,
-                decoder: DecoderSpec) -> tuple[DecoderSpec, list, StructType]:  # fmt: skip
+def _infer_json(
+    spark: SparkSession, iceberg: IcebergTable, kafka_conf: dict, table: TableSpec, batch: Batch, decoder: DecoderSpec
+) -> tuple[DecoderSpec, list, StructType]:
     """Schemaless JSON: the batch's types inferred from its records, the table evolved to hold them; returns the
     decoder, value fields and table struct to read the batch with."""
     inferred = json_inference.infer_batch(spark, kafka_conf, batch.tasks(), table.max_record_bytes)
@@ -286,7 +319,13 @@ def _commit(
     offsets are the batch's as the error mode leaves it). On the JVM path an append batch is first committed as the
     JVM decodes it, streamed; only if some record needs Python is it read again with status columns."""
     if not batch.ranges:  # only positions to record (`latest`, an empty or new partition, every unread record lost)
-        snapshot_id, _ = commit_on_branch(iceberg, state.snapshot_id, checkpoint, lambda branch: 0, table.run_timeout_seconds)  # type: ignore[arg-type]  # ensure() gives the table its first snapshot
+        snapshot_id, _ = commit_on_branch(
+            iceberg,
+            state.snapshot_id,  # type: ignore[arg-type]  # ensure() gives the table its first snapshot
+            checkpoint,
+            lambda branch: 0,
+            table.run_timeout_seconds,
+        )
         return CommitOutcome(snapshot_id, 0, ErrorModeOutcome(None, batch, 0, None))  # type: ignore[arg-type]  # an empty batch writes no rows
     jvm = JvmBatch(spark, plan, path.avro, batch.ranges, len(batch.tasks())) if path.name == JVM else None  # type: ignore[arg-type]  # the JVM path has its plan (choose_path)
     try:
@@ -304,7 +343,11 @@ def _commit(
                 good, clocks = positioned(good, checkpoint.clocks)
                 checkpoint = replace(checkpoint, clocks=clocks)
             snapshot_id, rows = commit_on_branch(
-                iceberg, state.snapshot_id, checkpoint, partial(write, good), table.run_timeout_seconds  # type: ignore[arg-type]  # ensure() gives the table its first snapshot
+                iceberg,
+                state.snapshot_id,  # type: ignore[arg-type]  # ensure() gives the table its first snapshot
+                checkpoint,
+                partial(write, good),
+                table.run_timeout_seconds,
             )
             return CommitOutcome(snapshot_id, rows, applied)
         finally:
@@ -326,7 +369,12 @@ class _NeedsPython(Exception):
 
 
 def _commit_exact(
-    iceberg: IcebergTable, jvm: JvmBatch, batch: Batch, state: CommittedState, checkpoint: Checkpoint, run_timeout_s: float
+    iceberg: IcebergTable,
+    jvm: JvmBatch,
+    batch: Batch,
+    state: CommittedState,
+    checkpoint: Checkpoint,
+    run_timeout_s: float,
 ) -> CommitOutcome | None:
     """Commit every record as the JVM decodes it, streamed from Kafka to the table (nothing held); None when some
     record's row is not exact: that attempt's branch is dropped unpublished (its files are orphans for maintenance)."""
@@ -342,8 +390,11 @@ def _commit_exact(
     try:
         snapshot_id, written = commit_on_branch(iceberg, state.snapshot_id, checkpoint, write_all, run_timeout_s)  # type: ignore[arg-type]  # ensure() gives the table its first snapshot
     except _NeedsPython as needed:
-        log.info("%s: %s records need the Python decoder: reading the batch again with them", iceberg.identifier,
-                 needed.args[0])  # fmt: skip
+        log.info(
+            "%s: %s records need the Python decoder: reading the batch again with them",
+            iceberg.identifier,
+            needed.args[0],
+        )
         return None
     return CommitOutcome(snapshot_id, written, ErrorModeOutcome(rows, batch, 0, None))
 
@@ -367,7 +418,11 @@ def _observed(observation: Observation, identifier: str, topic: str | None, batc
     if counts is None or not {"rows", "for_python"} <= set(counts):
         ranges = ", ".join(f"partition {r.partition} offsets [{r.start}, {r.end})" for r in batch.ranges)
         got = type(found["error"]).__name__ if "error" in found else sorted(counts or {})
-        why = f"observed without them: {got}" if done.is_set() else f"not observed within {OBSERVED_METRICS_TIMEOUT_S:.0f}s"
+        why = (
+            f"observed without them: {got}"
+            if done.is_set()
+            else f"not observed within {OBSERVED_METRICS_TIMEOUT_S:.0f}s"
+        )
         raise IcefloeError(
             f"table {identifier}: topic {topic}, {ranges}: Spark gave no record counts for the streamed write "
             f"({why}); nothing was committed"
@@ -397,9 +452,9 @@ def _apply_error_mode(
     bad = frame.where(F.col(ERROR_CLASS).isNotNull())
     first_bad = {
         row.kafka_partition: (row.first, row.failed)
-        for row in bad.groupBy("kafka_partition").agg(
-            F.min("kafka_offset").alias("first"), F.count("*").alias("failed")
-        ).collect()
+        for row in bad.groupBy("kafka_partition")
+        .agg(F.min("kafka_offset").alias("first"), F.count("*").alias("failed"))
+        .collect()
     }
     good = frame.where(F.col(ERROR_CLASS).isNull())
     failed = sum(n for _, n in first_bad.values())

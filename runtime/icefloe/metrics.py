@@ -73,11 +73,13 @@ def emf_document(metrics: BatchMetrics, timestamp_ms: int | None = None) -> dict
     return {
         "_aws": {
             "Timestamp": int(time.time() * 1000) if timestamp_ms is None else timestamp_ms,
-            "CloudWatchMetrics": [{
-                "Namespace": NAMESPACE,
-                "Dimensions": [[DIMENSION]],
-                "Metrics": [{"Name": name, "Unit": UNITS[name]} for name in values],
-            }],
+            "CloudWatchMetrics": [
+                {
+                    "Namespace": NAMESPACE,
+                    "Dimensions": [[DIMENSION]],
+                    "Metrics": [{"Name": name, "Unit": UNITS[name]} for name in values],
+                }
+            ],
         },
         DIMENSION: metrics.table,
         **values,
@@ -87,7 +89,7 @@ def emf_document(metrics: BatchMetrics, timestamp_ms: int | None = None) -> dict
         "RunId": metrics.run_id,
         **({"Error": metrics.error} if metrics.error else {}),
         **({"MaintenanceError": metrics.maintenance_error} if metrics.maintenance_error else {}),
-    }  # fmt: skip
+    }
 
 
 def emit(metrics: BatchMetrics, stream: TextIO | None = None) -> None:

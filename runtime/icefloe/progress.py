@@ -127,4 +127,3 @@ def _report(spark, identifier: str, stream: TextIO, stop: threading.Event) -> No
                 last_logged, shown = time.monotonic(), True
         if finished:
             return
-

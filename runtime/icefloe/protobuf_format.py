@@ -34,6 +34,7 @@ from .errors import ConfigError
 from .protobuf_schemas import ProtobufSchemas, message_at
 
 _F = FieldDescriptor
+# One line per width and signedness: the grouping is the mapping's point, so the formatter leaves it as written.
 _SCALARS: dict[int, T.DataType] = {
     _F.TYPE_DOUBLE: T.DoubleType(), _F.TYPE_FLOAT: T.FloatType(),
     _F.TYPE_INT32: T.IntegerType(), _F.TYPE_SINT32: T.IntegerType(), _F.TYPE_SFIXED32: T.IntegerType(),
@@ -45,12 +46,19 @@ _SCALARS: dict[int, T.DataType] = {
 }  # fmt: skip
 _UNSIGNED_64 = (_F.TYPE_UINT64, _F.TYPE_FIXED64)
 _WRAPPERS = {
-    f"google.protobuf.{name}": kind for name, kind in (
-        ("DoubleValue", _F.TYPE_DOUBLE), ("FloatValue", _F.TYPE_FLOAT), ("Int64Value", _F.TYPE_INT64),
-        ("UInt64Value", _F.TYPE_UINT64), ("Int32Value", _F.TYPE_INT32), ("UInt32Value", _F.TYPE_UINT32),
-        ("BoolValue", _F.TYPE_BOOL), ("StringValue", _F.TYPE_STRING), ("BytesValue", _F.TYPE_BYTES),
+    f"google.protobuf.{name}": kind
+    for name, kind in (
+        ("DoubleValue", _F.TYPE_DOUBLE),
+        ("FloatValue", _F.TYPE_FLOAT),
+        ("Int64Value", _F.TYPE_INT64),
+        ("UInt64Value", _F.TYPE_UINT64),
+        ("Int32Value", _F.TYPE_INT32),
+        ("UInt32Value", _F.TYPE_UINT32),
+        ("BoolValue", _F.TYPE_BOOL),
+        ("StringValue", _F.TYPE_STRING),
+        ("BytesValue", _F.TYPE_BYTES),
     )
-}  # fmt: skip
+}
 _TIMESTAMP, _DURATION = "google.protobuf.Timestamp", "google.protobuf.Duration"
 _JSON_TYPES = {"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"}
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)

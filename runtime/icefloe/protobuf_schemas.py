@@ -55,14 +55,43 @@ def builtin_files() -> dict[str, descriptor_pb2.FileDescriptorProto]:
 
 
 _BUILTIN_NAMES = [
-    *(f"google/protobuf/{n}.proto" for n in
-      ("any", "source_context", "type", "api", "descriptor", "duration", "empty", "field_mask", "struct", "timestamp",
-       "wrappers")),
-    *(f"google/type/{n}.proto" for n in
-      ("calendar_period", "color", "date", "datetime", "dayofweek", "expr", "fraction", "latlng", "money", "month",
-       "postal_address", "quaternion", "timeofday")),
-    "confluent/meta.proto", "confluent/types/decimal.proto",
-]  # fmt: skip
+    *(
+        f"google/protobuf/{n}.proto"
+        for n in (
+            "any",
+            "source_context",
+            "type",
+            "api",
+            "descriptor",
+            "duration",
+            "empty",
+            "field_mask",
+            "struct",
+            "timestamp",
+            "wrappers",
+        )
+    ),
+    *(
+        f"google/type/{n}.proto"
+        for n in (
+            "calendar_period",
+            "color",
+            "date",
+            "datetime",
+            "dayofweek",
+            "expr",
+            "fraction",
+            "latlng",
+            "money",
+            "month",
+            "postal_address",
+            "quaternion",
+            "timeofday",
+        )
+    ),
+    "confluent/meta.proto",
+    "confluent/types/decimal.proto",
+]
 
 
 def is_text(schema_str: str) -> bool:
@@ -70,7 +99,9 @@ def is_text(schema_str: str) -> bool:
     return "{" in schema_str or ";" in schema_str
 
 
-def parse_file(name: str, schema_str: str, deps: list[descriptor_pb2.FileDescriptorProto]) -> descriptor_pb2.FileDescriptorProto:
+def parse_file(
+    name: str, schema_str: str, deps: list[descriptor_pb2.FileDescriptorProto]
+) -> descriptor_pb2.FileDescriptorProto:
     """One registered schema as a `FileDescriptorProto` named `name`, its imports given as descriptors."""
     if not is_text(schema_str):
         proto = descriptor_pb2.FileDescriptorProto()
@@ -83,7 +114,9 @@ def parse_file(name: str, schema_str: str, deps: list[descriptor_pb2.FileDescrip
     return compile_text(name, schema_str, deps)
 
 
-def compile_text(name: str, text: str, deps: list[descriptor_pb2.FileDescriptorProto]) -> descriptor_pb2.FileDescriptorProto:
+def compile_text(
+    name: str, text: str, deps: list[descriptor_pb2.FileDescriptorProto]
+) -> descriptor_pb2.FileDescriptorProto:
     """Compile `.proto` text with protoc; its imports resolve to `deps` (registry references and built-ins)."""
     with tempfile.TemporaryDirectory(prefix="icefloe-proto-") as tmp:
         root = Path(tmp)
@@ -92,8 +125,15 @@ def compile_text(name: str, text: str, deps: list[descriptor_pb2.FileDescriptorP
         source.write_text(text)
         deps_file, out_file = root / "deps.pb", root / "out.pb"
         deps_file.write_bytes(descriptor_pb2.FileDescriptorSet(file=deps).SerializeToString())
-        command = [sys.executable, "-m", "grpc_tools.protoc", f"--proto_path={root / 'src'}",
-                   f"--descriptor_set_in={deps_file}", f"--descriptor_set_out={out_file}", name]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"--proto_path={root / 'src'}",
+            f"--descriptor_set_in={deps_file}",
+            f"--descriptor_set_out={out_file}",
+            name,
+        ]
         # The child sees this process's imports (on EMR the bundle's deps are put on sys.path, not in site-packages).
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
@@ -147,7 +187,9 @@ class ProtobufSchemas:
         main = self._with_imports(schema, name, files, ())
         return in_pool(main, {**self.builtins, **files})
 
-    def _with_imports(self, schema, name: str, files: dict, chain: tuple[str, ...]) -> descriptor_pb2.FileDescriptorProto:
+    def _with_imports(
+        self, schema, name: str, files: dict, chain: tuple[str, ...]
+    ) -> descriptor_pb2.FileDescriptorProto:
         """Resolve `schema`'s references into `files` (depth first), then parse `schema` itself with them."""
         for ref in schema.references or []:
             if ref.name in self.builtins or ref.name in files:
@@ -163,7 +205,9 @@ class ProtobufSchemas:
         return parse_file(name, schema.schema_str, deps)
 
 
-def in_pool(main: descriptor_pb2.FileDescriptorProto, files: dict[str, descriptor_pb2.FileDescriptorProto]) -> FileDescriptor:
+def in_pool(
+    main: descriptor_pb2.FileDescriptorProto, files: dict[str, descriptor_pb2.FileDescriptorProto]
+) -> FileDescriptor:
     """`main` in a pool of its own with what it imports (from `files`, by import name), imports added first."""
     pool = DescriptorPool()
     added: set[str] = set()
@@ -173,8 +217,10 @@ def in_pool(main: descriptor_pb2.FileDescriptorProto, files: dict[str, descripto
             return
         for dependency in proto.dependency:
             if dependency not in files:
-                raise ValueError(f"Protobuf schema {proto.name!r} imports {dependency!r}, which is neither a registry "
-                                 "reference nor a well-known type")  # fmt: skip
+                raise ValueError(
+                    f"Protobuf schema {proto.name!r} imports {dependency!r}, which is neither a registry "
+                    "reference nor a well-known type"
+                )
             add(files[dependency])
         pool.Add(proto)
         added.add(proto.name)

@@ -52,8 +52,9 @@ def table_lock(state_dir: Path, identifier: str, local: bool) -> Iterator[None]:
         yield
 
 
-def run_table(spark: SparkSession, config: IcefloeConfig, table: TableSpec, state_dir: Path,
-              deadline: Deadline | None = None) -> BatchResult:  # fmt: skip
+def run_table(
+    spark: SparkSession, config: IcefloeConfig, table: TableSpec, state_dir: Path, deadline: Deadline | None = None
+) -> BatchResult:
     """One batch with retries: a commit conflict re-plans at once; an unreachable source, registry or catalog
     (or any failure that reads as transient: throttling, timeouts, refused connections) backs off. Each attempt is
     sized to publish before `deadline` (the job's time limit) and `runTimeout`."""
@@ -101,8 +102,9 @@ def run_tables(
         raise ConfigError(f"{config_path}: no enabled tables to run")
     spark = spark_session(config.catalog, state_dir, config.uses_msk_iam)
     if continuous:
-        return run_continuously(spark, config, tables, state_dir, on_result, stop or stop_on_signals(), metrics=metrics,
-                                deadline=deadline)  # fmt: skip
+        return run_continuously(
+            spark, config, tables, state_dir, on_result, stop or stop_on_signals(), metrics=metrics, deadline=deadline
+        )
     failures = 0
     for table in tables:
         outcome, _, _ = _attempt(spark, config, table, state_dir, on_result, metrics, deadline=deadline)
@@ -121,9 +123,16 @@ class Outcome:
 
 
 def _attempt(
-    spark: SparkSession, config: IcefloeConfig, table: TableSpec, state_dir: Path, on_result: Callable[[BatchResult], None],
-    metrics: bool, known: dict[int, int] | None = None, deadline: Deadline | None = None, continuous: bool = False,
-) -> tuple[str, str, BatchResult | None]:  # fmt: skip
+    spark: SparkSession,
+    config: IcefloeConfig,
+    table: TableSpec,
+    state_dir: Path,
+    on_result: Callable[[BatchResult], None],
+    metrics: bool,
+    known: dict[int, int] | None = None,
+    deadline: Deadline | None = None,
+    continuous: bool = False,
+) -> tuple[str, str, BatchResult | None]:
     """One batch and its maintenance (`_run_and_maintain`), the table's heartbeat written before and after it, and
     with `metrics` an EMF line after it. `known`: the table's offsets from an earlier batch, for the lag when this
     one fails."""
@@ -154,7 +163,9 @@ def _seen(result: BatchResult) -> str:
     if result.status == "yielded":
         return "other runs committed first"
     lost = sum(r["end"] - r["start"] for r in result.data_lost)
-    return f"{result.rows_written} rows, {result.records_failed} bad records" + (f", {lost} lost" if lost else "") + failed
+    return (
+        f"{result.rows_written} rows, {result.records_failed} bad records" + (f", {lost} lost" if lost else "") + failed
+    )
 
 
 def _keyed(offsets: dict[int, int]) -> dict[str, int]:
@@ -169,16 +180,23 @@ def _beat(state_dir: Path, beat: Heartbeat) -> None:
 
 
 def _batch_metrics(
-    spark: SparkSession, config: IcefloeConfig, table: TableSpec, status: str, why: str, result: BatchResult | None,
-    offsets: dict[int, int], seconds: float,
-) -> BatchMetrics:  # fmt: skip
+    spark: SparkSession,
+    config: IcefloeConfig,
+    table: TableSpec,
+    status: str,
+    why: str,
+    result: BatchResult | None,
+    offsets: dict[int, int],
+    seconds: float,
+) -> BatchMetrics:
     """The attempt's metrics; the lag (after the batch) and the bytes its commit added when they can be read."""
     identifier = config.identifier(table)
     lag = added_bytes = None
     if offsets:
         try:
-            lag = measure_lag(client_config(config.cluster(table.source_cluster)), table.topic, offsets,
-                              table.starting_offsets)  # fmt: skip
+            lag = measure_lag(
+                client_config(config.cluster(table.source_cluster)), table.topic, offsets, table.starting_offsets
+            )
         except Exception as error:  # the broker may be the reason the batch failed
             log.debug("%s: lag not measured: %s", identifier, error)
     if result is not None and result.status == "committed" and result.snapshot_id is not None:
@@ -188,13 +206,20 @@ def _batch_metrics(
         except Exception as error:
             log.debug("%s: bytes written not read: %s", identifier, error)
     return BatchMetrics(
-        table=identifier, topic=table.topic, status=status, duration_s=seconds,
-        records_committed=result.rows_written if result else 0, bad_records=result.records_failed if result else 0,
+        table=identifier,
+        topic=table.topic,
+        status=status,
+        duration_s=seconds,
+        records_committed=result.rows_written if result else 0,
+        bad_records=result.records_failed if result else 0,
         records_lost=sum(r["end"] - r["start"] for r in result.data_lost) if result else 0,
-        lag_records=lag.records if lag else None, lag_seconds=lag.seconds if lag else None,
-        bytes_written=added_bytes, run_id=result.run_id if result else "", error=why,
+        lag_records=lag.records if lag else None,
+        lag_seconds=lag.seconds if lag else None,
+        bytes_written=added_bytes,
+        run_id=result.run_id if result else "",
+        error=why,
         maintenance_error=result.maintenance_error if result else "",
-    )  # fmt: skip
+    )
 
 
 def _run_and_maintain(
@@ -214,20 +239,32 @@ def _run_and_maintain(
     try:
         result = run_table(spark, config, table, state_dir, deadline)
         if table.maintenance.enabled:
-            result.maintenance, result.maintenance_error = _maintain_after_batch(spark, config, table, state_dir,
-                                                                                 continuous)  # fmt: skip
+            result.maintenance, result.maintenance_error = _maintain_after_batch(
+                spark, config, table, state_dir, continuous
+            )
         on_result(result)
         return Outcome.OK, ""
     except CommitConflict as error:
         # Only ever raised with nothing committed; after the last attempt it means other runs kept committing first.
-        log.warning("table %s (topic %s): yielded to other runs of the table after %d attempts (%s); nothing was "
-                    "committed by this run, and the next run reads on from what they committed", identifier,
-                    table.topic, COMMIT_ATTEMPTS, str(error).split(";")[0])  # fmt: skip
+        log.warning(
+            "table %s (topic %s): yielded to other runs of the table after %d attempts (%s); nothing was "
+            "committed by this run, and the next run reads on from what they committed",
+            identifier,
+            table.topic,
+            COMMIT_ATTEMPTS,
+            str(error).split(";")[0],
+        )
         on_result(BatchResult(identifier, table.topic, Outcome.YIELDED))
         return Outcome.YIELDED, str(error)
     except RecordError as error:
-        log.error("table %s (topic %s): %s; nothing at or after offset %d of partition %d was committed",
-                  identifier, table.topic, error, error.offset, error.partition)  # fmt: skip
+        log.error(
+            "table %s (topic %s): %s; nothing at or after offset %d of partition %d was committed",
+            identifier,
+            table.topic,
+            error,
+            error.offset,
+            error.partition,
+        )
         return Outcome.FAILED, str(error)
     except ConfigError as error:
         log.error("table %s (topic %s): %s", identifier, table.topic, error)
@@ -263,8 +300,13 @@ def _maintain_after_batch(
         log.info("table %s: maintenance skipped: %s", identifier, error)
         return None, ""
     except Exception as error:  # the batch is committed: report this apart, never as the batch's failure
-        log.warning("table %s (topic %s): maintenance failed (the batch stands; tried again when next due): %s",
-                    identifier, table.topic, type(error).__name__, exc_info=True)  # fmt: skip
+        log.warning(
+            "table %s (topic %s): maintenance failed (the batch stands; tried again when next due): %s",
+            identifier,
+            table.topic,
+            type(error).__name__,
+            exc_info=True,
+        )
         return None, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500]
 
 
@@ -340,8 +382,17 @@ def run_continuously(
             if not due:
                 continue
             last_batch[identifier] = time.monotonic()
-            outcome, why, result = _attempt(spark, config, table, state_dir, on_result, metrics, committed.get(identifier),
-                                            deadline, continuous=True)  # fmt: skip
+            outcome, why, result = _attempt(
+                spark,
+                config,
+                table,
+                state_dir,
+                on_result,
+                metrics,
+                committed.get(identifier),
+                deadline,
+                continuous=True,
+            )
             if result is not None and outcome == Outcome.OK:  # a run that yielded did not read the offsets
                 committed[identifier] = result.offsets
             if outcome == Outcome.FAILED:
@@ -351,8 +402,13 @@ def run_continuously(
                 cap = max(OUTAGE_FIRST_RETRY_S, float(table.refresh_seconds))
                 if outage is None:
                     outage = outages[identifier] = _Outage(time.monotonic(), why, OUTAGE_FIRST_RETRY_S, 0.0)
-                    log.warning("%s: waiting for its source/catalog to come back (%s); retrying with backoff up to "
-                                "%.0fs, other tables go on", identifier, why, cap)  # fmt: skip
+                    log.warning(
+                        "%s: waiting for its source/catalog to come back (%s); retrying with backoff up to "
+                        "%.0fs, other tables go on",
+                        identifier,
+                        why,
+                        cap,
+                    )
                 else:
                     outage.delay = min(cap, outage.delay * 2)
                 outage.retry_at = time.monotonic() + outage.delay

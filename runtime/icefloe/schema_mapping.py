@@ -88,10 +88,12 @@ class _AvroMapper:
             collapse = collapsed_union(members)  # Spark's rule; "ambiguous" is refused by avro_unions
             if collapse in _AVRO_PRIMITIVES:
                 return _AVRO_PRIMITIVES[collapse]
-            return T.StructType([
-                T.StructField(member_name(i), self.map(m, namespace, f"{path}.{member_name(i)}"), True)
-                for i, m in enumerate(members)
-            ])  # fmt: skip
+            return T.StructType(
+                [
+                    T.StructField(member_name(i), self.map(m, namespace, f"{path}.{member_name(i)}"), True)
+                    for i, m in enumerate(members)
+                ]
+            )
         kind = schema.get("type")
         logical = schema.get("logicalType")
         if logical == "decimal" and kind in ("bytes", "fixed"):

@@ -41,7 +41,9 @@ def local_jars(msk_iam: bool = False) -> list[str]:
     if not any("iceberg-spark-runtime" in jar for jar in jars):
         raise ConfigError(f"local mode needs the JVM jars in {spark_lib}: run scripts/setup.sh")
     if not Path(SQLITE_JDBC_JAR).exists():
-        raise ConfigError(f"local mode needs {SQLITE_JDBC_JAR} (Debian libxerial-sqlite-jdbc-java): run scripts/setup.sh")
+        raise ConfigError(
+            f"local mode needs {SQLITE_JDBC_JAR} (Debian libxerial-sqlite-jdbc-java): run scripts/setup.sh"
+        )
     return [*jars, SQLITE_JDBC_JAR]
 
 

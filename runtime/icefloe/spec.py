@@ -113,21 +113,34 @@ class SchemaRegistrySpec(Model):
         if self.type == "confluent":
             if self.url is None:
                 raise ValueError("a Confluent-compatible schemaRegistry needs url (or type: glue)")
-            glue_only = [k for k, v in (("registryName", self.registry_name), ("region", self.region),
-                                        ("endpoint", self.endpoint)) if v is not None]  # fmt: skip
-            named = [k for k, v, default in (("schemaName", self.schema_name, "{topic}-value"),
-                                             ("keySchemaName", self.key_schema_name, "{topic}-key")) if v != default]  # fmt: skip
+            glue_only = [
+                k
+                for k, v in (("registryName", self.registry_name), ("region", self.region), ("endpoint", self.endpoint))
+                if v is not None
+            ]
+            named = [
+                k
+                for k, v, default in (
+                    ("schemaName", self.schema_name, "{topic}-value"),
+                    ("keySchemaName", self.key_schema_name, "{topic}-key"),
+                )
+                if v != default
+            ]
             if glue_only or named:
                 raise ValueError(f"{', '.join(glue_only + named)} only apply with type: glue")
         else:
             if self.registry_name is None or self.region is None:
                 raise ValueError("a Glue schemaRegistry (type: glue) needs registryName and region")
             if self.url is not None or self.credentials_secret is not None:
-                raise ValueError("a Glue schemaRegistry takes no url or credentialsSecret (AWS credentials come "
-                                 "from the environment: the job's role)")  # fmt: skip
+                raise ValueError(
+                    "a Glue schemaRegistry takes no url or credentialsSecret (AWS credentials come "
+                    "from the environment: the job's role)"
+                )
             if self.schema_name == self.key_schema_name:
-                raise ValueError(f"schemaName and keySchemaName are both {self.schema_name!r}: keys and values need "
-                                 "schemas of their own (the table's columns come from the latest value version)")
+                raise ValueError(
+                    f"schemaName and keySchemaName are both {self.schema_name!r}: keys and values need "
+                    "schemas of their own (the table's columns come from the latest value version)"
+                )
         return self
 
     @field_validator("url", "endpoint")
@@ -135,8 +148,10 @@ class SchemaRegistrySpec(Model):
     def _no_userinfo(cls, value: str | None, info: ValidationInfo) -> str | None:
         # Credentials in the URL would be printed with every registry error (logs, --json, heartbeats, metrics).
         if value is not None and "@" in urlsplit(value).netloc:
-            raise ValueError(f"{to_camel(info.field_name)} must not carry credentials (user:password@host): "  # type: ignore[arg-type]  # a field validator has its field's name
-                             "put them in a secret named by credentialsSecret")  # fmt: skip
+            raise ValueError(
+                f"{to_camel(info.field_name)} must not carry credentials (user:password@host): "  # type: ignore[arg-type]  # a field validator has its field's name
+                "put them in a secret named by credentialsSecret"
+            )
         return value
 
     @field_validator("schema_name", "key_schema_name")
@@ -153,10 +168,14 @@ class SchemaRegistrySpec(Model):
 
 
 # arn:aws:kafka:<region>:<account>:cluster/<cluster name>/<cluster uuid>, as MSK names a provisioned or serverless cluster.
-MSK_CLUSTER_ARN = re.compile(r"^arn:(aws[a-z-]*):kafka:([a-z0-9-]+):(\d{12}):cluster/([A-Za-z0-9-]{1,64})/([A-Za-z0-9-]+)$")
+MSK_CLUSTER_ARN = re.compile(
+    r"^arn:(aws[a-z-]*):kafka:([a-z0-9-]+):(\d{12}):cluster/([A-Za-z0-9-]{1,64})/([A-Za-z0-9-]+)$"
+)
 MSK_IAM = "AWS_MSK_IAM"
 # arn:aws:s3tables:<region>:<account>:bucket/<name>: an S3 table bucket (3-63 lowercase letters, digits, hyphens).
-TABLE_BUCKET_ARN = re.compile(r"^arn:(aws[a-z-]*):s3tables:([a-z0-9-]+):(\d{12}):bucket/([a-z0-9][a-z0-9-]{1,61}[a-z0-9])$")
+TABLE_BUCKET_ARN = re.compile(
+    r"^arn:(aws[a-z-]*):s3tables:([a-z0-9-]+):(\d{12}):bucket/([a-z0-9][a-z0-9-]{1,61}[a-z0-9])$"
+)
 
 
 class SourceCluster(Model):
@@ -182,11 +201,14 @@ class SourceCluster(Model):
             if self.security_protocol != "SASL_SSL":
                 raise ValueError(f"saslMechanism {MSK_IAM} needs securityProtocol SASL_SSL (MSK's IAM listener is TLS)")
             if self.credentials_secret is not None:
-                raise ValueError(f"saslMechanism {MSK_IAM} signs in with the job's AWS credentials: remove "
-                                 "credentialsSecret")
+                raise ValueError(
+                    f"saslMechanism {MSK_IAM} signs in with the job's AWS credentials: remove credentialsSecret"
+                )
             if self.cluster_arn is None:
-                raise ValueError(f"saslMechanism {MSK_IAM} needs clusterArn (arn:aws:kafka:<region>:<account>:"
-                                 "cluster/<name>/<uuid>): its region signs the token and scopes the job's permissions")
+                raise ValueError(
+                    f"saslMechanism {MSK_IAM} needs clusterArn (arn:aws:kafka:<region>:<account>:"
+                    "cluster/<name>/<uuid>): its region signs the token and scopes the job's permissions"
+                )
         elif uses_sasl and (self.sasl_mechanism is None or self.credentials_secret is None):
             raise ValueError(f"securityProtocol {self.security_protocol} needs saslMechanism and credentialsSecret")
         if self.cluster_arn is not None and self.sasl_mechanism != MSK_IAM:
@@ -368,7 +390,9 @@ class TableSpec(Model):
             raise ValueError(f"format {self.format} takes its schema from the registry; remove schema")
         if self.format in ("raw", "string"):
             if self.schema_ is not None:
-                raise ValueError(f"format {self.format} keeps the value whole in the column `value`; it takes no schema")
+                raise ValueError(
+                    f"format {self.format} keeps the value whole in the column `value`; it takes no schema"
+                )
             if self.key:
                 raise ValueError(f"format {self.format} has no value fields to key on; upsert keys on the Kafka key")
             for partition in self.partitions:
@@ -474,8 +498,10 @@ class CatalogSpec(Model):
         if self.endpoints is not None and self.type != "glue":
             raise ValueError("endpoints apply to a glue catalog only (type: glue)")
         if self.type == "s3tables" and not TABLE_BUCKET_ARN.match(self.warehouse or ""):
-            raise ValueError("an s3tables catalog's warehouse is its table bucket's ARN "
-                             f"(arn:aws:s3tables:<region>:<account>:bucket/<name>), got {self.warehouse!r}")
+            raise ValueError(
+                "an s3tables catalog's warehouse is its table bucket's ARN "
+                f"(arn:aws:s3tables:<region>:<account>:bucket/<name>), got {self.warehouse!r}"
+            )
         return self
 
     @property
@@ -544,8 +570,17 @@ class IcefloeConfig(Model):
 CONFIG_KEYS = {"sourceClusters": "source_clusters", "tables": "tables", "catalog": "catalog"}
 # Keys that only the Pulumi program reads (validated by icefloe_infra.deployment); the runtime ignores them.
 DEPLOYMENT_KEYS: tuple[str, ...] = (
-    "storage", "emr", "externalAccess", "owner", "tags", "glue", "secrets", "logRetentionDays", "schedule", "alarms",
-)  # fmt: skip
+    "storage",
+    "emr",
+    "externalAccess",
+    "owner",
+    "tags",
+    "glue",
+    "secrets",
+    "logRetentionDays",
+    "schedule",
+    "alarms",
+)
 NAMESPACE = "icefloe"
 ModelT = TypeVar("ModelT", bound=Model)
 

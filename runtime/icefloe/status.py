@@ -58,7 +58,9 @@ class MaxLag:
                 try:
                     seconds = duration_seconds(value)
                 except ValueError:
-                    raise ConfigError(f"--max-lag {value!r}: give a record count (10000) or a duration (30s, 5m, 1h)") from None
+                    raise ConfigError(
+                        f"--max-lag {value!r}: give a record count (10000) or a duration (30s, 5m, 1h)"
+                    ) from None
         return cls(records, seconds)
 
     def exceeded_by(self, lag: Lag) -> bool:
@@ -245,7 +247,9 @@ def open_catalog(config: IcefloeConfig, state_dir: Path):
         return _Unopened(error)
 
 
-def collect_status(config: IcefloeConfig, table_names: list[str], state_dir: Path, max_lag: MaxLag) -> list[TableStatus]:
+def collect_status(
+    config: IcefloeConfig, table_names: list[str], state_dir: Path, max_lag: MaxLag
+) -> list[TableStatus]:
     tables = config.select(table_names)
     if not tables:
         raise ConfigError("no enabled tables to show")
@@ -291,16 +295,22 @@ def _details(status: TableStatus) -> list[str]:
         committed = "-" if part.committed is None else str(part.committed)
         age = f", oldest {format_duration(part.seconds)}" if part.seconds is not None and part.records else ""
         lost = f", {part.lost} deleted before they were read" if part.lost else ""
-        lines.append(f"partition {part.partition}: next offset {committed}, end {part.end}: {part.records:,} behind{age}{lost}")
+        lines.append(
+            f"partition {part.partition}: next offset {committed}, end {part.end}: {part.records:,} behind{age}{lost}"
+        )
     for loss in status.facts.data_lost:
         count = loss["end"] - loss["start"]
-        lines.append(f"DATA LOST (recorded): partition {loss['partition']} offsets {loss['start']}..{loss['end'] - 1} "
-                     f"({count} records)")  # fmt: skip
+        lines.append(
+            f"DATA LOST (recorded): partition {loss['partition']} offsets {loss['start']}..{loss['end'] - 1} "
+            f"({count} records)"
+        )
     beat = status.heartbeat
     if beat is not None:
         alive = {True: "", False: ", process gone", None: f", on {beat.host}"}[beat.process_alive()]
         detail = f": {beat.detail}" if beat.detail else ""
-        lines.append(f"heartbeat: {beat.outcome} {format_duration(beat.age(status.now))} ago (pid {beat.pid}{alive}){detail}")
+        lines.append(
+            f"heartbeat: {beat.outcome} {format_duration(beat.age(status.now))} ago (pid {beat.pid}{alive}){detail}"
+        )
     lines.extend(f"error: {e}" for e in status.problems)
     return lines
 
@@ -308,7 +318,11 @@ def _details(status: TableStatus) -> list[str]:
 def _iso(epoch: float | None, sep: str = "T") -> str | None:
     if epoch is None:
         return None
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(sep=sep, timespec="seconds").replace("+00:00", "Z" if sep == "T" else "")
+    return (
+        dt.datetime.fromtimestamp(epoch, dt.UTC)
+        .isoformat(sep=sep, timespec="seconds")
+        .replace("+00:00", "Z" if sep == "T" else "")
+    )
 
 
 def _one_line(error: BaseException) -> str:

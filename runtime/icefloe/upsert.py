@@ -55,7 +55,9 @@ def key_columns(key: tuple[str, ...] | None, value_fields: list[T.StructField], 
     names = [f.name for f in value_fields]
     missing = [name for name in key if name not in names]
     if missing:
-        raise ConfigError(f"{where}: key names field(s) {missing} that the value schema does not have (fields: {names})")
+        raise ConfigError(
+            f"{where}: key names field(s) {missing} that the value schema does not have (fields: {names})"
+        )
     return list(key)
 
 
@@ -82,8 +84,10 @@ def positioned(frame: DataFrame, carried: dict[int, int]) -> tuple[DataFrame, di
         if clock is not None:
             clocks[partition] = clock
     start = spark.createDataFrame(before, "kafka_partition int, icefloe_block long, icefloe_before long")
-    running = Window.partitionBy("kafka_partition", "icefloe_block").orderBy("kafka_offset").rowsBetween(
-        Window.unboundedPreceding, Window.currentRow
+    running = (
+        Window.partitionBy("kafka_partition", "icefloe_block")
+        .orderBy("kafka_offset")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
     running_clock = F.greatest(F.col("icefloe_before"), F.max("icefloe_ms").over(running))  # greatest skips nulls
     with_clock = (
@@ -106,7 +110,9 @@ def _after(a: tuple[str, str, str], b: tuple[str, str, str]) -> str:
     return f"({ac} > {bc} OR ({ac} = {bc} AND ({ap} > {bp} OR ({ap} = {bp} AND {ao} > {bo}))))"
 
 
-def merge_batch(frame: DataFrame, branch: Branch, struct: T.StructType, key_columns: list[str], run_timeout_s: float) -> int:
+def merge_batch(
+    frame: DataFrame, branch: Branch, struct: T.StructType, key_columns: list[str], run_timeout_s: float
+) -> int:
     """Merge one batch (with `kafka_clock`, see `positioned`) into the run's branch; returns the number of changes
     the batch holds after its reduction to one per key (a change older than the row it meets counts, though it
     changes nothing)."""
@@ -114,9 +120,10 @@ def merge_batch(frame: DataFrame, branch: Branch, struct: T.StructType, key_colu
     columns = [f.name for f in struct.fields]
     keys = [F.col(quoted(k)) for k in key_columns]
     latest_first = Window.partitionBy(*keys).orderBy(
-        F.coalesce(F.unix_millis(KAFKA_CLOCK), F.lit(NO_CLOCK)).desc(), F.col("kafka_partition").desc(),
+        F.coalesce(F.unix_millis(KAFKA_CLOCK), F.lit(NO_CLOCK)).desc(),
+        F.col("kafka_partition").desc(),
         F.col("kafka_offset").desc(),
-    )  # fmt: skip
+    )
     changes = (
         frame.withColumn("icefloe_rank", F.row_number().over(latest_first))
         .where("icefloe_rank = 1")
@@ -170,7 +177,9 @@ def _commit_delete_markers(
     the table will apply anyway when it reads it, so the table ends as it would have."""
     spark, table = branch.spark, branch.table
     markers = IcebergTable(spark, delete_markers_identifier(table.identifier))
-    deletes = changes.where(F.col(TOMBSTONE)).select(*[F.col(quoted(k)) for k in key_columns], *[f.name for f in _POSITION_FIELDS])
+    deletes = changes.where(F.col(TOMBSTONE)).select(
+        *[F.col(quoted(k)) for k in key_columns], *[f.name for f in _POSITION_FIELDS]
+    )
     if deletes.isEmpty():
         return markers.full_name if markers.exists() else None
     topic, marks = branch.checkpoint.topic, branch.checkpoint.offsets
@@ -180,7 +189,9 @@ def _commit_delete_markers(
     drop_stale_branches(markers, run_timeout_s)
     state = committed_state(markers, topic)  # type: ignore[arg-type]  # a batch's checkpoint names its topic
     # Like the dead-letter table's: how far the topic's deletes are recorded (maintenance carries it forward).
-    checkpoint = Checkpoint(topic, {p: max(o, state.offsets.get(p, 0)) for p, o in marks.items()}, branch.checkpoint.run_id)
+    checkpoint = Checkpoint(
+        topic, {p: max(o, state.offsets.get(p, 0)) for p, o in marks.items()}, branch.checkpoint.run_id
+    )
 
     def write(marker_branch: Branch) -> None:
         view = f"icefloe_deletes_{marker_branch.name}"
