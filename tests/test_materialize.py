@@ -336,6 +336,10 @@ def test_a_run_stopped_before_it_published_halves_the_next_plan(spark, broker, r
     spec, positions = small_backlog_table("json", broker, registry, topic, 20_000)
     config = make_config(spec)
     first = run_table(spark, config, config.tables[0], state_dir)  # measures the rate of this table's batches
+    # The measured rate depends on the machine's speed; fixed here so that a batch plans 4,000 records of 10 bytes.
+    seconds = budget.seconds_for_batch(config.tables[0].run_timeout_seconds, None)
+    monkeypatch.setattr(budget, "measured_rate", lambda state: budget.Rate(1.0, 4_000 * 10 / seconds, 10.0))
+    monkeypatch.setattr(budget, "sample_record_bytes", lambda *args: 10.0)
     planned = []
 
     def stopped(branch, frame) -> None:
@@ -348,7 +352,7 @@ def test_a_run_stopped_before_it_published_halves_the_next_plan(spark, broker, r
         with pytest.raises(StoppedByTimeLimit):
             materialize_once(spark, config, config.tables[0])
     second = run_table(spark, config, config.tables[0], state_dir)
-    assert second.status == "committed" and 1 < planned[0] < 20_000 - first.rows_written
+    assert second.status == "committed" and 3_990 <= planned[0] <= 4_000 < 20_000 - first.rows_written
     assert second.rows_written == planned[0] // 2
     while (result := run_table(spark, config, config.tables[0], state_dir)).status == "committed":
         pass
