@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from icefloe.kafka_source import close_admin_clients
 from icefloe.runner import run_table
 from icefloe.session import spark_session
 from icefloe.spec import load_config
@@ -85,6 +86,7 @@ def local_services(state_dir: Path) -> Iterator[tuple[KafkaBroker, SchemaRegistr
     try:
         yield broker, registry
     finally:
+        close_admin_clients()  # the runtime's cached admin clients would reconnect to the stopped broker
         registry.stop()
         broker.stop()
 

@@ -147,6 +147,13 @@ def _forget_admin(conf: dict) -> None:
         _ADMINS.pop(_admin_key(conf), None)
 
 
+def close_admin_clients() -> None:
+    """Let go of every cached client (librdkafka destroys a handle nobody holds): before its brokers go away on
+    purpose (the demo's and the tests' local broker), so no client keeps reconnecting and logging refusals."""
+    with _ADMINS_LOCK:
+        _ADMINS.clear()
+
+
 def list_partitions(conf: dict[str, str], topic: str) -> list[int]:
     admin = _admin(conf)
     try:
