@@ -19,7 +19,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,6 +202,20 @@ def log_bounds(conf: dict[str, str], topic: str, partitions: list[int]) -> dict[
     return {p: (starts[p][0], *ends[p]) for p in partitions}
 
 
+def _first_message_each(consumer: Consumer, topic: str, partitions: Iterable[int]) -> Iterator[Message]:
+    """The first message (a record, a partition's end or an error) of each of the assigned `partitions`, as they
+    answer within PLAN_TIMEOUT_S; a partition that answered is unassigned. Partitions that do not answer are left
+    out."""
+    pending, deadline = set(partitions), time.monotonic() + PLAN_TIMEOUT_S
+    while pending and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is None or msg.partition() not in pending:
+            continue
+        pending.discard(msg.partition())
+        consumer.incremental_unassign([TopicPartition(topic, msg.partition())])  # type: ignore[arg-type]  # set on a consumed message
+        yield msg
+
+
 def truncated_below(conf: dict[str, str], topic: str, positions: dict[int, tuple[int, int]]) -> dict[int, int]:
     """Partitions whose log was truncated below the table's position (unclean leader election, a lost disk): for
     each partition's (next offset, leader epoch it was listed in), the broker checks that epoch's log still reaches
@@ -215,11 +229,7 @@ def truncated_below(conf: dict[str, str], topic: str, positions: dict[int, tuple
         consumer.assign(
             [TopicPartition(topic, p, offset, leader_epoch=epoch) for p, (offset, epoch) in positions.items()]
         )
-        pending, deadline = set(positions), time.monotonic() + PLAN_TIMEOUT_S
-        while pending and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None or msg.partition() not in pending:
-                continue
+        for msg in _first_message_each(consumer, topic, positions):
             error = msg.error()
             if error is not None and error.code() in (KafkaError._LOG_TRUNCATION, KafkaError._AUTO_OFFSET_RESET):
                 # With auto.offset.reset=error librdkafka reports a detected truncation as _AUTO_OFFSET_RESET: "Partition
@@ -228,12 +238,9 @@ def truncated_below(conf: dict[str, str], topic: str, positions: dict[int, tuple
                 end = re.search(r"broker end offset is (\d+)", error.str())
                 if "truncation" in error.str():
                     found[msg.partition()] = int(end.group(1)) if end else 0  # type: ignore[index]  # set on a consumed message
-                pending.discard(msg.partition())
-                continue
-            if error is not None and error.code() != KafkaError._PARTITION_EOF:
+            elif error is not None and error.code() != KafkaError._PARTITION_EOF:
                 raise SourceError(f"{topic}[{msg.partition()}] at offset {msg.offset()}: {error.str()}")
-            pending.discard(msg.partition())  # a record or the end at the position: the log still reaches it
-            consumer.incremental_unassign([TopicPartition(topic, msg.partition())])  # type: ignore[arg-type]  # set on a consumed message
+            # else a record or the end at the position: the log still reaches it
     except KafkaException as error:
         raise _unreachable(conf, error) from None
     finally:
@@ -414,11 +421,7 @@ def first_record_timestamps(conf: dict[str, str], topic: str, ranges: dict[int, 
     found: dict[int, float] = {}
     try:
         consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in wanted.items()])
-        pending, deadline = set(wanted), time.monotonic() + PLAN_TIMEOUT_S
-        while pending and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None or msg.partition() not in pending:
-                continue
+        for msg in _first_message_each(consumer, topic, wanted):
             error = msg.error()
             if error is not None and error.code() != KafkaError._PARTITION_EOF:
                 raise SourceError(f"{topic}[{msg.partition()}] at offset {msg.offset()}: {error.str()}")
@@ -426,8 +429,6 @@ def first_record_timestamps(conf: dict[str, str], topic: str, ranges: dict[int, 
                 _, millis = msg.timestamp()
                 if millis >= 0:  # -1: the record carries no timestamp
                     found[msg.partition()] = millis / 1000  # type: ignore[index]  # set on a consumed message
-            pending.discard(msg.partition())
-            consumer.incremental_unassign([TopicPartition(topic, msg.partition())])  # type: ignore[arg-type]  # set on a consumed message
     except KafkaException as error:
         raise _unreachable(conf, error) from None
     finally:
