@@ -208,17 +208,7 @@ def test_a_run_whose_branch_a_rival_dropped_does_not_publish(spark, broker, stat
 
         monkeypatch.setattr(commit_module, "verify_publishable", verify_after_the_drop)
     else:
-        original = commit_module.commit_on_branch
-
-        def commit_losing_its_branch(table, base, checkpoint, write, *args):
-            def merge_then_lose_the_branch(branch):
-                written = write(branch)
-                rival_drops(branch)
-                return written
-
-            return original(table, base, checkpoint, merge_then_lose_the_branch, *args)
-
-        monkeypatch.setattr("icefloe.materializer.commit_on_branch", commit_losing_its_branch)
+        after_the_write(monkeypatch, rival_drops)
     with pytest.raises(CommitConflict, match="dropped"):
         materialize_once(spark, config, table_spec)
     monkeypatch.undo()
@@ -226,6 +216,21 @@ def test_a_run_whose_branch_a_rival_dropped_does_not_publish(spark, broker, stat
 
     run_to_the_end(spark, config, table_spec)
     assert_exactly_once(state_dir, identifier, mode, sent, positions)
+
+
+def after_the_write(monkeypatch, action) -> None:
+    """Make a run's commit call `action(branch)` once the batch's writer has written, before the run publishes."""
+    original = commit_module.commit_on_branch
+
+    def commit(table, base, checkpoint, write, *args):
+        def write_then_act(branch):
+            written = write(branch)
+            action(branch)
+            return written
+
+        return original(table, base, checkpoint, write_then_act, *args)
+
+    monkeypatch.setattr("icefloe.materializer.commit_on_branch", commit)
 
 
 @pytest.mark.parametrize("mode", ["append", "upsert"])
@@ -238,18 +243,9 @@ def test_a_run_older_than_its_run_timeout_does_not_publish(spark, broker, state_
     config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "mode": mode, "runTimeout": "1h"})
     table_spec = config.tables[0]
     identifier = config.identifier(table_spec)
-    original = commit_module.commit_on_branch
     real_time = time.time
-
-    def commit_after_the_timeout(table, base, checkpoint, write, *args):
-        def write_for_too_long(branch):
-            written = write(branch)
-            monkeypatch.setattr(commit_module, "time", type("Clock", (), {"time": staticmethod(lambda: real_time() + 3601)}))
-            return written
-
-        return original(table, base, checkpoint, write_for_too_long, *args)
-
-    monkeypatch.setattr("icefloe.materializer.commit_on_branch", commit_after_the_timeout)
+    late = type("Clock", (), {"time": staticmethod(lambda: real_time() + 3601)})
+    after_the_write(monkeypatch, lambda branch: monkeypatch.setattr(commit_module, "time", late))  # wrote for too long
     with pytest.raises(CommitConflict, match="older than runTimeout"):
         materialize_once(spark, config, table_spec)
     monkeypatch.undo()
