@@ -26,12 +26,12 @@ from urllib.parse import urlparse
 
 from confluent_kafka import Producer
 
-from icefloe import maintenance
-from icefloe.commit_state import Checkpoint, Throughput
-from icefloe.iceberg_table import LOADS, IcebergTable
-from icefloe.runner import run_continuously
+from icefloe.commit.checkpoint import Checkpoint, Throughput
+from icefloe.operate import maintenance
+from icefloe.operate.runner import run_continuously
 from icefloe.session import spark_session
 from icefloe.spec import CatalogSpec, parse_config
+from icefloe.table.iceberg import LOADS, IcebergTable
 from icefloe_dev.kafka_broker import KafkaBroker
 
 RESULTS = Path(__file__).parent / "results"
@@ -91,8 +91,8 @@ def micro_batches(spark, broker, work: Path, seconds: float, kept: int) -> list[
 
 def fast_commits(spark, name: str, count: int, bounded: bool) -> list[dict]:
     """`count` snapshots through Iceberg's fast append (no files), each with a micro-batch's checkpoint summary."""
-    from icefloe.catalog import CATALOG
     from icefloe.spec import TableSpec
+    from icefloe.table.catalog import CATALOG
 
     table = IcebergTable(spark, f"bench.{name}")
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.bench")

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import yaml
 from confluent_kafka import Producer
+from process_stats import tree_rss_kib
 
 from icefloe_dev.kafka_broker import KafkaBroker
 from icefloe_dev.readers import pyiceberg_catalog
-from process_stats import tree_rss_kib
 
 RESULTS = Path(__file__).parent / "results"
 TOPIC = "bench_fresh"

@@ -39,18 +39,18 @@ from pathlib import Path
 import fastavro
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from process_stats import cpu_seconds, status_kib, tree_rss_kib
 
-from icefloe.iceberg_table import DEFAULT_PROPERTIES
-from icefloe.jvm_source import read_ranges
-from icefloe.kafka_source import OffsetRange, client_config, log_bounds
-from icefloe.runner import run_table
+from icefloe.operate.runner import run_table
 from icefloe.session import spark_session
+from icefloe.source.kafka import OffsetRange, client_config, log_bounds
+from icefloe.source.spark_kafka import read_ranges
 from icefloe.spec import parse_config
+from icefloe.table.iceberg import DEFAULT_PROPERTIES
 from icefloe_dev import stock_trades
 from icefloe_dev.kafka_broker import KafkaBroker
 from icefloe_dev.processes import start_together
 from icefloe_dev.schema_registry import SchemaRegistry
-from process_stats import cpu_seconds, status_kib, tree_rss_kib
 
 RESULTS = Path(__file__).parent / "results"
 PARTITIONS = 4
@@ -87,7 +87,7 @@ def trades(count: int, seed: int = 7):
 
 def orders(count: int, seed: int = 11):
     rng = random.Random(seed)
-    start = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     for index in range(count):
         items = [
             {"sku": f"SKU-{rng.randint(0, 99999):05d}", "title": " ".join(rng.choices(WORDS, k=4)),

@@ -19,18 +19,17 @@ import time
 from pathlib import Path
 
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
-from icefloe.commit import commit_on_branch
-from icefloe.commit import new_run_id
-from icefloe.commit_state import Checkpoint
-from icefloe.iceberg_table import IcebergTable
-from icefloe_dev.readers import duckdb_connect, pyiceberg_catalog
-from icefloe.maintenance import maintain
-from icefloe.schema_mapping import METADATA_FIELDS, table_struct
+from icefloe.commit.branch import commit_on_branch, new_run_id
+from icefloe.commit.checkpoint import Checkpoint
+from icefloe.formats.schema_mapping import METADATA_FIELDS, table_struct
+from icefloe.materialize.upsert import merge_batch
+from icefloe.operate.maintenance import maintain
 from icefloe.session import spark_session
 from icefloe.spec import CatalogSpec, TableSpec
-from icefloe.upsert import merge_batch
-from pyspark.sql import types as T
+from icefloe.table.iceberg import IcebergTable
+from icefloe_dev.readers import duckdb_connect, pyiceberg_catalog
 
 RESULTS = Path(__file__).parent / "results"
 VALUE_FIELDS = [T.StructField("account", T.StringType()), T.StructField("balance", T.LongType()),

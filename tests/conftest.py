@@ -90,8 +90,8 @@ def glue_registry(moto_aws, topic):
 def read_path(request, monkeypatch) -> str:
     """Runs a test on both read paths of an Avro table: the Python path is forced by replacing the path choice; on
     the JVM path no record may need the Python decoder."""
-    from icefloe import materializer
-    from icefloe.data_plane import _EXACT, PYTHON, JvmBatch, ReadPath
+    from icefloe.materialize import batch as materializer
+    from icefloe.materialize.read_paths import _EXACT, PYTHON, JvmBatch, ReadPath
 
     if request.param == PYTHON:
         monkeypatch.setattr(materializer, "choose_read_path", lambda spark, decoder: ReadPath(PYTHON, "forced by the test"))

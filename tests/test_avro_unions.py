@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from icefloe.avro_unions import needs_record_names
-from icefloe.data_plane import JVM
 from icefloe.errors import ConfigError
-from icefloe.runner import run_table
-from icefloe.schema_mapping import avro_value_fields
+from icefloe.formats.avro.unions import needs_record_names
+from icefloe.formats.schema_mapping import avro_value_fields
+from icefloe.materialize.read_paths import JVM
+from icefloe.operate.runner import run_table
 from support import as_utc, avro_serializer, produce, read_duckdb, read_pyiceberg
 from test_jvm_path import rows_on_both_paths
 
@@ -189,8 +189,8 @@ UNION_POISONS = [
 
 @pytest.mark.parametrize("name, body", UNION_POISONS[2:])
 def test_negative_union_branch_indexes_are_refused_by_every_python_avro_decoder(name, body):
-    from icefloe.decoding import _inline_avro_decoder
-    from icefloe.glue_registry import avro_payload
+    from icefloe.formats.decoding import _inline_avro_decoder
+    from icefloe.registries.glue import avro_payload
 
     inline = _inline_avro_decoder(json.dumps(POISONED))
     glue = avro_payload(json.dumps(POISONED), json.dumps(POISONED))

@@ -1,13 +1,13 @@
-"""Batch sizing (`icefloe.budget`): the time a batch has, the records that fit it, the halving after stopped runs."""
+"""Batch sizing (`icefloe.materialize.budget`): the time a batch has, the records that fit it, the halving after stopped runs."""
 
 from __future__ import annotations
 
 import datetime as dt
 
-from icefloe import budget
-from icefloe.budget import Deadline, Rate, batch_records, limited, measured_rate, seconds_for_batch
-from icefloe.commit_state import Checkpoint, CommittedState, Throughput
-from icefloe.kafka_source import OffsetRange, Plan
+from icefloe.commit.checkpoint import Checkpoint, CommittedState, Throughput
+from icefloe.materialize import budget
+from icefloe.materialize.budget import Deadline, Rate, batch_records, limited, measured_rate, seconds_for_batch
+from icefloe.source.kafka import OffsetRange, Plan
 
 UTC = dt.UTC
 
@@ -70,7 +70,7 @@ def test_a_continuous_run_ends_before_its_job_time_limit_instead_of_starting_a_b
     import threading
     import time
 
-    from icefloe.runner import run_continuously
+    from icefloe.operate.runner import run_continuously
     from icefloe.spec import parse_config
 
     config = parse_config({"sourceClusters": [{"name": "c", "bootstrapServers": "127.0.0.1:1"}],

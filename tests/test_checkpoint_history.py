@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from icefloe.catalog import CATALOG
-from icefloe.commit import branch_name, new_run_id
-from icefloe.commit_state import Checkpoint, append_with_checkpoint
+from icefloe.commit.branch import branch_name, new_run_id
+from icefloe.commit.checkpoint import Checkpoint, append_with_checkpoint
 from icefloe.errors import CheckpointLost
-from icefloe.iceberg_table import IcebergTable
-from icefloe.maintenance import maintain
-from icefloe.materializer import materialize_once
+from icefloe.materialize.batch import materialize_once
+from icefloe.operate.maintenance import maintain
+from icefloe.table.catalog import CATALOG
+from icefloe.table.iceberg import IcebergTable
 from support import by_position, produce, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
@@ -109,8 +109,8 @@ def test_maintenance_carries_the_checkpoint_and_a_batch_committing_meanwhile_nev
     commit (on AWS nothing serializes them). The copy must not land on top of the newer checkpoint: offsets must not
     go back, and once everything below the head is expired (an external expirer, before any further maintenance) the
     table still resumes exactly where it was."""
-    from icefloe import commit_state
-    from icefloe.commit_state import CARRIED_KEY, OFFSETS_KEY, committed_state
+    from icefloe.commit import checkpoint as commit_state
+    from icefloe.commit.checkpoint import CARRIED_KEY, OFFSETS_KEY, committed_state
 
     broker.create_topic(topic, 2)
     produce(broker.bootstrap_servers, topic, records(0, 10))

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from icefloe import cli, kafka_source, runner
+from icefloe import cli
 from icefloe.errors import SourceError
+from icefloe.operate import runner
+from icefloe.source import kafka as kafka_source
 from icefloe_dev import demo, stock_trades
 from icefloe_dev.producer import produce_avro
 from support import WatchedRun, by_position, crash_point, crash_seed, crash_trials, read_pyiceberg
@@ -83,7 +85,7 @@ def test_sigkill_midway_then_rerun_is_exactly_once(broker, registry, spark, stat
 
 
 # A writer that takes no local lock: on AWS nothing serializes two runs of one table.
-UNLOCKED = [sys.executable, "-c", "import contextlib, sys; from icefloe import cli, runner; "
+UNLOCKED = [sys.executable, "-c", "import contextlib, sys; from icefloe import cli; from icefloe.operate import runner; "
             "runner.table_lock = lambda *args: contextlib.nullcontext(); sys.exit(cli.main())"]  # fmt: skip
 
 
@@ -234,7 +236,7 @@ def test_the_demo_shows_protobuf_and_json_schema_topics_end_to_end(broker, regis
     for format in ("protobuf", "json-schema"):
         monkeypatch.setattr(demo, "TOPIC", f"demo_{format.replace('-', '_')}")
         caplog.clear()
-        with caplog.at_level("INFO", logger="icefloe.materializer"):
+        with caplog.at_level("INFO", logger="icefloe.materialize.batch"):
             code = cli.main(["demo", "--format", format, "--records", str(records), "--partitions", "2",
                              "--state-dir", str(tmp_path / format)])  # fmt: skip
         out = capsys.readouterr().out

@@ -9,11 +9,11 @@ from dataclasses import replace
 
 import pytest
 
-from icefloe import commit as commit_module
+from icefloe.commit import branch as commit_module
 from icefloe.errors import CommitConflict
-from icefloe.iceberg_table import IcebergTable
-from icefloe.materializer import materialize_once
-from icefloe.runner import run_table
+from icefloe.materialize.batch import materialize_once
+from icefloe.operate.runner import run_table
+from icefloe.table.iceberg import IcebergTable
 from support import avro_serializer, by_position, produce, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
@@ -55,10 +55,10 @@ def test_concurrent_commit_makes_the_batch_replan_not_duplicate(spark, broker, s
 
         return original(table, base, checkpoint, write_after_a_rival, *args)
 
-    monkeypatch.setattr("icefloe.materializer.commit_on_branch", racing_commit)
+    monkeypatch.setattr("icefloe.materialize.batch.commit_on_branch", racing_commit)
     with pytest.raises(CommitConflict, match="another writer committed"):
         materialize_once(spark, config, table_spec)
-    monkeypatch.setattr("icefloe.materializer.commit_on_branch", original)
+    monkeypatch.setattr("icefloe.materialize.batch.commit_on_branch", original)
 
     rows = read_pyiceberg(state_dir, config.identifier(table_spec))
     assert len(by_position(rows)) == 20, "only the rival's commit is visible; the loser added nothing"
@@ -136,9 +136,9 @@ class _Observed:
 
 @pytest.mark.parametrize("blocked", [False, True])
 def test_metrics_the_streamed_write_never_gets_are_an_error_naming_the_batch(spark, broker, registry, state_dir, topic, make_config, monkeypatch, blocked):
-    from icefloe import materializer
-    from icefloe.data_plane import JvmBatch
     from icefloe.errors import IcefloeError
+    from icefloe.materialize import batch as materializer
+    from icefloe.materialize.read_paths import JvmBatch
 
     broker.create_topic(topic, 1)
     serialize = avro_serializer(registry.url, topic, json.dumps({"type": "record", "name": "N", "fields": [{"name": "n", "type": "long"}]}))

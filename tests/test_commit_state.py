@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from icefloe.commit_state import Checkpoint, CommittedState
-from icefloe.kafka_source import LostRange
+from icefloe.commit.checkpoint import Checkpoint, CommittedState
+from icefloe.source.kafka import LostRange
 
 
 def test_checkpoint_round_trips_through_a_snapshot_summary():

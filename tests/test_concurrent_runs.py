@@ -14,12 +14,12 @@ import zlib
 
 import pytest
 
-from icefloe import commit as commit_module
-from icefloe.commit import BRANCH_PREFIX, branch_name, drop_stale_branches, new_run_id
-from icefloe.commit_state import committed_state
+from icefloe.commit import branch as commit_module
+from icefloe.commit.branch import BRANCH_PREFIX, branch_name, drop_stale_branches, new_run_id
+from icefloe.commit.checkpoint import committed_state
 from icefloe.errors import CommitConflict
-from icefloe.iceberg_table import IcebergTable
-from icefloe.materializer import materialize_once
+from icefloe.materialize.batch import materialize_once
+from icefloe.table.iceberg import IcebergTable
 from support import by_position, produce, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
@@ -79,7 +79,7 @@ def test_overlapping_runs_never_lose_or_duplicate(spark, broker, state_dir, topi
 
         return original(table, base, checkpoint, write_with_rival, *args)
 
-    monkeypatch.setattr("icefloe.materializer.commit_on_branch", first_run_commit)
+    monkeypatch.setattr("icefloe.materialize.batch.commit_on_branch", first_run_commit)
     with pytest.raises(CommitConflict):
         materialize_once(spark, config, table_spec)
     iceberg = IcebergTable(spark, identifier)
@@ -144,7 +144,7 @@ def test_schema_evolution_goes_on_when_another_run_made_the_same_change_first(sp
     and makes only what is still missing."""
     from pyspark.sql import types as T
 
-    from icefloe import iceberg_table
+    from icefloe.table import iceberg as iceberg_table
 
     table = IcebergTable(spark, f"local.{topic}")
     table.ensure(T.StructType([T.StructField("a", T.LongType())]), (), 128, {"icefloe.offsets": "{}"})
@@ -230,7 +230,7 @@ def after_the_write(monkeypatch, action) -> None:
 
         return original(table, base, checkpoint, write_then_act, *args)
 
-    monkeypatch.setattr("icefloe.materializer.commit_on_branch", commit)
+    monkeypatch.setattr("icefloe.materialize.batch.commit_on_branch", commit)
 
 
 @pytest.mark.parametrize("mode", ["append", "upsert"])

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from icefloe.iceberg_table import IcebergTable
-from icefloe.maintenance import maintain
-from icefloe.runner import run_table
+from icefloe.operate.maintenance import maintain
+from icefloe.operate.runner import run_table
+from icefloe.table.iceberg import IcebergTable
 from support import by_position, produce, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
@@ -41,7 +41,7 @@ def start_continuous(config_path: Path, state_dir: Path, log: Path | None = None
 # The job as `icefloe run`, with a 2 s Kafka metadata timeout and 0.5 s first backoff instead of 15 s and 2 s: a run
 # against an absent broker gives up within seconds (backing off 0.5 + 1 s instead of 2 + 4 s, and no metadata request
 # waits 15 s), so an outage spans several of the loop's retries quickly. The loop (runner.run_continuously) is as shipped.
-QUICK_RETRIES = ["-c", "import sys; from icefloe import cli, kafka_source, runner; kafka_source.METADATA_TIMEOUT_S = 2.0; "
+QUICK_RETRIES = ["-c", "import sys; from icefloe import cli; from icefloe.source import kafka as kafka_source; from icefloe.operate import runner; kafka_source.METADATA_TIMEOUT_S = 2.0; "
                  "runner.SOURCE_BACKOFF_S = 0.5; sys.exit(cli.main())"]  # fmt: skip
 RUN_RETRY = "; retrying in "  # runner.run_table's line for each retry inside one run
 
@@ -169,7 +169,7 @@ def test_retention_ttl_deletes_rows_older_than_the_window(spark, broker, state_d
 def test_continuous_mode_rides_out_a_broker_outage(spark, state_dir, topic, tmp_path):
     """The broker goes away for longer than one run's retries, several times over: the job keeps waiting (no exit,
     no suspension), resumes within a few refreshes of the broker coming back, and every record lands exactly once."""
-    from icefloe import runner
+    from icefloe.operate import runner
     from icefloe_dev.kafka_broker import KafkaBroker
     from icefloe_dev.readers import pyiceberg_catalog
 
@@ -258,7 +258,7 @@ def micro_batches(spark, broker, state_dir, topic: str, make_config, count: int,
     """`count` micro-batches of the continuous loop as shipped (runner.run_continuously) on a 1 s refresh, maintenance
     due daily (so it runs after the first batch only), 5 records produced after each batch so the next has work;
     `observe(result)` after each. Returns what `observe` returned, and checks every record landed once."""
-    from icefloe.runner import run_continuously
+    from icefloe.operate.runner import run_continuously
 
     broker.create_topic(topic, 2)
     produce(broker.bootstrap_servers, topic, records(0, 5))
@@ -284,7 +284,7 @@ def test_a_micro_batch_costs_the_same_commits_and_loads_however_many_came_before
     """Each micro-batch commits COMMITS_PER_BATCH times and loads the table at most LOADS_PER_BATCH times, the same
     for the 3rd and the 12th batch (the 1st and 2nd include creating and maintaining the table), so a regression
     that adds a commit or a load per batch, or one that grows with history, fails."""
-    from icefloe.iceberg_table import LOADS
+    from icefloe.table.iceberg import LOADS
 
     def observe(result):
         return result.status, metadata_version(result.metadata_location), sum(LOADS.values())
@@ -302,7 +302,7 @@ def test_continuous_mode_bounds_the_snapshots_and_keeps_the_checkpoint(spark, br
     """Snapshot expiry by count between maintenance runs (maintenance.bound_snapshots, 3 kept here): a table never
     holds more than twice that and a batch, whatever `snapshotRetention` (1d) says, and the next run resumes from
     the checkpoint (every record once)."""
-    from icefloe import maintenance
+    from icefloe.operate import maintenance
 
     monkeypatch.setattr(maintenance, "CONTINUOUS_SNAPSHOTS_KEPT", 3)
 
@@ -322,7 +322,8 @@ def test_continuous_mode_bounds_the_snapshots_and_keeps_the_checkpoint(spark, br
 def test_an_unexpected_failure_in_one_table_leaves_the_others_committing_and_heals(spark, broker, state_dir, topic, make_config, monkeypatch):
     """A failure no icefloe error describes (a RuntimeError from a step of one table's batch) must not end the
     continuous job: the other table goes on committing, and the failing table commits again once the cause is gone."""
-    from icefloe import materializer, runner
+    from icefloe.materialize import batch as materializer
+    from icefloe.operate import runner
 
     broken_topic, healthy_topic = f"{topic}_broken", f"{topic}_healthy"
     for name in (broken_topic, healthy_topic):
@@ -380,8 +381,8 @@ def test_an_idle_continuous_loop_polling_commit_records_reuses_one_admin_client(
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient
 
-    from icefloe import kafka_source
-    from icefloe.runner import run_continuously
+    from icefloe.operate.runner import run_continuously
+    from icefloe.source import kafka as kafka_source
 
     broker.create_topic(topic, 2)
     produce(broker.bootstrap_servers, topic, records(0, 10))
@@ -405,7 +406,7 @@ def test_an_idle_continuous_loop_polling_commit_records_reuses_one_admin_client(
         for future in broker.admin.delete_records([TopicPartition(topic, 0, 6)]).values():
             future.result(30)
 
-    with caplog.at_level("WARNING", logger="icefloe.kafka_source"):
+    with caplog.at_level("WARNING", logger="icefloe.source.kafka"):
         run_continuously(spark, config, config.tables[0:1], state_dir, on_result, stop, poll_s=0.2)
     assert [r.status for r in results] == ["committed"], "refresh 1h and a record pending: one batch only"
     assert len(opened) <= 1, f"{len(opened)} AdminClients opened"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import types as T
 
-from icefloe.conversion import BatchBuilder, ValueConverter
+from icefloe.materialize.conversion import BatchBuilder, ValueConverter
 
 MARKER = "PAYLOAD-MARKER-7c1e"
 NUMBER = 98765432109876543210  # a value no message may quote either

@@ -7,9 +7,9 @@ import json
 import pyarrow as pa
 from pyspark.sql import types as T
 
-from icefloe.decoding import DecoderSpec
-from icefloe.executor_tasks import ReadPlan, redecode_rows
-from icefloe.schema_mapping import batch_struct, table_struct
+from icefloe.formats.decoding import DecoderSpec
+from icefloe.formats.schema_mapping import batch_struct, table_struct
+from icefloe.materialize.python_tasks import ReadPlan, redecode_rows
 
 MIB = 1024 * 1024
 

@@ -7,10 +7,10 @@ import json
 import pytest
 from pyspark.sql import types as T
 
-from icefloe.json_schema_format import failed_rule, validator_for_bundle, value_fields
-from icefloe.protobuf_format import parse_frame
-from icefloe.protobuf_format import value_fields as proto_fields
-from icefloe.protobuf_schemas import find_message, is_text, message_at
+from icefloe.formats.json_schema import failed_rule, validator_for_bundle, value_fields
+from icefloe.formats.protobuf.messages import parse_frame
+from icefloe.formats.protobuf.messages import value_fields as proto_fields
+from icefloe.formats.protobuf.schemas import find_message, is_text, message_at
 from icefloe_dev.protos import compile_protos
 
 PROTO = """syntax = "proto3";
@@ -82,8 +82,8 @@ def test_json_schema_nullable_forms_and_fallbacks():
 
 @pytest.mark.parametrize(("format", "why"), [("protobuf", "no spark-protobuf for Spark 3.5"), ("json-schema", "validated")])
 def test_registry_formats_take_the_python_path_and_say_why(format, why):
-    from icefloe.data_plane import PYTHON, choose_read_path
-    from icefloe.decoding import DecoderSpec
+    from icefloe.formats.decoding import DecoderSpec
+    from icefloe.materialize.read_paths import PYTHON, choose_read_path
 
     path = choose_read_path(None, DecoderSpec(format, "t"))  # no JVM needed to decide
     assert path.name == PYTHON and why in path.reason

@@ -22,9 +22,9 @@ import pytest
 import yaml
 
 import test_materialize as orders
-from icefloe.catalog import CATALOG, spark_catalog_conf
 from icefloe.errors import ConfigError
 from icefloe.spec import CatalogSpec, parse_config
+from icefloe.table.catalog import CATALOG, spark_catalog_conf
 from support import WatchedRun, avro_serializer, by_position, produce
 
 ICEFLOE = [sys.executable, "-m", "icefloe.cli"]

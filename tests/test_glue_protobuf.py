@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from icefloe.errors import ConfigError
-from icefloe.glue_protobuf import by_index, compile_definition
-from icefloe.materializer import materialize_once
-from icefloe.protobuf_schemas import serialize_file
+from icefloe.formats.protobuf.glue import by_index, compile_definition
+from icefloe.formats.protobuf.schemas import serialize_file
+from icefloe.materialize.batch import materialize_once
 from icefloe.spec import parse_config
 from support import by_position, compile_protos, message_class, produce, read_duckdb, read_pyiceberg
 from test_poison import MAX_BYTES, check_mode, dead_letter_messages, lay_out
@@ -61,8 +61,8 @@ def test_the_table_message_and_bad_schemas_are_config_errors(moto_aws, monkeypat
     """Driver side, through the registry on moto: `.proto` text as a console or CLI registers it (`map<K, V>`)."""
     from pyspark.sql import types as T
 
-    from icefloe.decoding import decoder_spec
-    from icefloe.glue_registry import value_fields
+    from icefloe.formats.decoding import decoder_spec
+    from icefloe.registries.glue import value_fields
 
     for key, value in moto_aws.aws_env().items():
         monkeypatch.setenv(key, value)

@@ -17,12 +17,12 @@ from decimal import Decimal
 
 import pytest
 
-from icefloe.data_plane import JVM, PYTHON
-from icefloe.decoding import decoder_spec
 from icefloe.errors import ConfigError
-from icefloe.glue_registry import split
-from icefloe.materializer import materialize_once
-from icefloe.runner import run_table
+from icefloe.formats.decoding import decoder_spec
+from icefloe.materialize.batch import materialize_once
+from icefloe.materialize.read_paths import JVM, PYTHON
+from icefloe.operate.runner import run_table
+from icefloe.registries.glue import split
 from icefloe.spec import parse_config
 from support import by_position, produce, read_duckdb, read_pyiceberg
 from test_poison import MAX_BYTES, check_mode, dead_letter_messages, lay_out
@@ -93,7 +93,7 @@ def test_a_fresh_worker_reads_the_logical_types_fastavro_lacks():
         {"name": "d", "type": {"type": "fixed", "name": "D", "size": 12, "logicalType": "duration"}}]}  # fmt: skip
     script = f"""
 import io, json, fastavro
-from icefloe.glue_registry import avro_payload
+from icefloe.registries.glue import avro_payload
 schema = json.loads({json.dumps(json.dumps(schema))})
 body = io.BytesIO()
 fastavro.schemaless_writer(body, fastavro.parse_schema(schema), {{"u": bytes(range(16)), "t": 1_500_999,
@@ -258,7 +258,7 @@ def test_glue_avro_takes_the_jvm_path_and_its_rows_are_the_python_paths(
     exact.write.format("noop").mode("overwrite").save()
     assert observation.get == {"rows": len(values), "for_python": len(for_python)}, "only those records go to Python"
 
-    with caplog.at_level(logging.INFO, logger="icefloe.materializer"):
+    with caplog.at_level(logging.INFO, logger="icefloe.materialize.batch"):
         result = run_table(spark, config, config.tables[0], state_dir)
     assert result.as_dict()["read_path"] == JVM and result.rows_written == len(values) - 6 and result.records_failed == 6
     assert any("read path jvm: Kafka source and from_avro (writer schemas " in r.getMessage() for r in caplog.records)
@@ -477,7 +477,7 @@ def test_a_later_batch_asks_glue_only_for_the_latest_version(moto_aws, monkeypat
     """Continuous runs plan a batch every `refresh`: available versions are immutable and fetched once per process;
     the latest is asked every batch, and a version registered since the previous batch is picked up, as is a schema
     deleted and created again."""
-    from icefloe import glue_registry as registry_module
+    from icefloe.registries import glue as registry_module
 
     for key, value in moto_aws.aws_env().items():
         monkeypatch.setenv(key, value)
@@ -510,7 +510,7 @@ def test_a_later_batch_asks_glue_only_for_the_latest_version(moto_aws, monkeypat
 
 def counted_glue_calls(monkeypatch) -> list[tuple[str, dict]]:
     """The (operation, parameters) the driver's Glue clients send, in order."""
-    from icefloe import glue_registry as registry_module
+    from icefloe.registries import glue as registry_module
 
     calls, real_client = [], registry_module.glue_client
 

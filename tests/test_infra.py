@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from icefloe.catalog import EMR_ICEBERG_JAR
 from icefloe.cli import build_parser
 from icefloe.errors import ConfigError
 from icefloe.session import jvm_lib
 from icefloe.spec import load_config
+from icefloe.table.catalog import EMR_ICEBERG_JAR
 from icefloe_infra import iam as iam_module
 from icefloe_infra import jobs as jobs_module
 from icefloe_infra.deployment import DEFAULT_RELEASE
@@ -431,8 +431,8 @@ def test_each_schedule_starts_a_job_the_runtime_entry_point_accepts(program, tmp
 
 
 def test_spark_parameters_come_from_the_runtime_catalog_settings(program):
-    from icefloe.catalog import spark_catalog_conf
     from icefloe.spec import CatalogSpec
+    from icefloe.table.catalog import spark_catalog_conf
 
     request = json.loads(next(iter(scheduled(program).values()))["target"]["input"])
     conf = spark_conf(request["JobDriver"]["SparkSubmit"]["SparkSubmitParameters"])
@@ -503,7 +503,7 @@ def test_every_job_passes_its_time_limit_and_its_batches_fit_inside_it(tmp_path)
         minutes = request["ExecutionTimeoutMinutes"]
         assert args.deadline_minutes == minutes, identifier
         timeouts[identifier] = minutes
-        from icefloe.budget import Deadline, seconds_for_batch
+        from icefloe.materialize.budget import Deadline, seconds_for_batch
 
         (table,) = config.select([identifier])
         deadline = Deadline.after_minutes(args.deadline_minutes, started=0.0)

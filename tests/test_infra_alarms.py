@@ -12,7 +12,7 @@ import yaml
 
 from icefloe.cli import build_parser
 from icefloe.errors import ConfigError
-from icefloe.metrics import BatchMetrics, emf_document
+from icefloe.operate.metrics import BatchMetrics, emf_document
 from icefloe_infra.deployment import load_stack_config
 from pulumi_mocks import run_program
 

@@ -14,7 +14,7 @@ from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegis
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from icefloe.errors import ConfigError
-from icefloe.materializer import materialize_once
+from icefloe.materialize.batch import materialize_once
 from support import as_utc, json_schema_serializer, produce, read_duckdb, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
@@ -179,7 +179,7 @@ def test_property_names_with_a_dot_or_a_backtick_are_plain_columns(spark, broker
 def test_names_spark_cannot_tell_apart_are_refused(spark, broker, registry, state_dir, topic, make_config, names):
     """Spark resolves names case-insensitively: two properties differing only in case, or one that is a Kafka
     column's name in other case, would fail every batch; they are a config error naming them."""
-    from icefloe.iceberg_table import IcebergTable
+    from icefloe.table.iceberg import IcebergTable
 
     schema = {"$schema": DRAFT, "type": "object", "properties": {name: {"type": "string"} for name in names}}
     value = json_schema_serializer(registry.url, topic, json.dumps(schema))

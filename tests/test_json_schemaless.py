@@ -8,8 +8,8 @@ import json
 import pytest
 from pyspark.sql import types as T
 
-from icefloe.json_inference import decoder, infer, spark_type, unify, value_struct
-from icefloe.runner import run_table
+from icefloe.formats.schemaless_json import decoder, infer, spark_type, unify, value_struct
+from icefloe.operate.runner import run_table
 from support import by_position, produce, read_duckdb, read_pyiceberg
 
 

@@ -19,15 +19,16 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-from icefloe import avro_jvm, materializer
-from icefloe.data_plane import JVM, PYTHON, JvmBatch, choose_read_path
-from icefloe.decoding import DecoderSpec, decoder_spec
 from icefloe.errors import ConfigError
-from icefloe.executor_tasks import ReadPlan
-from icefloe.jvm_source import kafka_options
-from icefloe.kafka_source import client_config, plan_ranges
-from icefloe.runner import run_table
-from icefloe.schema_mapping import avro_value_fields, batch_struct, table_struct
+from icefloe.formats.avro import jvm as avro_jvm
+from icefloe.formats.decoding import DecoderSpec, decoder_spec
+from icefloe.formats.schema_mapping import avro_value_fields, batch_struct, table_struct
+from icefloe.materialize import batch as materializer
+from icefloe.materialize.python_tasks import ReadPlan
+from icefloe.materialize.read_paths import JVM, PYTHON, JvmBatch, choose_read_path
+from icefloe.operate.runner import run_table
+from icefloe.source.kafka import client_config, plan_ranges
+from icefloe.source.spark_kafka import kafka_options
 from support import avro_serializer, by_position, produce, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
@@ -315,7 +316,7 @@ def test_json_tables_stay_on_python_and_the_path_is_reported(spark, broker, stat
     broker.create_topic(topic, 1)
     produce(broker.bootstrap_servers, topic, [{"value": b'{"id": 1}'}])
     config = make_config({"topic": topic, "format": "json", "schema": {"fields": [{"name": "id", "type": "long"}]}})
-    with caplog.at_level(logging.INFO, logger="icefloe.materializer"):
+    with caplog.at_level(logging.INFO, logger="icefloe.materialize.batch"):
         result = run_table(spark, config, config.tables[0], state_dir)
     assert result.read_path == PYTHON and result.as_dict()["read_path"] == PYTHON
     assert any("read path python" in r.getMessage() for r in caplog.records)
@@ -360,7 +361,7 @@ def test_a_clean_append_batch_never_decodes_in_python(spark, broker, registry, s
     monkeypatch.undo()
 
     bad = produce(broker.bootstrap_servers, topic, [{"value": b"\x07junk", "partition": 1}, *good[:4]])
-    with caplog.at_level(logging.INFO, logger="icefloe.materializer"):
+    with caplog.at_level(logging.INFO, logger="icefloe.materialize.batch"):
         second = run_table(spark, config, config.tables[0], state_dir)
     assert second.rows_written == 4 and second.records_failed == 1
     assert any("1 records need the Python decoder" in r.getMessage() for r in caplog.records)

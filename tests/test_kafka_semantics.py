@@ -15,12 +15,13 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-from icefloe import jvm_source, kafka_source
-from icefloe.commit_state import Checkpoint, append_with_checkpoint, committed_state
+from icefloe.commit.checkpoint import Checkpoint, append_with_checkpoint, committed_state
 from icefloe.errors import DataLossError, SourceError
-from icefloe.iceberg_table import IcebergTable
-from icefloe.kafka_source import share_budget
-from icefloe.materializer import materialize_once
+from icefloe.materialize.batch import materialize_once
+from icefloe.source import kafka as kafka_source
+from icefloe.source import spark_kafka as jvm_source
+from icefloe.source.kafka import share_budget
+from icefloe.table.iceberg import IcebergTable
 from icefloe_dev.kafka_broker import KafkaBroker
 from support import avro_serializer, by_position, produce, read_pyiceberg
 

@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from icefloe import maintenance, runner
-from icefloe.heartbeat import read_heartbeat
-from icefloe.iceberg_table import IcebergTable, append_with_properties
-from icefloe.maintenance import LAST_MAINTENANCE_PROPERTY, maintain
-from icefloe.materializer import materialize_once
-from icefloe.runner import _attempt, run_table
+from icefloe.materialize.batch import materialize_once
+from icefloe.operate import maintenance, runner
+from icefloe.operate.heartbeat import read_heartbeat
+from icefloe.operate.maintenance import LAST_MAINTENANCE_PROPERTY, maintain
+from icefloe.operate.runner import _attempt, run_table
+from icefloe.table.iceberg import IcebergTable, append_with_properties
 from support import by_position, produce, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
@@ -40,7 +40,7 @@ def test_a_maintenance_failure_after_a_committed_batch_does_not_fail_the_run(
     def fail(*args, **kwargs):
         raise RuntimeError("S3 listing failed")
 
-    monkeypatch.setattr("icefloe.maintenance._remove_orphans", fail)
+    monkeypatch.setattr("icefloe.operate.maintenance._remove_orphans", fail)
     reported = []
     outcome, why, result = _attempt(spark, config, config.tables[0], state_dir, reported.append, metrics=False)
 
@@ -100,7 +100,7 @@ def test_counts_stay_non_negative_when_batches_commit_during_maintenance(spark, 
             batches.append(materialize_once(spark, config, table_spec))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr("icefloe.maintenance._remove_orphans", batches_meanwhile)
+    monkeypatch.setattr("icefloe.operate.maintenance._remove_orphans", batches_meanwhile)
     result = maintain(table, table_spec)
 
     assert [b.rows_written for b in batches] == [4, 4]
@@ -115,7 +115,7 @@ def test_a_run_that_loses_every_re_plan_to_other_writers_yields(spark, broker, t
     table_spec = config.tables[0]
     materialize_once(spark, config, table_spec)
     produce(broker.bootstrap_servers, topic, records(4, 4))
-    from icefloe import commit
+    from icefloe.commit import branch as commit
 
     original = commit.verify_publishable
 

@@ -11,11 +11,11 @@ from decimal import Decimal
 
 import pytest
 
-from icefloe.commit_state import committed_state
+from icefloe.commit.checkpoint import committed_state
 from icefloe.errors import RecordError
-from icefloe.iceberg_table import IcebergTable
-from icefloe.materializer import materialize_once
-from icefloe.runner import run_table
+from icefloe.materialize.batch import materialize_once
+from icefloe.operate.runner import run_table
+from icefloe.table.iceberg import IcebergTable
 from icefloe_dev.readers import pyiceberg_catalog
 from support import as_utc, avro_serializer, by_position, produce, read_duckdb, read_pyiceberg
 
@@ -259,7 +259,7 @@ def test_added_columns_quote_nested_field_names(spark, state_dir):
     """A new struct column whose nested names Spark SQL only reads quoted (`simpleString` leaves them bare)."""
     from pyspark.sql import types as T
 
-    from icefloe.catalog import CATALOG
+    from icefloe.table.catalog import CATALOG
 
     table = IcebergTable(spark, "local.quoted_names")
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.local")
@@ -299,8 +299,9 @@ def test_backlog_in_batches_that_each_publish_under_a_short_time_limit(
     batch of nothing), its writer slowed to 33 records/s: a batch of the whole backlog (2,000 records) would write
     for 60 s after that. Every run must publish (be done before its time limit); the first, unmeasured, is sized by
     the default rate, the next ones by the rate their predecessors measured."""
-    from icefloe import budget, commit
-    from icefloe.budget import Deadline
+    from icefloe.commit import branch as commit
+    from icefloe.materialize import budget
+    from icefloe.materialize.budget import Deadline
 
     monkeypatch.setattr(budget, "DEFAULT_BYTES_PER_SECOND", 200)  # a first batch of a few hundred tiny records
     spec, positions = small_backlog_table(fmt, broker, registry, topic, 2_000)
@@ -330,7 +331,8 @@ def test_a_run_stopped_before_it_published_halves_the_next_plan(spark, broker, r
                                                                 monkeypatch):  # fmt: skip
     """A run stopped at its job's time limit (or SIGKILLed) leaves its branch and publishes nothing; the next run
     plans half of what that run planned from the same checkpoint, so a backlog cannot wedge the table."""
-    from icefloe import budget, commit
+    from icefloe.commit import branch as commit
+    from icefloe.materialize import budget
 
     monkeypatch.setattr(budget, "DEFAULT_BYTES_PER_SECOND", 200)
     spec, positions = small_backlog_table("json", broker, registry, topic, 20_000)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from icefloe.metrics import BatchMetrics, emf_document
-from icefloe.runner import run_tables
+from icefloe.operate.metrics import BatchMetrics, emf_document
+from icefloe.operate.runner import run_tables
 from support import produce
 
 SCHEMA = {"fields": [{"name": "n", "type": "long"}]}

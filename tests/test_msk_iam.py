@@ -25,8 +25,8 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 import pytest
 
 from icefloe.errors import ConfigError, SourceError
-from icefloe.jvm_source import kafka_options
-from icefloe.kafka_source import client_config
+from icefloe.source.kafka import client_config
+from icefloe.source.spark_kafka import kafka_options
 from icefloe.spec import parse_config
 from test_infra import policy_of
 

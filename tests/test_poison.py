@@ -14,11 +14,12 @@ from decimal import Decimal
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-from icefloe import decoding, runner
-from icefloe.data_plane import PYTHON
 from icefloe.errors import RecordError, SourceError
-from icefloe.iceberg_table import IcebergTable
-from icefloe.materializer import materialize_once
+from icefloe.formats import decoding
+from icefloe.materialize.batch import materialize_once
+from icefloe.materialize.read_paths import PYTHON
+from icefloe.operate import runner
+from icefloe.table.iceberg import IcebergTable
 from support import avro_serializer, by_position, produce, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]

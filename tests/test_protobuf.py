@@ -16,7 +16,7 @@ from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegis
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from icefloe.errors import ConfigError
-from icefloe.materializer import materialize_once
+from icefloe.materialize.batch import materialize_once
 from support import as_utc, compile_protos, message_class, produce, protobuf_serializer, read_duckdb, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]

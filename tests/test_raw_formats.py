@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from icefloe.data_plane import JVM
-from icefloe.decoding import DecoderSpec, build_key_decoder
 from icefloe.errors import ConfigError
-from icefloe.raw_format import value_fields
-from icefloe.runner import run_table
+from icefloe.formats.decoding import DecoderSpec, build_key_decoder
+from icefloe.formats.raw import value_fields
+from icefloe.materialize.read_paths import JVM
+from icefloe.operate.runner import run_table
 from icefloe.spec import parse_config
 from support import by_position, produce, read_duckdb, read_pyiceberg
 from test_jvm_path import rows_on_both_paths

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from icefloe.catalog import CATALOG, pyiceberg_s3_tables_properties, spark_catalog_conf
 from icefloe.errors import ConfigError
 from icefloe.spec import CatalogSpec, parse_config
+from icefloe.table.catalog import CATALOG, pyiceberg_s3_tables_properties, spark_catalog_conf
 from test_infra import policy_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,21 +117,21 @@ def assert_signed_config_request(requests) -> None:
 
 
 def test_pyiceberg_signs_its_catalog_requests_for_s3_tables(endpoint, monkeypatch):
-    import icefloe.catalog
+    import icefloe.table.catalog
 
-    monkeypatch.setattr(icefloe.catalog, "s3_tables_endpoint", lambda region: endpoint.url)
+    monkeypatch.setattr(icefloe.table.catalog, "s3_tables_endpoint", lambda region: endpoint.url)
     with pytest.raises(Exception, match="refused by the test endpoint"):
-        icefloe.catalog.pyiceberg_catalog(s3_tables())
+        icefloe.table.catalog.pyiceberg_catalog(s3_tables())
     assert_signed_config_request(endpoint.requests)
 
 
 def test_status_names_a_catalog_it_cannot_open_per_table(endpoint, monkeypatch, tmp_path):
     """pyiceberg's REST catalog asks the endpoint for its config when opened (Glue's does not): a refusal there is
     the table's `catalog:` error in `icefloe status`, not a crash of the command."""
-    import icefloe.catalog
-    from icefloe.status import open_catalog, read_table_facts
+    import icefloe.table.catalog
+    from icefloe.operate.status import open_catalog, read_table_facts
 
-    monkeypatch.setattr(icefloe.catalog, "s3_tables_endpoint", lambda region: endpoint.url)
+    monkeypatch.setattr(icefloe.table.catalog, "s3_tables_endpoint", lambda region: endpoint.url)
     config = parse_config({"sourceClusters": [{"name": "orders", "bootstrapServers": "b:9092"}],
                            "catalog": {"type": "s3tables", "warehouse": BUCKET_ARN}})  # fmt: skip
     catalog = open_catalog(config, tmp_path)

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from icefloe import materializer
-from icefloe.materializer import materialize_once
+from icefloe.materialize import batch as materializer
+from icefloe.materialize.batch import materialize_once
 from support import avro_serializer, produce, read_duckdb, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]

@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from icefloe.errors import RecordError
-from icefloe.materializer import materialize_once
+from icefloe.materialize.batch import materialize_once
 from icefloe_dev.producer import SchemaRefused, produce_avro
 from support import produce, read_pyiceberg
 
@@ -49,7 +49,7 @@ def test_a_later_batch_lists_the_versions_and_asks_only_for_the_latest(registry,
     """Continuous runs plan a batch every `refresh`: the subject's versions are fetched again only when the version
     list or the latest's id changed, so a new registration, and a hard-deleted version's number given to another
     schema, are both seen."""
-    from icefloe import decoding
+    from icefloe.formats import decoding
     from icefloe_dev.schema_registry import _request
 
     subject, calls = f"{topic}-value", counted_registry_calls(monkeypatch)
@@ -76,7 +76,7 @@ def test_a_later_batch_lists_the_versions_and_asks_only_for_the_latest(registry,
 
 def counted_registry_calls(monkeypatch) -> list[str]:
     """The paths the driver's registry clients GET, in order."""
-    from icefloe import decoding
+    from icefloe.formats import decoding
 
     calls, real_client = [], decoding._registry_client
 
@@ -162,8 +162,8 @@ class LaggingRegistry:
 def test_a_schema_id_the_registry_does_not_know_yet_is_retried_not_skipped(
     spark, broker, registry, state_dir, topic, make_config, monkeypatch
 ):
-    from icefloe import materializer
-    from icefloe.data_plane import PYTHON, ReadPath
+    from icefloe.materialize import batch as materializer
+    from icefloe.materialize.read_paths import PYTHON, ReadPath
 
     broker.create_topic(topic, 1)
     produce_avro(broker.bootstrap_servers, registry.url, topic, json.dumps(V1), [(None, {"id": i, "owner": "a"}) for i in range(3)])

@@ -17,13 +17,13 @@ import pytest
 import yaml
 from confluent_kafka import TopicPartition
 
-from icefloe import kafka_source
-from icefloe.heartbeat import FAILED, RUNNING, STOPPED, Heartbeat, read_heartbeat
-from icefloe.lag import Lag, PartitionLag
-from icefloe.materializer import materialize_once
-from icefloe.runner import run_continuously
+from icefloe.materialize.batch import materialize_once
+from icefloe.operate.heartbeat import FAILED, RUNNING, STOPPED, Heartbeat, read_heartbeat
+from icefloe.operate.lag import Lag, PartitionLag
+from icefloe.operate.runner import run_continuously
+from icefloe.operate.status import MaxLag, collect_status, decide_state
+from icefloe.source import kafka as kafka_source
 from icefloe.spec import load_config, parse_config
-from icefloe.status import MaxLag, collect_status, decide_state
 from support import produce
 
 SCHEMA = {"fields": [{"name": "n", "type": "long"}]}
@@ -162,7 +162,7 @@ def test_status_reads_a_glue_table_without_spark(broker, moto_aws, topic, tmp_pa
     icefloe's checkpoint, read with the credentials and region of the environment, as on AWS."""
     import pyarrow as pa
 
-    from icefloe.commit_state import Checkpoint
+    from icefloe.commit.checkpoint import Checkpoint
 
     bucket = "icefloe-status-" + topic.replace("_", "-")[:40].strip("-")
     moto_aws.client("s3").create_bucket(Bucket=bucket)

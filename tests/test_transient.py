@@ -66,7 +66,7 @@ def test_a_clock_behind_the_tables_last_commit_is_named_and_not_retried(entry):
 @pytest.mark.spark
 @pytest.mark.broker
 def test_a_run_reports_clock_skew_by_name_and_does_not_retry_it(spark, state_dir, make_config, monkeypatch):
-    from icefloe import runner
+    from icefloe.operate import runner
 
     config = make_config({"topic": "skewed", "format": "json", "schema": {"fields": [{"name": "n", "type": "long"}]}})
     calls = []

@@ -12,8 +12,8 @@ from decimal import Decimal
 import pytest
 
 from icefloe.errors import ConfigError
-from icefloe.materializer import materialize_once
-from icefloe.schema_mapping import avro_value_fields
+from icefloe.formats.schema_mapping import avro_value_fields
+from icefloe.materialize.batch import materialize_once
 from support import as_utc, avro_serializer, produce, read_duckdb, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]

@@ -13,7 +13,7 @@ import zlib
 import pytest
 import yaml
 
-from icefloe.runner import run_table
+from icefloe.operate.runner import run_table
 from support import WatchedRun, crash_point, crash_seed, crash_trials, produce, read_duckdb, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
@@ -289,8 +289,8 @@ def test_the_same_records_in_one_batch_or_many_give_the_same_table(spark, broker
 def test_maintenance_expires_delete_markers_older_than_their_retention(spark, broker, state_dir, topic, make_config):
     """Deletes keep markers in `<table>_deletes`; maintenance drops those whose clock is older than
     `deleteMarkerRetention` and keeps the rest."""
-    from icefloe.iceberg_table import IcebergTable
-    from icefloe.maintenance import maintain
+    from icefloe.operate.maintenance import maintain
+    from icefloe.table.iceberg import IcebergTable
 
     broker.create_topic(topic, 1)
     now = int(time.time() * 1000)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import yaml
 
-from icefloe.kafka_source import close_admin_clients
-from icefloe.runner import run_table
+from icefloe.operate.runner import run_table
 from icefloe.session import spark_session
+from icefloe.source.kafka import close_admin_clients
 from icefloe.spec import load_config
 
 from . import stock_trades

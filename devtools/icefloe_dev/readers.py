@@ -26,7 +26,7 @@ def duckdb_connect():
 
 def pyiceberg_catalog(state_dir: Path):
     """pyiceberg's SqlCatalog over the SQLite file Spark's JDBC catalog writes (same catalog name: `icefloe`)."""
-    from icefloe.catalog import pyiceberg_catalog as runtime_catalog
     from icefloe.spec import CatalogSpec
+    from icefloe.table.catalog import pyiceberg_catalog as runtime_catalog
 
     return runtime_catalog(CatalogSpec(), state_dir, read_only=False)

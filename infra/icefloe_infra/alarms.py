@@ -1,4 +1,4 @@
-"""CloudWatch alarms per table, on the metrics each batch prints as embedded-metric log lines (`icefloe.metrics`).
+"""CloudWatch alarms per table, on the metrics each batch prints as embedded-metric log lines (`icefloe.operate.metrics`).
 
   lag          LagSeconds (Maximum) above the table's lag threshold (`alarms.lag`, default three refresh intervals,
                at least 5m), over one window as long as the threshold. Missing data is breaching: a window in which
@@ -19,7 +19,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from icefloe.metrics import DIMENSION, NAMESPACE
+from icefloe.operate.metrics import DIMENSION, NAMESPACE
 from icefloe.spec import IcefloeConfig, TableSpec
 
 from .deployment import AlarmsSpec

@@ -9,7 +9,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_random as random
 
-from icefloe.kafka_source import CONSUMER_GROUP
+from icefloe.source.kafka import CONSUMER_GROUP
 from icefloe.spec import MSK_IAM, IcefloeConfig
 
 from . import prefixes

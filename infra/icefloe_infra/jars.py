@@ -18,14 +18,14 @@ from icefloe.errors import ConfigError
 POM = Path(__file__).resolve().parents[2] / "jvm" / "pom.xml"
 SPARK_JARS_EXECUTION = "spark-jars"  # the pom's execution whose items go to jvm/lib/spark/
 # In every EMR 7.x release image, and built for its Spark: Iceberg's Spark runtime (put on the classpath with
-# icefloe.catalog.EMR_ICEBERG_JAR) with the AWS SDK v2 it uses for Glue and S3. Shipping our own copies would put
+# icefloe.table.catalog.EMR_ICEBERG_JAR) with the AWS SDK v2 it uses for Glue and S3. Shipping our own copies would put
 # two Icebergs on one classpath. Spark's Kafka source and Avro are not in the image: they go with the job.
 EMR_PROVIDED = frozenset({"org.apache.iceberg:iceberg-spark-runtime-3.5_2.12", "org.apache.iceberg:iceberg-aws-bundle"})
 _NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 
 
 # Shipped only with stacks that read a cluster with `saslMechanism: AWS_MSK_IAM`: the shaded jar carries its own
-# unrelocated AWS SDK v2, which every other job is better off without (icefloe.msk_iam).
+# unrelocated AWS SDK v2, which every other job is better off without (icefloe.source.msk_iam).
 ONLY_FOR_MSK_IAM = frozenset({"software.amazon.msk:aws-msk-iam-auth"})
 
 

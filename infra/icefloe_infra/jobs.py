@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from icefloe.catalog import EMR_ICEBERG_JAR, spark_catalog_conf
 from icefloe.spec import CatalogSpec, IcefloeConfig, TableSpec
+from icefloe.table.catalog import EMR_ICEBERG_JAR, spark_catalog_conf
 
 from .deployment import EmrSpec, ScheduleSpec
 

@@ -1,7 +1,9 @@
-"""The `icefloe` command line: `run`, `status`, `maintain`, `plan` and `demo`.
+"""The `icefloe` command line: `run`, `status` and `maintain`, plus the commands other packages plug in.
 
-`plan` and `demo` import their packages (icefloe_infra, icefloe_dev) only when chosen: the runtime bundle that
-EMR jobs run holds neither, nor Pulumi.
+`plan` (icefloe_infra) and `demo` (icefloe_dev) register themselves in the `icefloe.commands` entry-point group
+(pyproject.toml): the runtime imports neither package, and the bundle EMR jobs run holds neither, nor Pulumi.
+A plugged-in command is an object with `name`, `help`, `add_arguments(parser)` and `run(args) -> int`; its module
+must import nothing heavy at load time (the parser is built for every command).
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import json
 import logging
 import sys
 import time
+from importlib.metadata import entry_points
 from pathlib import Path
 
-from .errors import IcefloeError
+from icefloe.errors import IcefloeError
 
 DEFAULT_STATE_DIR = ".icefloe"
 STARTED = time.time()  # the job's time limit (--deadline-minutes) counts from about here
@@ -66,20 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     maintain.add_argument("--json", action="store_true")
     maintain.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
 
-    plan = commands.add_parser("plan", help="what `pulumi up` would create, checked by the policy pack (no AWS needed)")
-    plan.add_argument("--config", required=True, help="Pulumi.<stack>.yaml")
-    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
-
-    demo = commands.add_parser("demo", help="the local end-to-end demo: broker, registry, 100k trades, a table")
-    demo.add_argument("--records", type=int, default=100_000)
-    demo.add_argument("--partitions", type=int, default=3)
-    demo.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
-    demo.add_argument(
-        "--format",
-        choices=["avro", "protobuf", "json-schema"],
-        default="avro",
-        help="how the trades are serialized (through the registry)",
-    )
+    for command in plugged_in_commands().values():
+        command.add_arguments(commands.add_parser(command.name, help=command.help))
     return parser
 
 
@@ -99,21 +90,15 @@ def main(argv: list[str] | None = None) -> int:
             return _maintain(args)
         if args.command == "status":
             return _status(args)
-        if args.command == "plan":
-            return _plan(args)
-        from icefloe_dev.demo import run_demo
-
-        return run_demo(
-            records=args.records, partitions=args.partitions, state_dir=Path(args.state_dir), format=args.format
-        )
+        return plugged_in_commands()[args.command].run(args)
     except IcefloeError as error:
         print(f"icefloe: error: {error}", file=sys.stderr)
         return 2
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .budget import Deadline
-    from .runner import run_tables
+    from icefloe.materialize.budget import Deadline
+    from icefloe.operate.runner import run_tables
 
     lost = []
 
@@ -139,8 +124,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from .spec import load_config
-    from .status import MaxLag, collect_status, render
+    from icefloe.operate.status import MaxLag, collect_status, render
+    from icefloe.spec import load_config
 
     max_lag = MaxLag.parse(args.max_lag)
     statuses = collect_status(load_config(args.config), args.table, Path(args.state_dir), max_lag)
@@ -154,18 +139,17 @@ def _status(args: argparse.Namespace) -> int:
     return EXIT_BEHIND if any(s.behind_max_lag for s in statuses) else 0
 
 
-def _plan(args: argparse.Namespace) -> int:
-    try:
-        from icefloe_infra.plan import main as plan
-    except ImportError as error:
-        raise IcefloeError(
-            f"plan needs the Pulumi program's dependencies ({error.name} is missing): pip install 'icefloe[infra]'"
-        ) from None
-    return plan(args.config, as_json=args.json)
+def plugged_in_commands() -> dict:
+    """The commands installed packages register under `icefloe.commands` (none in the EMR bundle)."""
+    commands = {}
+    for entry in entry_points(group="icefloe.commands"):
+        command = entry.load()
+        commands[command.name] = command
+    return commands
 
 
 def _maintain(args: argparse.Namespace) -> int:
-    from .runner import maintain_tables
+    from icefloe.operate.runner import maintain_tables
 
     def report(result) -> None:
         print(json.dumps(result, sort_keys=True) if args.json else str(result), flush=True)

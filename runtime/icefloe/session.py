@@ -6,8 +6,8 @@ import os
 import sys
 from pathlib import Path
 
-from .catalog import spark_catalog_conf
-from .spec import CatalogSpec
+from icefloe.spec import CatalogSpec
+from icefloe.table.catalog import spark_catalog_conf
 
 SQLITE_JDBC_JAR = "/usr/share/java/sqlite-jdbc.jar"
 # A continuous run issues thousands of small queries: keep Spark's UI and listener bookkeeping bounded.
@@ -29,8 +29,8 @@ def jvm_lib() -> Path:
 def local_jars(msk_iam: bool = False) -> list[str]:
     """The pinned Spark-side jars from Maven (Iceberg runtime + AWS bundle, Kafka source, Avro) and SQLite JDBC;
     aws-msk-iam-auth only with `msk_iam`, last, so Iceberg's own AWS SDK classes come first."""
-    from .errors import ConfigError
-    from .msk_iam import JAR_PREFIX
+    from icefloe.errors import ConfigError
+    from icefloe.source.msk_iam import JAR_PREFIX
 
     spark_lib = jvm_lib() / "spark"
     found = sorted(str(p) for p in spark_lib.glob("*.jar"))

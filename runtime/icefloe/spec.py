@@ -25,10 +25,10 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from .batch_columns import KAFKA_COLUMNS, UPSERT_COLUMNS
-from .errors import ConfigError
-from .inline_types import DECIMAL_TYPE, FIXED_TYPE, PRIMITIVES
-from .partitioning import PartitionField, parse_partition_field
+from icefloe.batch_columns import KAFKA_COLUMNS, UPSERT_COLUMNS
+from icefloe.errors import ConfigError
+from icefloe.inline_types import DECIMAL_TYPE, FIXED_TYPE, PRIMITIVES
+from icefloe.partitioning import PartitionField, parse_partition_field
 
 # Glue and Athena want lowercase names of letters, digits and underscores.
 GLUE_NAME = r"^[a-z_][a-z0-9_]{0,254}$"
@@ -307,7 +307,7 @@ class MaintenanceSpec(Model):
 
 
 class AlarmSpec(Model):
-    """The CloudWatch alarms a deployed table gets from its per-batch metrics (`icefloe.metrics`; created by infra).
+    """The CloudWatch alarms a deployed table gets from its per-batch metrics (`icefloe.operate.metrics`; created by infra).
 
     `lag`: alarm when the oldest unread record is older than this, or when no batch reported in a window this long
     (default: three refresh intervals, at least 5m; 1m to 1d). `badRecords`: with `errors: dlq` or `skip`, alarm
@@ -640,7 +640,7 @@ def read_stack_file(path: str) -> dict[str, Any]:
     """The `config:` mapping of a Pulumi stack file (or the same shape as JSON), from a local path or s3:// URI."""
     import yaml
 
-    from .text_files import read_text
+    from icefloe.text_files import read_text
 
     try:
         document = yaml.safe_load(read_text(path))

@@ -1,0 +1,1 @@
+"""Protobuf: messages from registered `.proto` schemas, their compilation, and the AWS Glue Protobuf wire format."""

@@ -1,0 +1,252 @@
+"""Schemaless JSON (`format: json` without `schema`): the table's columns inferred from the records of each batch.
+
+Before a batch is read, its planned records are read once to infer their types (one Spark task per range, each
+gives the types it saw; the driver unifies them); the table then evolves (`IcebergTable.evolve`) and the batch is
+read and converted against the evolved table as an inline-schema JSON table would be.
+
+Within a batch (README "Schemaless JSON"):
+  - each key of the top-level object is a column, in first-seen order; nested objects are structs (keys merged),
+    arrays are lists (elements merged);
+  - true/false -> boolean; integers -> int, long when one does not fit 32 bits; numbers with a fraction or an
+    exponent -> double; integers and fractions together -> double; strings -> string;
+  - anything else together (a string and a number, an object and a list, an integer beyond 64 bits) -> string,
+    which keeps every value: strings as they are, anything else as its JSON text;
+  - a key only ever null has no column yet (a null loses nothing); an array only ever empty is a list of strings,
+    an object only ever empty a string (its JSON text).
+Against the table's existing columns (a later batch):
+  - new keys add columns (new nested keys add nested fields, in structs and in lists of structs);
+  - int -> long widens the column (an Iceberg promotion);
+  - otherwise the column keeps its type: in a string column any value is kept as its JSON text; a value that does
+    not fit another column (a fraction in a long column, text in a double column, a list in a struct column) is a
+    bad record naming the field. No value is dropped silently: a key with no column is a bad record too (a key
+    differing from a column only in case, containing `.` or a backtick, or clashing with a Kafka column).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from icefloe.batch_columns import KAFKA_COLUMNS, UPSERT_COLUMNS
+
+FORMAT = "json-inferred"  # DecoderSpec.format of a schemaless JSON table once its batch's types are known
+# Inferred types: "null", "boolean", "int", "long", "double", "string", {"list": t}, {"struct": [[name, t], ...]}
+Inferred = Any
+_INT32, _INT64 = 2**31, 2**63
+_NUMBERS = ("int", "long", "double")
+
+
+def infer(value: Any) -> Inferred:
+    """The type of one decoded JSON value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "int" if -_INT32 <= value < _INT32 else "long" if -_INT64 <= value < _INT64 else "string"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        element: Inferred = "null"
+        for item in value:
+            element = unify(element, infer(item))
+        return {"list": element}
+    fields: dict[str, Inferred] = {}
+    for key, item in value.items():
+        if usable_key(key):
+            fields[key] = unify(fields.get(key, "null"), infer(item))
+    return {"struct": [[k, t] for k, t in fields.items()]}
+
+
+def usable_key(key: str) -> bool:
+    return bool(key) and "." not in key and "`" not in key
+
+
+def _family(kind: Inferred) -> str:
+    if isinstance(kind, dict):
+        return "list" if "list" in kind else "struct"
+    return "number" if kind in _NUMBERS else kind
+
+
+def _families(kind: Inferred) -> dict[str, Inferred]:
+    if isinstance(kind, dict) and "either" in kind:
+        return dict(kind["either"])
+    return {} if kind == "null" else {_family(kind): kind}
+
+
+def unify(a: Inferred, b: Inferred) -> Inferred:
+    """The type holding values of both types, within a batch. Types of different kinds give {"either": {family:
+    type}}: a string column when the key is new, and each kind kept, so an existing column evolves with its own."""
+    families = _families(a)
+    for family, kind in _families(b).items():
+        families[family] = _unify_same(families[family], kind) if family in families else kind
+    if not families:
+        return "null"
+    if len(families) == 1:
+        return next(iter(families.values()))
+    return {"either": families}
+
+
+def _unify_same(a: Inferred, b: Inferred) -> Inferred:
+    if a == b:
+        return a
+    if a in _NUMBERS:
+        return _NUMBERS[max(_NUMBERS.index(a), _NUMBERS.index(b))]
+    if "list" in a:
+        return {"list": unify(a["list"], b["list"])}
+    fields = {k.lower(): [k, t] for k, t in a["struct"]}
+    for key, kind in b["struct"]:
+        if key.lower() not in fields:
+            fields[key.lower()] = [key, kind]
+        elif fields[key.lower()][0] == key:  # keys differing only in case: the first seen has the column
+            fields[key.lower()][1] = unify(fields[key.lower()][1], kind)
+    return {"struct": list(fields.values())}
+
+
+def spark_type(kind: Inferred):
+    """The Spark type of an inferred type (None for "null": no column yet)."""
+    from pyspark.sql import types as T
+
+    if kind == "null":
+        return None
+    if isinstance(kind, str):
+        return {
+            "boolean": T.BooleanType(),
+            "int": T.IntegerType(),
+            "long": T.LongType(),
+            "double": T.DoubleType(),
+            "string": T.StringType(),
+        }[kind]
+    if "either" in kind:
+        return T.StringType()
+    if "list" in kind:
+        return T.ArrayType(spark_type(kind["list"]) or T.StringType(), True)
+    fields = [T.StructField(k, spark_type(t), True) for k, t in kind["struct"] if t != "null"]
+    return T.StructType(fields) if fields else T.StringType()
+
+
+def evolved(current, batch: Inferred):
+    """The column type after a batch: `current` (Spark; None: no column yet) evolved with the batch's values of
+    the same kind (`batch`, inferred)."""
+    from pyspark.sql import types as T
+
+    if current is None:
+        return spark_type(batch)
+    family = {T.StructType: "struct", T.ArrayType: "list", T.IntegerType: "number"}.get(type(current))
+    same = _families(batch).get(family) if family else None
+    if isinstance(current, T.IntegerType) and same == "long":
+        return T.LongType()
+    if isinstance(current, T.StructType) and same is not None and same["struct"]:
+        have = {f.name.lower() for f in current.fields}
+        kinds = dict(same["struct"])
+        fields = [T.StructField(f.name, evolved(f.dataType, kinds.get(f.name, "null")), True) for f in current.fields]
+        fields += [
+            T.StructField(k, spark_type(t), True) for k, t in same["struct"] if k.lower() not in have and t != "null"
+        ]
+        return T.StructType(fields)
+    if isinstance(current, T.ArrayType) and same is not None:
+        return T.ArrayType(
+            evolved(current.elementType, same["list"]) if same["list"] != "null" else current.elementType, True
+        )
+    return current
+
+
+def value_struct(current_fields: list, batch: Inferred):
+    """The table's value columns after a batch: the current ones (evolved) and the batch's new keys."""
+    from pyspark.sql import types as T
+
+    current = T.StructType([f for f in current_fields if f.name not in KAFKA_COLUMNS and f.name not in UPSERT_COLUMNS])
+    objects = _families(batch).get("struct")
+    if objects is None:
+        return current
+    clashing = {name.lower() for name in (*KAFKA_COLUMNS, *UPSERT_COLUMNS)}
+    objects = {"struct": [[k, t] for k, t in objects["struct"] if k.lower() not in clashing]}
+    return evolved(current, objects)
+
+
+# --- executors -------------------------------------------------------------------------------------------------
+
+
+def infer_ranges(kafka_conf: dict, max_record_bytes: int, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """`mapInArrow` function: the unified type of the JSON objects in each planned range (undecodable values are
+    left to the read, which makes them bad records)."""
+    from icefloe.formats.decoding import _decode_json
+    from icefloe.source.kafka import OffsetRange, read_range
+
+    for task_batch in tasks:
+        for task in task_batch.to_pylist():
+            kind: Inferred = "null"
+            for msg in read_range(
+                kafka_conf, OffsetRange(task["topic"], task["partition"], task["start"], task["end"])
+            ):
+                value = msg.value()
+                if value is None or len(value) > max_record_bytes:
+                    continue
+                try:
+                    kind = unify(kind, infer(_decode_json(value)))
+                except ValueError:
+                    continue
+            yield pa.RecordBatch.from_pylist([{"type": json.dumps(kind)}], schema=pa.schema([("type", pa.string())]))
+
+
+def decoder(struct_json: str) -> Callable[[bytes], Any]:
+    """Decodes a JSON object and shapes it for the table's value struct: non-strings in string columns become
+    their JSON text; a key with no column, or an integer a double column cannot hold exactly, is an error."""
+    from pyspark.sql import types as T
+
+    from icefloe.formats.decoding import _decode_json
+
+    shape = _shaper(T.StructType.fromJson(json.loads(struct_json)), "")
+    return lambda data: shape(_decode_json(data))
+
+
+def _shaper(dtype, path: str) -> Callable[[Any], Any]:
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.StringType):
+        return lambda v: v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+    if isinstance(dtype, T.DoubleType):
+
+        def double(v: Any) -> Any:
+            if isinstance(v, int) and not isinstance(v, bool) and float(v) != v:
+                raise ValueError(f"{path}: an integer that cannot be held exactly by the double column")  # no value
+            return v
+
+        return double
+    if isinstance(dtype, T.ArrayType):
+        element = _shaper(dtype.elementType, f"{path}[]")
+        return lambda v: [None if x is None else element(x) for x in v] if isinstance(v, list) else v
+    if isinstance(dtype, T.StructType):
+        fields = {f.name: _shaper(f.dataType, f"{path}.{f.name}".lstrip(".")) for f in dtype.fields}
+
+        def struct(v: Any) -> Any:
+            if not isinstance(v, dict):
+                return v  # the converter names the mismatch
+            out = {}
+            for key, item in v.items():
+                if item is None:
+                    continue
+                if key not in fields:
+                    raise ValueError(f"{f'{path}.{key}'.lstrip('.')}: the table has no column for this key")
+                out[key] = fields[key](item)
+            return out
+
+        return struct
+    return lambda v: v
+
+
+def infer_batch(spark, kafka_conf: dict, tasks: list, max_record_bytes: int) -> Inferred:
+    """The unified type of the JSON objects in the planned ranges `tasks` (OffsetRange), read once by Spark tasks."""
+    from functools import partial, reduce
+
+    rows = [(t.topic, t.partition, t.start, t.end) for t in tasks]
+    frame = spark.createDataFrame(
+        spark.sparkContext.parallelize(rows, max(1, len(rows))), "topic string, partition int, start long, end long"
+    )
+    kinds = frame.mapInArrow(partial(infer_ranges, kafka_conf, max_record_bytes), "type string").collect()
+    return reduce(unify, (json.loads(row.type) for row in kinds), "null")

@@ -1,0 +1,508 @@
+"""One batch for one table: plan offsets, read and convert in executors, write, commit data and offsets together.
+
+How a table's records are read and decoded is its read path (data_plane: the JVM's Kafka source and `from_avro`,
+or Python per record). An append batch on the JVM path is streamed from Kafka to the table when every record
+decodes exactly in the JVM (the common case); otherwise, and on the Python path, executors read every record once
+into a kept frame, bad records included as failed rows; then the error mode:
+  fail  each partition is cut just before its first bad record, what comes before is committed, and the error of the
+        earliest bad record is raised: the table holds everything before it and a fixed rerun resumes at it.
+  skip  bad records are counted and logged (partition, offset, error; never the payload); the rest is committed.
+  dlq   bad records go to the dead-letter table `<table>_dlq` first (its own offsets watermark keeps a crash and
+        rerun from adding them twice), then the rest is committed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
+
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
+
+from icefloe.batch_columns import ERROR_CLASS, ERROR_MESSAGE, TOMBSTONE
+from icefloe.commit.branch import Branch, commit_on_branch, drop_stale_branches, new_run_id
+from icefloe.commit.checkpoint import Checkpoint, CommittedState, Throughput, committed_state, lost_as_json
+from icefloe.errors import IcefloeError, RecordError
+from icefloe.formats import raw as raw_format
+from icefloe.formats import schemaless_json as json_inference
+from icefloe.formats.decoding import DecoderSpec, decoder_spec
+from icefloe.formats.schema_mapping import (
+    avro_value_fields,
+    batch_struct,
+    inline_value_fields,
+    registry_value_fields,
+    required_paths,
+    table_struct,
+)
+from icefloe.materialize.budget import Deadline, size_batch
+from icefloe.materialize.dead_letters import commit_dead_letters
+from icefloe.materialize.python_tasks import ReadPlan, read_batches, unmark
+from icefloe.materialize.read_paths import JVM, PYTHON, JvmBatch, ReadPath, choose_read_path
+from icefloe.materialize.upsert import key_columns, merge_batch, positioned
+from icefloe.operate import progress
+from icefloe.registries import glue as glue_registry
+from icefloe.source.kafka import OffsetRange, client_config, plan_ranges
+from icefloe.source.spark_kafka import kafka_timestamp_overflow, source_failure
+from icefloe.spec import IcefloeConfig, TableSpec
+from icefloe.table.iceberg import IcebergTable, conformed, quoted
+
+log = logging.getLogger(__name__)
+# Split long partitions so both cores (or many executors) share the work; each split is one Spark task.
+RECORDS_PER_TASK = 500_000
+LOGGED_FAILURES = 20
+# How long the streamed write's observed counts may take to arrive once the write is done (Spark posts them from its
+# listener bus, normally at once; SPARK-54620: never, where the observed operator was optimized away).
+OBSERVED_METRICS_TIMEOUT_S = 600.0
+
+
+@dataclass
+class BatchResult:
+    identifier: str
+    topic: str
+    status: str  # committed | up-to-date | yielded (other runs committed first each attempt: nothing committed here)
+    rows_written: int = 0
+    records_failed: int = 0
+    snapshot_id: int | None = None
+    metadata_location: str | None = None
+    offsets: dict[int, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    run_id: str = ""
+    data_lost: list[dict] = field(default_factory=list)  # ranges deleted before they were read (onDataLoss: warn)
+    read_path: str = ""  # jvm | python (data_plane): how the batch was read and decoded
+    maintenance: dict | None = None  # maintenance after the batch, when it ran (`MaintenanceResult.as_dict`)
+    maintenance_error: str = ""  # why maintenance after the batch failed (the batch stands; tried again when due)
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        data["offsets"] = {str(p): o for p, o in sorted(self.offsets.items())}
+        return data
+
+    def describe(self) -> str:
+        failed = self.maintenance_error and f"; maintenance failed (tried again when due): {self.maintenance_error}"
+        return self._describe_batch() + failed
+
+    def _describe_batch(self) -> str:
+        if self.status == "up-to-date":
+            return f"{self.identifier}: up to date at offsets {self.as_dict()['offsets']} (nothing committed)"
+        if self.status == "yielded":
+            return (
+                f"{self.identifier}: yielded: other runs committed before each of this run's attempts; nothing "
+                "committed by this run, the next run reads on from what they committed"
+            )
+        failed = f", {self.records_failed} bad records" if self.records_failed else ""
+        if self.data_lost:
+            lost = sum(r["end"] - r["start"] for r in self.data_lost)
+            failed += f", DATA LOSS: {lost} records deleted before they were read ({self.data_lost})"
+        return (
+            f"{self.identifier}: committed {self.rows_written} rows from {self.topic}{failed} in {self.seconds:.1f}s, "
+            f"snapshot {self.snapshot_id}, next offsets {self.as_dict()['offsets']}"
+        )
+
+
+@dataclass
+class Batch:
+    """What one attempt reads: the ranges, and the offsets main records once they are committed."""
+
+    ranges: list[OffsetRange]
+    next_offsets: dict[int, int]
+
+    def tasks(self) -> list[OffsetRange]:
+        return [
+            OffsetRange(r.topic, r.partition, start, min(start + RECORDS_PER_TASK, r.end))
+            for r in self.ranges
+            for start in range(r.start, r.end, RECORDS_PER_TASK)
+        ]
+
+    def cut_before(self, partition: int, offset: int) -> Batch:
+        """The same batch ending just before a bad record."""
+        ranges = [r if r.partition != partition else replace(r, end=min(r.end, offset)) for r in self.ranges]
+        return Batch([r for r in ranges if r.end > r.start], {**self.next_offsets, partition: offset})
+
+
+# Writes a batch's good rows to the run's branch; returns the rows written (appended, or changes merged).
+Writer = Callable[[DataFrame, Branch], int]
+
+
+@dataclass(frozen=True)
+class ErrorModeOutcome:
+    """What the table's error mode leaves to commit."""
+
+    good: DataFrame  # the rows to write
+    batch: Batch  # the batch as committed: in fail mode, cut before each partition's first bad record
+    records_failed: int  # bad records skipped or sent to the DLQ (0 in fail mode, which skips nothing)
+    error: RecordError | None  # fail mode: the earliest bad record, raised once what precedes it is committed
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    snapshot_id: int | None  # main's new snapshot; None when the error mode left nothing to commit
+    rows_written: int
+    error_mode: ErrorModeOutcome
+
+
+def materialize_once(
+    spark: SparkSession, config: IcefloeConfig, table: TableSpec, deadline: Deadline | None = None
+) -> BatchResult:
+    """One batch, sized to publish well inside `runTimeout` and the job's `deadline` (`budget`)."""
+    started, started_ms = time.monotonic(), int(time.time() * 1000)
+    run_id = new_run_id()
+    identifier = config.identifier(table)
+    cluster = config.cluster(table.source_cluster)
+    kafka_conf = client_config(cluster)
+    decoder = decoder_spec(table, cluster)
+    schemaless = table.format == "json" and table.inline_schema is None  # columns inferred per batch
+    value_fields = _value_fields(decoder, table, identifier)
+    if table.mode == "upsert" and not schemaless:  # a key field the schema lacks fails before the table is created
+        key_columns(table.key, value_fields, f"table {identifier}")
+
+    iceberg = IcebergTable(spark, identifier)
+    first = Checkpoint(table.topic).to_summary()  # a first, empty checkpoint: the base of the first commit
+    upsert = table.mode == "upsert"
+    if iceberg.ensure(
+        table_struct(value_fields, upsert), table.partitions, table.maintenance.target_file_size_mb, first
+    ):
+        log.info("%s: created table", identifier)
+    branches = drop_stale_branches(iceberg, table.run_timeout_seconds)
+    state = committed_state(iceberg, table.topic)
+    planned = plan_ranges(
+        kafka_conf,
+        table.topic,
+        state.offsets,
+        table.starting_offsets,
+        None,
+        table.on_data_loss,
+        state.topic_id,
+        state.leader_epochs,
+    )
+    sized = size_batch(iceberg, kafka_conf, table, state, planned, deadline, branches)
+    planned = sized.plan
+    ranges, next_offsets = planned.ranges, planned.next_offsets
+    batch = Batch(ranges, next_offsets)
+    if next_offsets == state.offsets and not planned.lost:
+        return BatchResult(
+            identifier,
+            table.topic,
+            "up-to-date",
+            snapshot_id=state.snapshot_id,
+            offsets=state.offsets,
+            metadata_location=iceberg.metadata_location(),
+            run_id=run_id,
+            seconds=time.monotonic() - started,
+        )
+    if decoder.format in _REGISTRY_FORMATS:
+        # Fetched again now: every record of the planned ranges was written with a version registered before the
+        # plan, so the reader schema is at least as new as each writer's (fetched before planning, a version
+        # registered meanwhile would lose its new fields and enum symbols).
+        decoder = decoder_spec(table, cluster)
+        value_fields = _value_fields(decoder, table, identifier)
+    if schemaless:
+        decoder, value_fields, struct = _infer_json(spark, iceberg, kafka_conf, table, batch, decoder)
+    else:
+        struct = table_struct(value_fields)
+        for change in iceberg.evolve(table_struct(value_fields, upsert)):
+            log.info("%s: schema evolved: %s", identifier, change)
+    path = choose_read_path(spark, decoder)
+    log.info(
+        "%s: reading %d records from %d partitions, read path %s: %s",
+        identifier,
+        sum(r.count for r in ranges),
+        len(ranges),
+        path.name,
+        path.reason,
+    )
+    progress.reading(spark, identifier, sum(r.count for r in ranges))
+
+    plan = ReadPlan(
+        kafka_conf=kafka_conf,
+        decoder=decoder,
+        batch_schema_json=batch_struct(struct).json(),
+        value_fields=tuple(f.name for f in value_fields),
+        strict=decoder.format in ("json", "json-schema", json_inference.FORMAT)
+        or glue_registry.reads(decoder.registry_conf, "JSON"),
+        required=required_paths(table.inline_schema) if decoder.format == "json" else frozenset(),
+        needs_key=table.mode == "upsert" and not table.key,
+        max_record_bytes=table.max_record_bytes,
+    )
+    if upsert:
+        keys = key_columns(table.key, value_fields, f"table {identifier}")
+        write = _upsert_writer(iceberg.schema(), keys, table.run_timeout_seconds)
+    else:
+        write = _append_writer(struct)
+
+    measured = Throughput(sized.records, int(sized.records * sized.mean_record_bytes), started_ms, sized.cut)
+    # Upsert: the partitions' clocks carry over every commit, also one that reads nothing (`upsert.positioned`).
+    clocks = dict(state.checkpoint.clocks) if upsert and state.checkpoint is not None else {}
+    checkpoint = Checkpoint(
+        table.topic,
+        next_offsets,
+        run_id,
+        planned.topic_id,
+        tuple(planned.lost),
+        throughput=measured,
+        leader_epochs=planned.leader_epochs,
+        clocks=clocks,
+    )
+    try:
+        outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, path)
+    except _TimestampOverflow:  # nothing was committed: the Python path routes the record per `errors`
+        path = ReadPath(PYTHON, "a Kafka timestamp overflows Spark's Kafka source")
+        log.warning("%s: %s: the batch is read on the Python path", identifier, path.reason)
+        outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, path)
+    result = BatchResult(
+        identifier=identifier,
+        topic=table.topic,
+        status="committed",
+        rows_written=outcome.rows_written,
+        records_failed=outcome.error_mode.records_failed,
+        snapshot_id=outcome.snapshot_id,
+        metadata_location=iceberg.metadata_location(),
+        offsets=outcome.error_mode.batch.next_offsets,
+        seconds=time.monotonic() - started,
+        run_id=run_id,
+        data_lost=lost_as_json(checkpoint.lost),
+        read_path=path.name,
+    )
+    if outcome.error_mode.error is not None:
+        log.error("%s: committed up to the bad record: %s", identifier, result.describe())
+        raise outcome.error_mode.error
+    return result
+
+
+# The table's schema is the registry's latest version of the value schema.
+_REGISTRY_FORMATS = ("avro-registry", "protobuf", "json-schema", glue_registry.FORMAT)
+
+
+def _value_fields(decoder: DecoderSpec, table: TableSpec, identifier: str) -> list[StructField]:
+    subject = f"{identifier} (subject {table.topic}-value)"
+    if decoder.format == "avro-registry":
+        return avro_value_fields(decoder.schema, subject)
+    if decoder.format in ("protobuf", "json-schema"):
+        return registry_value_fields(decoder.format, decoder.schema, decoder.message_type, subject)
+    if decoder.format == glue_registry.FORMAT:
+        where = f"{identifier} (Glue schema {decoder.registry['schema']})"
+        return glue_registry.value_fields(decoder.registry["data_format"], decoder.schema, where, decoder.message_type)
+    if decoder.format in raw_format.FORMATS:
+        return raw_format.value_fields(decoder.format)
+    if table.format == "json" and table.inline_schema is None:  # schemaless: the columns come from each batch
+        return []
+    return inline_value_fields(table.inline_schema)  # type: ignore[arg-type]  # an avro-inline table has one
+
+
+def _infer_json(
+    spark: SparkSession, iceberg: IcebergTable, kafka_conf: dict, table: TableSpec, batch: Batch, decoder: DecoderSpec
+) -> tuple[DecoderSpec, list, StructType]:
+    """Schemaless JSON: the batch's types inferred from its records, the table evolved to hold them; returns the
+    decoder, value fields and table struct to read the batch with."""
+    inferred = json_inference.infer_batch(spark, kafka_conf, batch.tasks(), table.max_record_bytes)
+    values = json_inference.value_struct(spark.table(iceberg.full_name).schema.fields, inferred)
+    struct = table_struct(list(values.fields))
+    for change in iceberg.evolve(table_struct(list(values.fields), table.mode == "upsert")):
+        log.info("%s: schema evolved from the records: %s", iceberg.identifier, change)
+    return replace(decoder, format=json_inference.FORMAT, schema_str=values.json()), list(values.fields), struct
+
+
+def _commit(
+    spark: SparkSession,
+    iceberg: IcebergTable,
+    table: TableSpec,
+    plan: ReadPlan,
+    batch: Batch,
+    state: CommittedState,
+    checkpoint: Checkpoint,
+    write: Writer,
+    path: ReadPath,
+) -> CommitOutcome:
+    """Read the batch, apply the error mode, commit what it leaves on the run's branch with `checkpoint` (its
+    offsets are the batch's as the error mode leaves it). On the JVM path an append batch is first committed as the
+    JVM decodes it, streamed; only if some record needs Python is it read again with status columns."""
+    if not batch.ranges:  # only positions to record (`latest`, an empty or new partition, every unread record lost)
+        snapshot_id, _ = commit_on_branch(
+            iceberg,
+            state.snapshot_id,  # type: ignore[arg-type]  # ensure() gives the table its first snapshot
+            checkpoint,
+            lambda branch: 0,
+            table.run_timeout_seconds,
+        )
+        return CommitOutcome(snapshot_id, 0, ErrorModeOutcome(None, batch, 0, None))  # type: ignore[arg-type]  # an empty batch writes no rows
+    jvm = JvmBatch(spark, plan, path.avro, batch.ranges, len(batch.tasks())) if path.name == JVM else None  # type: ignore[arg-type]  # the JVM path has its plan (choose_path)
+    try:
+        if jvm is not None and table.mode == "append":
+            committed = _commit_exact(iceberg, jvm, batch, state, checkpoint, table.run_timeout_seconds)
+            if committed is not None:
+                return committed
+        frame, release = jvm.rows_with_status() if jvm is not None else _read(spark, plan, batch)
+        try:
+            applied = _apply_error_mode(spark, iceberg.identifier, table, frame, batch, checkpoint.run_id)  # type: ignore[arg-type]  # a batch's checkpoint has its run id
+            if applied.batch.next_offsets == state.offsets:  # fail mode, a bad record first in every partition read
+                return CommitOutcome(None, 0, applied)
+            checkpoint, good = replace(checkpoint, offsets=applied.batch.next_offsets), applied.good
+            if table.mode == "upsert":  # each change's clock (its position); the checkpoint carries the clocks on
+                good, clocks = positioned(good, checkpoint.clocks)
+                checkpoint = replace(checkpoint, clocks=clocks)
+            snapshot_id, rows = commit_on_branch(
+                iceberg,
+                state.snapshot_id,  # type: ignore[arg-type]  # ensure() gives the table its first snapshot
+                checkpoint,
+                partial(write, good),
+                table.run_timeout_seconds,
+            )
+            return CommitOutcome(snapshot_id, rows, applied)
+        finally:
+            release()
+    except IcefloeError:
+        raise
+    except Exception as failure:  # a source failure carried by a Python task's or the Kafka client's error
+        if jvm is not None and kafka_timestamp_overflow(failure):
+            raise _TimestampOverflow() from None
+        raise (unmark(str(failure)) or source_failure(failure, table.topic) or failure) from None
+
+
+class _TimestampOverflow(Exception):
+    """Spark's Kafka source failed on a record's timestamp (nanoseconds?); nothing was committed."""
+
+
+class _NeedsPython(Exception):
+    """Some records of the batch need the Python decoder: what the streamed attempt wrote is discarded."""
+
+
+def _commit_exact(
+    iceberg: IcebergTable,
+    jvm: JvmBatch,
+    batch: Batch,
+    state: CommittedState,
+    checkpoint: Checkpoint,
+    run_timeout_s: float,
+) -> CommitOutcome | None:
+    """Commit every record as the JVM decodes it, streamed from Kafka to the table (nothing held); None when some
+    record's row is not exact: that attempt's branch is dropped unpublished (its files are orphans for maintenance)."""
+    rows, observation = jvm.exact_rows(checkpoint.run_id)  # type: ignore[arg-type]  # a batch's checkpoint has its run id; the table's columns
+
+    def write_all(branch: Branch) -> int:
+        branch.append(rows)
+        counts = _observed(observation, iceberg.identifier, checkpoint.topic, batch)
+        if counts["for_python"]:
+            raise _NeedsPython(counts["for_python"])
+        return counts["rows"]
+
+    try:
+        snapshot_id, written = commit_on_branch(iceberg, state.snapshot_id, checkpoint, write_all, run_timeout_s)  # type: ignore[arg-type]  # ensure() gives the table its first snapshot
+    except _NeedsPython as needed:
+        log.info(
+            "%s: %s records need the Python decoder: reading the batch again with them",
+            iceberg.identifier,
+            needed.args[0],
+        )
+        return None
+    return CommitOutcome(snapshot_id, written, ErrorModeOutcome(rows, batch, 0, None))
+
+
+def _observed(observation: Observation, identifier: str, topic: str | None, batch: Batch) -> dict:
+    """The streamed write's counts (`rows`, `for_python`): waited for in a thread of their own, so that metrics
+    that never come fail the batch (nothing committed) instead of blocking it for ever."""
+    found: dict = {}
+    done = threading.Event()
+
+    def fetch() -> None:
+        try:
+            found["counts"] = observation.get
+        except Exception as error:
+            found["error"] = error
+        finally:
+            done.set()
+
+    threading.Thread(target=fetch, name=f"observe-{identifier}", daemon=True).start()
+    counts = found.get("counts") if done.wait(OBSERVED_METRICS_TIMEOUT_S) else None
+    if counts is None or not {"rows", "for_python"} <= set(counts):
+        ranges = ", ".join(f"partition {r.partition} offsets [{r.start}, {r.end})" for r in batch.ranges)
+        got = type(found["error"]).__name__ if "error" in found else sorted(counts or {})
+        why = (
+            f"observed without them: {got}"
+            if done.is_set()
+            else f"not observed within {OBSERVED_METRICS_TIMEOUT_S:.0f}s"
+        )
+        raise IcefloeError(
+            f"table {identifier}: topic {topic}, {ranges}: Spark gave no record counts for the streamed write "
+            f"({why}); nothing was committed"
+        )
+    return counts
+
+
+def _read(spark: SparkSession, plan: ReadPlan, batch: Batch) -> tuple[DataFrame, Callable[[], object]]:
+    """The batch as executors read it on the Python path, bad records included as failed rows; cached, so Kafka is
+    read once: the error accounting, the dead letters and the write all use this frame. Returns the frame and the
+    function that releases it."""
+    rows = [(t.topic, t.partition, t.start, t.end) for t in batch.tasks()]
+    task_rdd = spark.sparkContext.parallelize(rows, max(1, len(rows)))
+    batch_schema = StructType.fromJson(json.loads(plan.batch_schema_json))
+    frame = (
+        spark.createDataFrame(task_rdd, "topic string, partition int, start long, end long")
+        .mapInArrow(partial(read_batches, plan), batch_schema)
+        .persist()
+    )
+    return frame, frame.unpersist
+
+
+def _apply_error_mode(
+    spark: SparkSession, identifier: str, table: TableSpec, frame: DataFrame, batch: Batch, run_id: str
+) -> ErrorModeOutcome:
+    """Split the read batch into what to commit and what failed, as the table's `errors` mode says."""
+    bad = frame.where(F.col(ERROR_CLASS).isNotNull())
+    first_bad = {
+        row.kafka_partition: (row.first, row.failed)
+        for row in bad.groupBy("kafka_partition")
+        .agg(F.min("kafka_offset").alias("first"), F.count("*").alias("failed"))
+        .collect()
+    }
+    good = frame.where(F.col(ERROR_CLASS).isNull())
+    failed = sum(n for _, n in first_bad.values())
+    if not failed:
+        return ErrorModeOutcome(good, batch, 0, None)
+    _log_failures(identifier, bad)
+    if table.errors == "fail":
+        error = _first_error(bad, first_bad)
+        for partition, (offset, _) in first_bad.items():
+            batch = batch.cut_before(partition, offset)
+            good = good.where((F.col("kafka_partition") != partition) | (F.col("kafka_offset") < offset))
+        return ErrorModeOutcome(good, batch, 0, error)
+    if table.errors == "dlq":
+        commit_dead_letters(spark, identifier, table.topic, bad, batch.next_offsets, run_id, table.run_timeout_seconds)
+    return ErrorModeOutcome(good, batch, failed, None)
+
+
+def _first_error(bad: DataFrame, first_bad: dict[int, tuple[int, int]]) -> RecordError:
+    """The bad record that stops a `fail` table: the earliest offset, lowest partition first on ties."""
+    partition = min(first_bad, key=lambda p: (first_bad[p][0], p))
+    row = bad.where((F.col("kafka_partition") == partition) & (F.col("kafka_offset") == first_bad[partition][0]))
+    detail = row.select(ERROR_CLASS, ERROR_MESSAGE).first()
+    return RecordError(partition, first_bad[partition][0], detail[ERROR_MESSAGE], detail[ERROR_CLASS])  # type: ignore[index]  # the partition's first bad record is there
+
+
+def _log_failures(identifier: str, bad: DataFrame) -> None:
+    sample = bad.select("kafka_partition", "kafka_offset", ERROR_CLASS, ERROR_MESSAGE)
+    for row in sample.orderBy("kafka_partition", "kafka_offset").limit(LOGGED_FAILURES).collect():
+        log.warning("%s: bad record at partition %d offset %d: %s: %s", identifier, *row)
+
+
+def _append_writer(struct: StructType) -> Writer:
+    columns = [F.col(quoted(f.name)) for f in struct.fields]  # a name may hold dots or backticks
+
+    def append(frame: DataFrame, branch: Branch) -> int:
+        branch.append(frame.select(*columns))
+        return branch.rows_appended()
+
+    return append
+
+
+def _upsert_writer(columns: StructType, keys: list[str], run_timeout_s: float) -> Writer:
+    """`columns`: the table's, which may hold fields the batch's schema removed (they are set to null)."""
+
+    def upsert(frame: DataFrame, branch: Branch) -> int:
+        return merge_batch(conformed(frame, columns, keep=(TOMBSTONE,)), branch, columns, keys, run_timeout_s)
+
+    return upsert

@@ -1,0 +1,258 @@
+"""The executor side of a batch: read planned offset ranges, decode, convert, emit Arrow record batches.
+
+Runs inside Spark's `mapInArrow`; everything it needs travels in a picklable `ReadPlan`. A record that cannot be
+read is emitted as a failed row (no value; its raw bytes and the error), and the driver applies the table's error
+mode to those rows. An environment failure stops the task with a marked `SourceError` the driver recovers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from icefloe.errors import SourceError
+from icefloe.formats.decoding import DecoderSpec, build_decoder, build_key_decoder
+from icefloe.source.kafka import OffsetRange, read_range
+
+_TIMESTAMP_TYPES = {0: None, 1: "CreateTime", 2: "LogAppendTime"}
+KAFKA_TIMESTAMP_MS = (-62135596800000, 253402300799999)  # 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59.999Z
+INVALID_TIMESTAMP = "InvalidTimestamp"
+_MARKER = "ICEFLOE-ERROR"
+_MARKED = re.compile(_MARKER + r'("(?:[^"\\]|\\.)*")' + _MARKER)
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    kafka_conf: dict[str, str]
+    decoder: DecoderSpec
+    batch_schema_json: str  # the Spark StructType executors emit (table columns + status columns), as JSON
+    value_fields: tuple[str, ...]
+    strict: bool  # JSON values are checked field by field; Avro values are typed by the decoder
+    required: frozenset[str] = frozenset()  # inline fields declared `optional: false`
+    needs_key: bool = False  # upsert keyed by the Kafka key: a record without one cannot be placed
+    max_record_bytes: int = 8 * 1024 * 1024
+    batch_rows: int = 20_000  # an Arrow batch is emitted at this many rows or at `batch_bytes`, whichever is first
+    batch_bytes: int = 64 * 1024 * 1024  # of raw keys and values: large records must not pile up 20,000 deep
+
+    def __repr__(self) -> str:  # the Kafka config may hold credentials
+        return f"ReadPlan(decoder={self.decoder!r})"
+
+
+def schema_id(payload: bytes | None) -> int | None:
+    """The Schema Registry id in Confluent wire format, if the payload has that framing."""
+    if payload and len(payload) >= 5 and payload[0] == 0:
+        found = int.from_bytes(payload[1:5], "big")
+        return found if found < 2**31 else None  # registry ids are positive 32-bit ints (the column's type)
+    return None
+
+
+def read_batches(plan: ReadPlan, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """`mapInArrow` function: input rows are (topic, partition, start, end) tasks."""
+    try:
+        yield from _read(plan, tasks)
+    except SourceError as error:
+        raise RuntimeError(f"{_MARKER}{json.dumps(str(error))}{_MARKER}") from None
+
+
+def redecode_rows(plan: ReadPlan, rows: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """`mapInArrow` function of the JVM read path: the records the JVM could not decode exactly, given as Kafka
+    columns (`kafka_timestamp_ms` for the timestamp) and `value`, decoded here for their value or exact error."""
+    try:
+        yield from _redecode(plan, rows)
+    except SourceError as error:
+        raise RuntimeError(f"{_MARKER}{json.dumps(str(error))}{_MARKER}") from None
+
+
+def _read(plan: ReadPlan, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    records = _Records(plan)
+    for task_batch in tasks:
+        for task in task_batch.to_pylist():
+            offset_range = OffsetRange(task["topic"], task["partition"], task["start"], task["end"])
+            for msg in read_range(plan.kafka_conf, offset_range):
+                kind, ts = msg.timestamp()
+                yield from records.add(
+                    msg.value(),
+                    msg.key(),
+                    msg.topic(),  # type: ignore[arg-type]  # set on a consumed message
+                    msg.partition(),  # type: ignore[arg-type]  # set on a consumed message
+                    msg.offset(),  # type: ignore[arg-type]  # set on a consumed message
+                    ts if kind else None,
+                    _TIMESTAMP_TYPES.get(kind),
+                    msg.headers(),
+                )
+    yield from records.flush()
+
+
+def _redecode(plan: ReadPlan, rows: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    records = _Records(plan)
+    for batch in rows:
+        for row in batch.to_pylist():
+            headers = [(h["key"], h["value"]) for h in row["kafka_headers"]] if row["kafka_headers"] else None
+            yield from records.add(
+                row["value"],
+                row["kafka_key"],
+                row["kafka_topic"],
+                row["kafka_partition"],
+                row["kafka_offset"],
+                row["kafka_timestamp_ms"],
+                row["kafka_timestamp_type"],
+                headers,
+            )
+    yield from records.flush()
+
+
+class _Records:
+    """Decodes and converts records one by one into Arrow batches of the batch schema (failed rows included)."""
+
+    def __init__(self, plan: ReadPlan):
+        from pyspark.sql import types as T
+
+        from icefloe.materialize.conversion import BatchBuilder, ValueConverter
+
+        batch = T.StructType.fromJson(json.loads(plan.batch_schema_json))
+        values = T.StructType([batch[name] for name in plan.value_fields])
+        self.plan = plan
+        self.convert = ValueConverter(values, strict=plan.strict, required=plan.required)
+        self.decode = build_decoder(plan.decoder)
+        self.decode_key = _key_decoder(plan, values) if plan.decoder.key_fields else None
+        self.builder = BatchBuilder(batch, list(plan.value_fields))
+        # values in Confluent wire format carry a schema id
+        self.framed = plan.decoder.format.startswith("avro") or plan.decoder.format in ("protobuf", "json-schema")
+        self.bytes = 0  # raw bytes of the records in the builder
+
+    def add(
+        self,
+        payload: bytes | None,
+        key: bytes | None,
+        topic: str,
+        partition: int,
+        offset: int,
+        timestamp_ms: int | None,
+        timestamp_type: str | None,
+        headers,
+    ) -> Iterator[pa.RecordBatch]:
+        value, failure = None, None
+        try:
+            _check_timestamp(timestamp_ms)
+            value = _value(self.plan, self.decode, self.decode_key, self.convert, payload, key)
+        except _Bad as bad:
+            failure = (bad.kind, bad.message, payload, schema_id(payload) if self.framed else None)
+            if bad.kind == INVALID_TIMESTAMP:  # the row's timestamp column cannot hold it
+                timestamp_ms = None
+        self.builder.add(
+            value,
+            topic,
+            partition,
+            offset,
+            timestamp_ms,
+            timestamp_type,
+            key,
+            headers,
+            tombstone=payload is None and failure is None,
+            error=failure,
+            payload=payload,
+        )
+        self.bytes += len(payload or b"") + len(key or b"")
+        if len(self.builder) >= self.plan.batch_rows or self.bytes >= self.plan.batch_bytes:
+            yield from self.flush()
+
+    def flush(self) -> Iterator[pa.RecordBatch]:
+        if len(self.builder):
+            self.bytes = 0
+            yield _build(self.builder)
+
+
+class _Bad(Exception):
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind, self.message = kind, message
+
+
+def _check_timestamp(timestamp_ms: int | None) -> None:
+    """A Kafka timestamp the table's timestamp column cannot hold makes a bad record (a producer that set
+    nanoseconds or microseconds where Kafka wants milliseconds)."""
+    if timestamp_ms is not None and not KAFKA_TIMESTAMP_MS[0] <= timestamp_ms <= KAFKA_TIMESTAMP_MS[1]:
+        raise _Bad(
+            INVALID_TIMESTAMP, f"Kafka timestamp {timestamp_ms} ms is outside years 1 to 9999 (not milliseconds?)"
+        )
+
+
+def _value(plan: ReadPlan, decode, decode_key, convert, payload: bytes | None, key: bytes | None) -> dict | None:
+    key_fields = plan.decoder.key_fields
+    if (plan.needs_key or (key_fields and payload is None)) and not key:
+        raise _Bad(
+            "InvalidKey", "upsert needs a non-empty record key, got " + ("none" if key is None else "an empty one")
+        )
+    if payload is None:
+        if not key_fields:
+            return None  # a tombstone
+        try:  # a tombstone of a table keyed by value fields: its Kafka key names the row
+            value = decode_key(key)
+        except ValueError as error:
+            raise _Bad("InvalidKey", f"tombstone key: {error}") from None
+    else:
+        if len(payload) > plan.max_record_bytes:
+            raise _Bad(
+                "RecordTooLarge", f"value of {len(payload)} bytes exceeds maxRecordBytes {plan.max_record_bytes}"
+            )
+        try:
+            decoded = decode(payload)
+        except ValueError as error:
+            raise _Bad("DecodeError", str(error)) from None
+        try:
+            value = convert(decoded)
+        except ValueError as error:
+            raise _Bad("ConversionError", str(error)) from None
+    missing = [name for name in key_fields if value.get(name) is None]
+    if missing:
+        raise _Bad("InvalidKey", f"key field(s) {missing} are null")
+    return value
+
+
+def _key_decoder(plan: ReadPlan, values) -> Callable[[bytes], dict]:
+    """A tombstone's Kafka key as the values of the key fields, of their table types. Only the key fields are
+    converted: the tombstone has no other field, so `optional: false` fields cannot refuse it. A string key is
+    text for any type of its field (a long key field keyed by "42")."""
+    from pyspark.sql import types as T
+
+    from icefloe.materialize.conversion import ValueConverter, from_text
+
+    key_fields = plan.decoder.key_fields
+    struct = T.StructType([values[name] for name in key_fields])
+    decode = build_key_decoder(plan.decoder)
+    text = plan.decoder.key_format == "string"
+    parse = from_text(struct[0].dataType, key_fields[0]) if text else None
+    convert = ValueConverter(struct, strict=plan.strict or text)
+
+    def decode_key(key: bytes) -> dict:
+        fields = decode(key)
+        decoded = {name: fields.get(name) for name in key_fields}
+        if parse is not None:
+            decoded = {name: parse(item) for name, item in decoded.items()}
+        return convert(decoded)
+
+    return decode_key
+
+
+def _build(builder) -> pa.RecordBatch:
+    """Build the Arrow batch; a value Arrow refuses (rare: checks run first) becomes a bad record itself."""
+    try:
+        return builder.build()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        pass
+    for index in range(len(builder)):
+        reason = builder.row_error(index)
+        if reason is None:
+            continue
+        builder.fail_row(index, "ConversionError", reason, schema_id(builder.payloads[index]))
+    return builder.build()
+
+
+def unmark(text: str) -> SourceError | None:
+    """The environment failure carried in a Spark failure's text, if any."""
+    match = _MARKED.search(text)
+    return SourceError(json.loads(match.group(1))) if match else None

@@ -1,0 +1,159 @@
+"""Which read path a table's batches take, and the frames of the JVM path.
+
+  jvm     Spark's Kafka source reads the planned ranges (jvm_source), `from_avro` decodes the values (avro_jvm); the
+          records the JVM cannot decode exactly as Python would go through the Python decoder, which gives their
+          value or their exact error (executor_tasks.redecode_rows). No record of the happy path touches Python.
+  python  the per-record path: confluent-kafka, the Python decoders, Arrow (executor_tasks.read_batches).
+
+The path is chosen per table and logged. Avro tables (a Confluent-compatible or AWS Glue registry, or an inline
+schema) and raw or string tables (raw_format) take the JVM path. JSON and JSON Schema tables (also through Glue) stay
+on Python: their inline checks (strict types, `optional: false`, ints given as 1.0, ISO strings and epoch numbers for
+timestamps, base64 binary) have no exact `from_json` equivalent. An Avro table whose schema Avro Java refuses stays
+on Python too.
+
+Two ways to write a JVM batch:
+  - `exact_rows`: every record decoded in the JVM, streamed from Kafka to the writer with nothing held; the number of
+    records that need Python is observed while writing. When it is not 0 the caller discards what was written.
+  - `rows_with_status`: the batch as the error mode wants it (status columns, failed rows with their errors),
+    decoded once and kept on disk (not in the heap) while the error mode and the writer read it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from icefloe.batch_columns import ERROR_CLASS, ERROR_MESSAGE, KAFKA_COLUMNS, RAW_VALUE, SCHEMA_ID, TOMBSTONE
+from icefloe.formats import raw as raw_format
+from icefloe.formats.avro import jvm as avro_jvm
+from icefloe.formats.avro.jvm import AvroJvmPlan, plan_avro
+from icefloe.formats.decoding import DecoderSpec
+from icefloe.materialize.python_tasks import KAFKA_TIMESTAMP_MS, ReadPlan, redecode_rows
+from icefloe.registries import glue as glue_registry
+from icefloe.source.kafka import OffsetRange
+from icefloe.source.spark_kafka import read_ranges
+
+log = logging.getLogger(__name__)
+JVM, PYTHON = "jvm", "python"
+_STRUCT, _EXACT = "icefloe_value", "icefloe_exact"
+_KAFKA = list(KAFKA_COLUMNS)
+
+
+@dataclass(frozen=True)
+class ReadPath:
+    name: str  # jvm | python
+    reason: str
+    avro: AvroJvmPlan | raw_format.RawJvmPlan | None = None  # how the JVM decodes the values
+
+
+def choose_read_path(spark: SparkSession, decoder: DecoderSpec) -> ReadPath:
+    """The JVM path where the JVM has a decoder for the table's format, else Python."""
+    if decoder.format in ("json", "json-inferred"):
+        return ReadPath(PYTHON, "JSON values are checked against the table's types in Python")
+    if decoder.format == "protobuf" or glue_registry.reads(decoder.registry_conf, "PROTOBUF"):
+        return ReadPath(PYTHON, "Protobuf has no JVM decoder here (no spark-protobuf for Spark 3.5 on Maven Central)")
+    if decoder.format == "json-schema" or glue_registry.reads(decoder.registry_conf, "JSON"):
+        return ReadPath(PYTHON, "JSON Schema values are validated against their writer's schema in Python")
+    if decoder.format in raw_format.FORMATS:
+        return ReadPath(JVM, f"Kafka source, values kept as {decoder.format}", raw_format.RawJvmPlan(decoder.format))
+    avro = plan_avro(spark, decoder)
+    if avro is None:
+        return ReadPath(PYTHON, "Avro Java cannot use the table's schema")
+    writers = (
+        "inline schema"
+        if avro.inline
+        else f"writer schemas {', '.join(str(i) for i in sorted(avro.writers)) or 'none'}"
+    )
+    return ReadPath(JVM, f"Kafka source and from_avro ({writers})", avro)
+
+
+class JvmBatch:
+    """One batch read by the JVM: Spark's Kafka source and `from_avro`, Python only for what the JVM cannot decode."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        plan: ReadPlan,
+        avro: AvroJvmPlan | raw_format.RawJvmPlan,
+        ranges: list[OffsetRange],
+        tasks: int,
+    ):
+        self.spark, self.plan, self.avro, self.ranges, self.tasks = spark, plan, avro, ranges, tasks
+        self.codec = (
+            raw_format if isinstance(avro, raw_format.RawJvmPlan) else avro_jvm
+        )  # decoded, exact, value_columns
+
+    def _decoded(self) -> DataFrame:
+        """Kafka columns, the raw value, the decoded struct and whether the JVM's result is exact."""
+        raw = read_ranges(self.spark, self.plan.kafka_conf, self.ranges, self.tasks)
+        frame = raw.select("*", self.codec.decoded(F.col("value"), self.avro).alias(_STRUCT))
+        return frame.select("*", self._exact(frame).alias(_EXACT))
+
+    def _exact(self, frame: DataFrame) -> Column:
+        """The record rules of `executor_tasks._value` the JVM can check, and the JVM's decoding being exact."""
+        value, key, plan = F.col("value"), F.col("kafka_key"), self.plan
+        key_fields = plan.decoder.key_fields
+        fields = [F.col(_STRUCT)[name].isNotNull() for name in key_fields]
+        decoded_ok = (F.length(value) <= plan.max_record_bytes) & self.codec.exact(value, _STRUCT, self.avro)
+        low, high = (F.expr(f"timestamp_millis({ms})") for ms in KAFKA_TIMESTAMP_MS)  # else Python names it bad
+        decoded_ok = decoded_ok & (F.col("kafka_timestamp").isNull() | F.col("kafka_timestamp").between(low, high))
+        for present in fields:  # a key field of the value must not be null
+            decoded_ok = decoded_ok & present
+        # A tombstone is exact unless its key must be decoded (upsert keyed by value fields).
+        condition = F.when(value.isNull(), F.lit(not key_fields)).otherwise(decoded_ok)
+        if plan.needs_key:
+            condition = condition & key.isNotNull() & (F.length(key) > 0)
+        return F.coalesce(condition, F.lit(False))
+
+    def _values(self) -> list[Column]:
+        batch_schema = StructType.fromJson(json.loads(self.plan.batch_schema_json))
+        columns = self.codec.value_columns(_STRUCT, self.avro)
+        return [columns[name].cast(batch_schema[name].dataType).alias(name) for name in self.plan.value_fields]
+
+    def exact_rows(self, run_id: str) -> tuple[DataFrame, Observation]:
+        """The table's columns of every record, and an observation counting them (`rows`) and those whose row is not
+        exact (`for_python`), known once the frame has been written."""
+        observation = Observation(f"icefloe_{run_id}")
+        frame = self._decoded().observe(
+            observation, F.count(F.lit(1)).alias("rows"), F.count(F.when(~F.col(_EXACT), 1)).alias("for_python")
+        )
+        return frame.select(*self._values(), *_KAFKA), observation
+
+    def rows_with_status(self) -> tuple[DataFrame, Callable[[], None]]:
+        """Every record with the status columns (failed records with their error, as `executor_tasks.read_batches` emits
+        them), and the function that releases what it keeps on disk."""
+        batch_schema = StructType.fromJson(json.loads(self.plan.batch_schema_json))
+        frame = self._decoded()
+        kept = frame.select(
+            *[c for c in frame.columns if c != "value"],
+            F.col("value").isNull().alias(TOMBSTONE),
+            F.when(~F.col(_EXACT), F.col("value")).alias("value"),  # only what Python decodes keeps its bytes
+        ).persist(StorageLevel.DISK_ONLY)
+        status = [F.col(TOMBSTONE)] + [
+            F.lit(None).cast(batch_schema[name].dataType).alias(name)
+            for name in (ERROR_CLASS, ERROR_MESSAGE, RAW_VALUE, SCHEMA_ID)
+        ]
+        exact_rows = kept.where(F.col(_EXACT)).select(*self._values(), *_KAFKA, *status)
+        for_python = (
+            kept.where(~F.col(_EXACT))
+            .select(
+                *[F.unix_millis(c).alias(f"{c}_ms") if c == "kafka_timestamp" else F.col(c) for c in _KAFKA], "value"
+            )
+            .mapInArrow(partial(redecode_rows, self.plan), batch_schema)
+            .persist(StorageLevel.DISK_ONLY)
+        )
+        rows = exact_rows.select(*batch_schema.fieldNames()).unionByName(for_python)
+
+        def release() -> None:
+            for_python.unpersist()
+            kept.unpersist()
+
+        return rows, release

@@ -1,0 +1,287 @@
+"""The AWS Glue Schema Registry as a registry kind: `schemaRegistry: {type: glue, registryName, region}`.
+
+Wire format (the AWS serializers', Java `GlueSchemaRegistryKafkaSerializer` and PyPI `aws-glue-schema-registry`):
+byte 0x03, a compression byte (0x00 none, 0x05 zlib), the 16-byte schema version UUID, then the payload as the
+version's data format writes it. The table's schema is the latest version of the schema named `schemaName` in the
+registry (default `{topic}-value`, the Python serializer's naming; the Java serializer names a schema after the
+topic: `schemaName: "{topic}"`). Executors fetch each writer version by its UUID (GetSchemaVersion) once; for the
+JVM path (avro_jvm) the driver fetches the schema's newest Avro versions by number (`avro_versions`). An available
+version is immutable: each process fetches it once, so a continuous run asks Glue only for the latest version per batch.
+
+Keys framed the same way (`keyFormat` avro, json-schema or protobuf on a Glue registry) are decoded as they were
+written, with no reader schema: each key by its own writer version, a Protobuf key as whichever message type its
+index names. Their schema `keySchemaName` (default `{topic}-key`) is only checked on the driver (it exists, of the
+keyFormat's data format): a deserializer finds a version by its UUID, never by a name.
+
+The payload decoder is chosen by the version's DataFormat from `PAYLOAD_DECODERS` (and the table's columns by the
+latest version's from `VALUE_FIELDS`): Avro is here, JSON Schema is json_schema_format's (each record validated
+against its writer version), Protobuf glue_protobuf's (the AWS Python library has none; the framing is the Java
+serde's). The table's `format` names the data format it reads (avro: AVRO, json-schema: JSON, protobuf: PROTOBUF);
+a record written with a version of another data format, a header that is not Glue's, a version that is unknown, or
+a payload that does not decode is a bad record; a registry that cannot be reached or refuses access is the
+environment's failure (`SourceError`), never a bad record.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zlib
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+from icefloe.errors import ConfigError, SourceError
+
+FORMAT = "glue"  # DecoderSpec.format of a table whose values are framed for the Glue Schema Registry
+HEADER = 0x03
+COMPRESSION = {0x00: None, 0x05: "zlib"}
+PREFIX = 18  # header, compression, UUID
+DATA_FORMATS = {
+    "avro": "AVRO",
+    "json-schema": "JSON",
+    "protobuf": "PROTOBUF",
+}  # the table's `format` -> the Glue DataFormat it reads
+Decoder = Callable[[bytes], Any]
+
+
+def registry_conf(registry, topic: str, key: bool = False) -> dict[str, str]:
+    """What executors need to reach the registry (no credential: AWS clients take them from the environment)."""
+    return {
+        "type": "glue",
+        "registry": registry.registry_name,
+        "region": registry.region,
+        "endpoint": registry.endpoint or "",
+        "schema": registry.glue_schema(topic, key),
+    }
+
+
+def checked_conf(registry, topic: str, fmt: str, where: str, key: bool = False) -> tuple[dict[str, str], str]:
+    """(conf with the schema's data format, its latest definition) for a value (`format`) or key (`keyFormat`)
+    schema, which must be of the data format `fmt` reads (driver side)."""
+    conf = registry_conf(registry, topic, key)
+    data_format, definition = latest_version(conf)
+    if data_format != DATA_FORMATS[fmt]:
+        raise ConfigError(
+            f"{where}: the Glue {'key ' if key else ''}schema {conf['schema']!r} is {data_format}, not "
+            f"{DATA_FORMATS[fmt]} ({'keyFormat' if key else 'format'} {fmt})"
+        )
+    return conf | {"data_format": data_format}, definition
+
+
+def reads(conf: dict[str, str] | None, data_format: str) -> bool:
+    """Whether a table reads values of `data_format` (AVRO, JSON, PROTOBUF) through Glue."""
+    return bool(conf and conf.get("type") == "glue" and conf.get("data_format") == data_format)
+
+
+def glue_client(conf: dict[str, str]):
+    import boto3
+
+    return boto3.client("glue", region_name=conf["region"], endpoint_url=conf["endpoint"] or None)
+
+
+def _where(conf: dict[str, str]) -> str:
+    return f"Glue schema registry {conf['registry']} ({conf['region']})"
+
+
+def latest_version(conf: dict[str, str]) -> tuple[str, str]:
+    """(data format, definition) of the latest version of the table's schema (driver side)."""
+    found = _latest(glue_client(conf), conf)
+    return found["DataFormat"], found["SchemaDefinition"]
+
+
+def avro_versions(conf: dict[str, str], newest: int) -> dict[UUID, str]:
+    """Version UUID -> definition of the `newest` available versions of the table's Avro schema (driver side: the
+    JVM path decodes the records written with them). Asked by version number: ListSchemaVersions gives no
+    definitions (one GetSchemaVersion each anyway), and moto does not serve it. Only the latest is asked every
+    batch; an available version is immutable and comes from this process's cache (`_AVAILABLE`)."""
+    client = glue_client(conf)
+    latest = _latest(client, conf)
+    schema = (conf["endpoint"], latest["SchemaArn"])
+    numbers = _AVAILABLE.setdefault(schema, {})
+    if numbers.get(latest["VersionNumber"], latest["SchemaVersionId"]) != latest["SchemaVersionId"]:
+        numbers.clear()  # the schema was deleted and created again under the same name: its numbers start over
+    found = {}
+    for number in range(max(1, latest["VersionNumber"] - newest + 1), latest["VersionNumber"] + 1):
+        if number not in numbers:
+            where = {"SchemaId": _schema_id(conf), "SchemaVersionNumber": {"VersionNumber": number}}
+            version = latest if number == latest["VersionNumber"] else _schema_version(client, conf, **where)
+            # (a deleted version is gone; a pending or failed one is left to the Python decoder, as any unknown UUID)
+            if version is None or version["Status"] != "AVAILABLE":
+                continue
+            numbers[number] = version["SchemaVersionId"]
+            _VERSIONS[UUID(version["SchemaVersionId"])] = version
+        version = _VERSIONS[UUID(numbers[number])]
+        if version["DataFormat"] == "AVRO":
+            found[UUID(version["SchemaVersionId"])] = version["SchemaDefinition"]
+    return found
+
+
+# Per process: (endpoint, schema ARN) -> version number -> UUID of an AVAILABLE version, and UUID -> that version
+# (GetSchemaVersion's answer). An available version never changes, so continuous runs ask only for the latest.
+_AVAILABLE: dict[tuple[str, str], dict[int, str]] = {}
+_VERSIONS: dict[UUID, dict] = {}
+
+
+def _latest(client, conf: dict[str, str]) -> dict:
+    found = _schema_version(client, conf, SchemaId=_schema_id(conf), SchemaVersionNumber={"LatestVersion": True})
+    if found is None:
+        raise ConfigError(f"no schema named {conf['schema']!r} in the {_where(conf)}")
+    return found
+
+
+def _schema_id(conf: dict[str, str]) -> dict[str, str]:
+    return {"RegistryName": conf["registry"], "SchemaName": conf["schema"]}
+
+
+def _schema_version(client, conf: dict[str, str], missing=("EntityNotFoundException",), **where) -> dict | None:
+    """GetSchemaVersion; None where the registry does not have the version (error codes `missing`); any other
+    failure is the environment's (`SourceError`)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return client.get_schema_version(**where)
+    except ClientError as error:
+        if error.response["Error"]["Code"] in missing:
+            return None
+        raise SourceError(f"{_where(conf)}: {error}") from None
+    except BotoCoreError as error:
+        raise SourceError(f"{_where(conf)} unreachable: {error}") from None
+
+
+def value_fields(data_format: str, definition: str, subject: str, message_type: str | None = None) -> list:
+    """The table's value fields from its latest version (`message_type`: the Protobuf message the table reads)."""
+    if data_format not in VALUE_FIELDS:
+        raise ConfigError(f"{subject}: the Glue schema's data format {data_format} has no decoder in icefloe")
+    return VALUE_FIELDS[data_format](definition, subject, message_type)
+
+
+def frame(version: UUID) -> bytes:
+    """The bytes before an uncompressed payload written with `version`."""
+    return bytes([HEADER, 0x00]) + version.bytes
+
+
+def split(data: bytes) -> tuple[UUID, bytes]:
+    """The schema version id and the (decompressed) payload of a Glue-framed value."""
+    if len(data) < PREFIX or data[0] != HEADER:
+        raise ValueError("not AWS Glue Schema Registry wire format (header byte 3, compression byte, version UUID)")
+    if data[1] not in COMPRESSION:
+        raise ValueError(f"unknown Glue compression byte {data[1]} (0 none or 5 zlib expected)")
+    payload = data[PREFIX:]
+    if COMPRESSION[data[1]] == "zlib":
+        try:
+            payload = zlib.decompress(payload)
+        except zlib.error as error:
+            raise ValueError(f"zlib-compressed payload does not decompress: {error}") from None
+    return UUID(bytes=bytes(data[2:PREFIX])), payload
+
+
+def decoder(conf: dict[str, str], table_schema: str | None = None, message_type: str | None = None) -> Decoder:
+    """Decodes Glue-framed values (or keys: no `table_schema`): writer versions fetched by UUID, payloads by the
+    version's data format. A version that cannot decode (unknown, another data format, a definition that does not
+    parse) is remembered: every record written with it fails alike without asking the registry again."""
+    client = glue_client(conf)
+    decoders: dict[UUID, Decoder | ValueError] = {}
+
+    def for_version(version: UUID) -> Decoder:
+        found = _VERSIONS.get(version) or _schema_version(
+            client, conf, ("EntityNotFoundException", "InvalidInputException"), SchemaVersionId=str(version)
+        )
+        if found is None:
+            raise ValueError(f"schema version {version} is not in the {_where(conf)}")
+        if found["Status"] == "AVAILABLE":
+            _VERSIONS[version] = found
+        data_format = found["DataFormat"]
+        if data_format != conf["data_format"]:  # the table's columns (or key) come from a schema of another format
+            raise ValueError(f"schema version {version} is {data_format}; the table reads {conf['data_format']}")
+        try:
+            return PAYLOAD_DECODERS[data_format](found["SchemaDefinition"], table_schema, message_type)
+        except ValueError as error:
+            raise ValueError(f"schema version {version}: {error}") from None
+
+    def decode(data: bytes) -> Any:
+        version, payload = split(data)
+        if version not in decoders:
+            try:
+                decoders[version] = for_version(version)
+            except ValueError as error:
+                decoders[version] = error
+        found = decoders[version]
+        if isinstance(found, ValueError):
+            raise ValueError(str(found))
+        return found(payload)
+
+    return decode
+
+
+def avro_payload(writer: str, reader: str | None, message_type: str | None = None) -> Decoder:
+    """An Avro payload written with `writer`, resolved to the table's schema `reader` (unions as member structs;
+    no reader: a key, read as written)."""
+    import fastavro
+
+    from icefloe.formats.avro.fastavro_gaps import UnionIndexError, guarded, register, unpadded
+    from icefloe.formats.avro.unions import needs_record_names, rewriter
+
+    reader = reader or writer
+    register()
+    writer_schema = guarded(fastavro.parse_schema(json.loads(writer)))
+    reader_schema = guarded(fastavro.parse_schema(json.loads(reader)))
+    names = needs_record_names(reader)
+    rewrite = rewriter(reader, names) or (lambda value: value)
+
+    def decode(payload: bytes) -> Any:
+        try:
+            value = fastavro.schemaless_reader(io.BytesIO(payload), writer_schema, reader_schema, names)
+        except UnionIndexError:
+            raise
+        except Exception as error:  # fastavro raises many types on corrupt input
+            raise ValueError(
+                f"Avro payload cannot be decoded: {type(error).__name__}: {unpadded(str(error))}"
+            ) from None
+        return rewrite(value)
+
+    return decode
+
+
+def _avro_fields(definition: str, subject: str, message_type: str | None) -> list:
+    from icefloe.formats.schema_mapping import avro_value_fields
+
+    return avro_value_fields(definition, subject)
+
+
+def _json_payload(writer: str, table: str | None, message_type: str | None) -> Decoder:
+    from icefloe.formats.json_schema import glue_payload_decoder
+
+    return glue_payload_decoder(writer, table)
+
+
+def _json_fields(definition: str, subject: str, message_type: str | None) -> list:
+    from icefloe.formats.json_schema import glue_value_fields
+
+    return glue_value_fields(definition, subject)
+
+
+def _protobuf_payload(writer: str, table: str | None, message_type: str | None) -> Decoder:
+    from icefloe.formats.protobuf.glue import payload_decoder
+
+    return payload_decoder(writer, table, message_type)  # type: ignore[arg-type]  # protobuf tables name their table
+
+
+def _protobuf_fields(definition: str, subject: str, message_type: str | None) -> list:
+    from icefloe.formats.protobuf.glue import value_fields as protobuf_fields
+
+    return protobuf_fields(definition, subject, message_type)
+
+
+# DataFormat -> factory(writer version's definition, the table's definition, its message type; None, None for keys)
+PAYLOAD_DECODERS: dict[str, Callable[[str, str | None, str | None], Decoder]] = {
+    "AVRO": avro_payload,
+    "JSON": _json_payload,
+    "PROTOBUF": _protobuf_payload,
+}
+# DataFormat -> function(the table's definition, what to name in errors, its message type) -> the table's value fields
+VALUE_FIELDS: dict[str, Callable[[str, str, str | None], list]] = {
+    "AVRO": _avro_fields,
+    "JSON": _json_fields,
+    "PROTOBUF": _protobuf_fields,
+}
