@@ -190,7 +190,7 @@ UNION_POISONS = [
 @pytest.mark.parametrize("name, body", UNION_POISONS[2:])
 def test_negative_union_branch_indexes_are_refused_by_every_python_avro_decoder(name, body):
     from icefloe.formats.decoding import _inline_avro_decoder
-    from icefloe.registries.glue import avro_payload
+    from icefloe.formats.glue_framed import avro_payload
 
     inline = _inline_avro_decoder(json.dumps(POISONED))
     glue = avro_payload(json.dumps(POISONED), json.dumps(POISONED))

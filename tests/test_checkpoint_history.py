@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from icefloe.commit.branch import branch_name, new_run_id
 from icefloe.commit.checkpoint import Checkpoint, append_with_checkpoint
 from icefloe.errors import CheckpointLost
 from icefloe.materialize.batch import materialize_once
 from icefloe.operate.maintenance import maintain
 from icefloe.table.catalog import CATALOG
 from icefloe.table.iceberg import IcebergTable
+from icefloe.table.refs import branch_name, new_run_id
 from support import by_position, produce, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]

@@ -14,6 +14,7 @@ from icefloe.errors import CommitConflict
 from icefloe.materialize.batch import materialize_once
 from icefloe.operate.runner import run_table
 from icefloe.table.iceberg import IcebergTable
+from icefloe.table.refs import branch_name, new_run_id
 from support import avro_serializer, by_position, produce, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
@@ -87,7 +88,7 @@ def test_crash_before_publish_leaves_main_untouched_and_rerun_completes(spark, b
     monkeypatch.undo()
     assert table.main_snapshot_id() == first.snapshot_id
     # a leftover of a run older than the run timeout (12h by default): provably dead
-    leftover = commit_module.branch_name(commit_module.new_run_id(time.time() - 13 * 3600))
+    leftover = branch_name(new_run_id(time.time() - 13 * 3600))
     spark.sql(f"ALTER TABLE {table.full_name} CREATE BRANCH `{leftover}`")
 
     result = run_table(spark, config, config.tables[0], state_dir)

@@ -15,11 +15,12 @@ import zlib
 import pytest
 
 from icefloe.commit import branch as commit_module
-from icefloe.commit.branch import BRANCH_PREFIX, branch_name, drop_stale_branches, new_run_id
+from icefloe.commit.branch import drop_stale_branches
 from icefloe.commit.checkpoint import committed_state
 from icefloe.errors import CommitConflict
 from icefloe.materialize.batch import materialize_once
 from icefloe.table.iceberg import IcebergTable
+from icefloe.table.refs import BRANCH_PREFIX, branch_name, new_run_id
 from support import by_position, produce, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]

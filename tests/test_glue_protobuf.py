@@ -62,7 +62,7 @@ def test_the_table_message_and_bad_schemas_are_config_errors(moto_aws, monkeypat
     from pyspark.sql import types as T
 
     from icefloe.formats.decoding import decoder_spec
-    from icefloe.registries.glue import value_fields
+    from icefloe.formats.glue_framed import value_fields
 
     for key, value in moto_aws.aws_env().items():
         monkeypatch.setenv(key, value)

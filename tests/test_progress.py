@@ -13,8 +13,8 @@ import threading
 import pytest
 
 from icefloe.materialize import batch as materializer
-from icefloe.operate import progress
-from icefloe.operate.progress import Progress
+from icefloe.materialize import progress
+from icefloe.materialize.progress import Progress
 from icefloe.operate.runner import run_table
 from support import produce
 
@@ -62,9 +62,9 @@ def test_progress_is_redrawn_on_a_terminal(spark, state_dir, backlog, monkeypatc
 @pytest.mark.broker
 def test_progress_is_logged_when_not_on_a_terminal(spark, state_dir, backlog, monkeypatch, caplog):
     monkeypatch.setattr(progress, "LOG_EVERY_S", 0.05)
-    with caplog.at_level(logging.INFO, logger="icefloe.operate.progress"):
+    with caplog.at_level(logging.INFO, logger="icefloe.materialize.progress"):
         result = run_table(spark, backlog, backlog.tables[0], state_dir)
-    lines = [r.getMessage() for r in caplog.records if r.name == "icefloe.operate.progress"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "icefloe.materialize.progress"]
     assert any(FRAME.search(line) or "starting" in line for line in lines[:-1]), lines
     assert re.fullmatch(rf"{result.identifier}: read 6,000 records in [\d.]+s \([\d,]+ rec/s\)", lines[-1])
 

@@ -17,7 +17,6 @@ offsets were planned from, and every snapshot the run wrote is on the branch abo
 from __future__ import annotations
 
 import logging
-import re
 import time
 import uuid
 from collections.abc import Callable
@@ -30,28 +29,13 @@ from icefloe.commit.checkpoint import Checkpoint, append_with_checkpoint
 from icefloe.errors import CommitConflict
 from icefloe.table.iceberg import IcebergTable, conformed
 
+# Run ids and branch names live with the table (its creation stages on a run branch); re-exported for the callers.
+from icefloe.table.refs import BRANCH_PREFIX, branch_name, run_started
+
 log = logging.getLogger(__name__)
-BRANCH_PREFIX = "icefloe_run_"
-_STARTED = re.compile(r"^(\d{10,})_")  # a run id begins with its start, in whole seconds since the epoch
 Written = TypeVar("Written")
 # How long a run may take before other runs may drop its branch (the table's `runTimeout`, spec's default).
 DEFAULT_RUN_TIMEOUT_S = 12 * 3600
-
-
-def new_run_id(started: float | None = None) -> str:
-    """A unique run id that says when the run started (so other runs can tell when its branch is dead)."""
-    return f"{int(time.time() if started is None else started)}_{uuid.uuid4().hex[:12]}"
-
-
-def run_started(run_id: str) -> float | None:
-    """When the run started (epoch seconds), or None for an id that does not say (e.g. an older icefloe's)."""
-    match = _STARTED.match(run_id)
-    return float(match.group(1)) if match else None
-
-
-def branch_name(run_id: str) -> str:
-    """The private branch of one run (and what `drop_stale_branches` recognizes)."""
-    return f"{BRANCH_PREFIX}{run_id}"
 
 
 @dataclass

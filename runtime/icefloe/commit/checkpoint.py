@@ -24,6 +24,7 @@ from pyspark.sql import DataFrame
 from icefloe.errors import CheckpointLost, ConfigError
 from icefloe.source.kafka import LostRange
 from icefloe.table.iceberg import IcebergTable, append_with_properties
+from icefloe.table.refs import BRANCH_PREFIX, new_run_id
 
 OFFSETS_KEY = "icefloe.offsets"
 TOPIC_KEY = "icefloe.topic"
@@ -227,8 +228,6 @@ def carry_checkpoint(table: IcebergTable, topic: str) -> None:
     by fast-forward, like a batch: a batch that publishes meanwhile makes Iceberg refuse the fast-forward (main is no
     longer an ancestor), so an older checkpoint never lands above a newer one (an expirer that removed the batch's
     snapshot would then leave the older one to resume from); the copy is planned again from the new head."""
-    from icefloe.commit.branch import BRANCH_PREFIX, new_run_id  # commit imports this module
-
     for _ in range(CARRY_ATTEMPTS):
         state = committed_state(table, topic)
         if state.checkpoint is None or state.checkpoint_snapshot_id == state.snapshot_id:

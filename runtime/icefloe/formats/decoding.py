@@ -214,9 +214,9 @@ def build_decoder(spec: DecoderSpec) -> Decoder:
     if spec.format == "json":
         return _decode_json
     if spec.format == "glue":
-        from icefloe.registries import glue as glue_registry
+        from icefloe.formats import glue_framed
 
-        return glue_registry.decoder(spec.registry, spec.schema, spec.message_type)
+        return glue_framed.decoder(spec.registry, spec.schema, spec.message_type)
     if spec.format == "json-inferred":  # schemaless JSON, shaped for the types inferred for the batch
         from icefloe.formats import schemaless_json as json_inference
 
@@ -261,9 +261,9 @@ def build_key_decoder(spec: DecoderSpec) -> Callable[[bytes], dict]:
         field_name, as_text = spec.key_fields[0], spec.key_format == "string"
         return lambda data: {field_name: utf8(data, "key") if as_text else data}
     if spec.key_conf is not None:  # framed for the AWS Glue Schema Registry, decoded as written
-        from icefloe.registries import glue as glue_registry
+        from icefloe.formats import glue_framed
 
-        decode = glue_registry.decoder(spec.key_conf)
+        decode = glue_framed.decoder(spec.key_conf)
     elif spec.key_format in ("avro", "protobuf", "json-schema") and not spec.registry_conf:
         raise ConfigError(f"{spec.topic}: keyFormat {spec.key_format} needs a schema registry")
     elif spec.key_format == "avro":

@@ -26,9 +26,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 from icefloe.batch_columns import ERROR_CLASS, ERROR_MESSAGE, TOMBSTONE
-from icefloe.commit.branch import Branch, commit_on_branch, drop_stale_branches, new_run_id
+from icefloe.commit.branch import Branch, commit_on_branch, drop_stale_branches
 from icefloe.commit.checkpoint import Checkpoint, CommittedState, Throughput, committed_state, lost_as_json
 from icefloe.errors import IcefloeError, RecordError
+from icefloe.formats import glue_framed
 from icefloe.formats import raw as raw_format
 from icefloe.formats import schemaless_json as json_inference
 from icefloe.formats.decoding import DecoderSpec, decoder_spec
@@ -40,17 +41,18 @@ from icefloe.formats.schema_mapping import (
     required_paths,
     table_struct,
 )
+from icefloe.materialize import progress
 from icefloe.materialize.budget import Deadline, size_batch
 from icefloe.materialize.dead_letters import commit_dead_letters
 from icefloe.materialize.python_tasks import ReadPlan, read_batches, unmark
 from icefloe.materialize.read_paths import JVM, PYTHON, JvmBatch, ReadPath, choose_read_path
 from icefloe.materialize.upsert import key_columns, merge_batch, positioned
-from icefloe.operate import progress
 from icefloe.registries import glue as glue_registry
 from icefloe.source.kafka import OffsetRange, client_config, plan_ranges
 from icefloe.source.spark_kafka import kafka_timestamp_overflow, source_failure
 from icefloe.spec import IcefloeConfig, TableSpec
 from icefloe.table.iceberg import IcebergTable, conformed, quoted
+from icefloe.table.refs import new_run_id
 
 log = logging.getLogger(__name__)
 # Split long partitions so both cores (or many executors) share the work; each split is one Spark task.
@@ -286,7 +288,7 @@ def _value_fields(decoder: DecoderSpec, table: TableSpec, identifier: str) -> li
         return registry_value_fields(decoder.format, decoder.schema, decoder.message_type, subject)
     if decoder.format == glue_registry.FORMAT:
         where = f"{identifier} (Glue schema {decoder.registry['schema']})"
-        return glue_registry.value_fields(decoder.registry["data_format"], decoder.schema, where, decoder.message_type)
+        return glue_framed.value_fields(decoder.registry["data_format"], decoder.schema, where, decoder.message_type)
     if decoder.format in raw_format.FORMATS:
         return raw_format.value_fields(decoder.format)
     if table.format == "json" and table.inline_schema is None:  # schemaless: the columns come from each batch

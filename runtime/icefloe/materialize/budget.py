@@ -23,11 +23,11 @@ import logging
 import time
 from dataclasses import dataclass, replace
 
-from icefloe.commit.branch import BRANCH_PREFIX, run_started
 from icefloe.commit.checkpoint import CommittedState
 from icefloe.source.kafka import OffsetRange, Plan, sample_record_bytes, share_budget
 from icefloe.spec import TableSpec
 from icefloe.table.iceberg import IcebergTable
+from icefloe.table.refs import BRANCH_PREFIX, run_started
 
 log = logging.getLogger(__name__)
 SAFETY = 0.5

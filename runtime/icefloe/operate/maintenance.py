@@ -23,13 +23,14 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from icefloe.commit.branch import new_run_id
 from icefloe.commit.checkpoint import carry_checkpoint, committed_state
+from icefloe.jvm_gateway import jvm_gateway
 from icefloe.materialize.dead_letters import dead_letter_identifier
 from icefloe.materialize.upsert import delete_markers_identifier
 from icefloe.spec import TableSpec, duration_seconds
 from icefloe.table.catalog import CATALOG
-from icefloe.table.iceberg import IcebergTable, jvm_gateway
+from icefloe.table.iceberg import IcebergTable
+from icefloe.table.refs import new_run_id
 
 log = logging.getLogger(__name__)
 LAST_MAINTENANCE_PROPERTY = "icefloe.last-maintenance-ms"  # when maintenance was last claimed (epoch ms)

@@ -15,9 +15,9 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from icefloe.errors import CommitConflict, ConfigError, IcefloeError, RecordError, SourceError, clock_skew, is_transient
+from icefloe.materialize import progress
 from icefloe.materialize.batch import BatchResult, materialize_once
 from icefloe.materialize.budget import Deadline
-from icefloe.operate import progress
 from icefloe.operate.heartbeat import RUNNING, STOPPED, Heartbeat, write_heartbeat
 from icefloe.operate.lag import measure_lag
 from icefloe.operate.maintenance import bound_snapshots, is_due, maintain

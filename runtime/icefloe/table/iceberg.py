@@ -17,8 +17,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from icefloe.errors import ConfigError
+from icefloe.jvm_gateway import jvm_gateway
 from icefloe.partitioning import PartitionField
 from icefloe.table.catalog import CATALOG
+from icefloe.table.refs import branch_name, new_run_id
 
 log = logging.getLogger(__name__)
 # Attempts of a refs change (create, drop or fast-forward a branch) that lost a commit race, each on the table
@@ -50,11 +52,6 @@ DEFAULT_PROPERTIES = {
 # Counted for the per-batch cost (tests/test_continuous.py, bench/continuous_cost.py); Spark's own loads for a write
 # or a SQL statement are not counted here.
 LOADS: Counter[str] = Counter()
-
-
-def jvm_gateway(spark: SparkSession) -> Any:
-    """The session's Py4J view of the JVM (pyspark types it Optional: it is None only before a session starts)."""
-    return spark._jvm
 
 
 def append_with_properties(frame: DataFrame, target: str, properties: Mapping[str, str]) -> None:
@@ -119,8 +116,6 @@ class IcebergTable:
         created the table meanwhile and committed a batch: a plain append would land on that batch and hide its
         checkpoint. So the snapshot is written to a branch of its own, and main is created at it only where main
         still does not exist (Iceberg refuses to create a ref that exists; a lost commit race is re-checked)."""
-        from icefloe.commit.branch import branch_name, new_run_id  # commit builds on this module
-
         staging = branch_name(new_run_id())  # a leftover (a crash right here) is dropped as any dead run's branch
         append = self.java().newFastAppend()
         for key, value in summary.items():

@@ -40,8 +40,8 @@ from icefloe.formats.avro.unions import branches as union_branches
 from icefloe.formats.avro.unions import collapsed as collapsed_union
 from icefloe.formats.avro.unions import member_name
 from icefloe.formats.decoding import DecoderSpec, subject_for, subject_schemas
+from icefloe.jvm_gateway import jvm_gateway
 from icefloe.registries import glue as glue_registry
-from icefloe.table.iceberg import jvm_gateway
 
 log = logging.getLogger(__name__)
 MARKER = "__icefloe_decoded"
