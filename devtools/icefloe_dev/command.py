@@ -27,4 +27,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(records=args.records, partitions=args.partitions, state_dir=Path(args.state_dir), format=args.format)
+    return run_demo(
+        records=args.records, partitions=args.partitions, state_dir=Path(args.state_dir), format=args.format
+    )
