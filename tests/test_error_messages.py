@@ -1,4 +1,4 @@
-"""Error messages name the field and the problem, never the value: the README promises logs carry no payloads."""
+"""Error messages name the field and the problem, never the value: the docs promise logs carry no payloads."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ TABLE_BUCKET_NAME = r"^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$"
 # names may start with an underscore; S3 Tables' may not), and no namespace starting with "aws".
 S3_TABLES_NAME = re.compile(r"^[a-z0-9][a-z0-9_]{0,254}$")
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 3653)
-# Release images from emr-7.1.0 have Python 3.11 beside the default 3.9 (infra/README.md, "Python on EMR"): the
+# Release images from emr-7.1.0 have Python 3.11 beside the default 3.9 (docs/deploying.md, "Python on EMR"): the
 # bundle is built for it and the jobs run it. emr-7.12.0 ships Spark 3.5 and Iceberg 1.10.0, the nearest to the
 # Spark 3.5 / Iceberg 1.10.1 the runtime is tested with locally.
 DEFAULT_RELEASE = "emr-7.12.0"

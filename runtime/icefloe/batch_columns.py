@@ -1,6 +1,6 @@
 """The columns a batch carries beside the value fields, one definition with their types.
 
-`KAFKA_COLUMNS` are written to every table, after the value fields, in this order (the table layout in the README);
+`KAFKA_COLUMNS` are written to every table, after the value fields, in this order (docs/table-modes.md, "Table layout");
 `UPSERT_COLUMNS` follow them in upsert tables only (their names are reserved in every table).
 `STATUS_COLUMNS` travel with a batch but never reach the table: whether the record was a tombstone, and for a
 record that failed, its error and raw bytes (for the dead-letter table).

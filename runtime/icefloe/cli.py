@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="freshness per table: last commit, lag, rows, DLQ, data loss")
     status.add_argument("--config", required=True)
     status.add_argument("--table", action="append", default=[], metavar="NAME")
-    status.add_argument("--json", action="store_true", help="one JSON object per table (see README)")
+    status.add_argument("--json", action="store_true", help="one JSON object per table (see docs/operating.md)")
     status.add_argument(
         "--max-lag",
         action="append",

@@ -4,7 +4,7 @@ Before a batch is read, its planned records are read once to infer their types (
 gives the types it saw; the driver unifies them); the table then evolves (`IcebergTable.evolve`) and the batch is
 read and converted against the evolved table as an inline-schema JSON table would be.
 
-Within a batch (README "Schemaless JSON"):
+Within a batch (docs/formats.md, "Schemaless JSON"):
   - each key of the top-level object is a column, in first-seen order; nested objects are structs (keys merged),
     arrays are lists (elements merged);
   - true/false -> boolean; integers -> int, long when one does not fit 32 bits; numbers with a fraction or an

@@ -31,8 +31,8 @@ from icefloe.table.refs import BRANCH_PREFIX, run_started
 
 log = logging.getLogger(__name__)
 SAFETY = 0.5
-# A first batch reads at most this many bytes at this rate: the Python path decodes ~3 MiB/s per core (README,
-# Benchmarks), the JVM path ~30; a slow sink or large nested records can be slower still.
+# A first batch reads at most this many bytes at this rate: the Python path decodes ~3 MiB/s per core
+# (docs/benchmarks.md), the JVM path ~30; a slow sink or large nested records can be slower still.
 DEFAULT_BYTES_PER_SECOND = 1024 * 1024
 FIRST_BATCH_BYTES = 1024**3
 # Of the job's time limit, what a batch never plans to use: the job's start before the runtime runs, publishing,

@@ -97,7 +97,7 @@ class TableStatus:
     now: float = field(default_factory=time.time)
 
     def as_dict(self) -> dict:
-        """The `--json` line (documented in README, "Operating icefloe"): keys are stable, new ones may be added."""
+        """The `--json` line (documented in docs/operating.md, "Is every table fresh?"): keys are stable, new ones may be added."""
         lag = self.lag
         return {
             "table": self.table,
