@@ -3,6 +3,11 @@
 The jars come from jvm/pom.xml (scripts/setup.sh puts them in jvm/lib/kafka). Each start formats a fresh log
 directory under the state directory (a directory formatted for another cluster id cannot be reused), so a broker
 starts empty; its log is `kafka.log` beside the data and is quoted in every start-up error.
+
+For tests of secured clusters, `security=BrokerSecurity(...)` adds two listeners beside the plaintext one (which the
+tests and the readiness probe keep using to create topics and produce): SASL_SSL with SCRAM-SHA-512 users (created
+at format time) and PLAIN users, and SSL that requires a client certificate signed by the test CA. The demo stays
+plaintext.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import base64
 import subprocess
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from confluent_kafka import KafkaException
@@ -41,13 +47,39 @@ def new_cluster_id() -> str:
             return cluster_id
 
 
+@dataclass(frozen=True)
+class BrokerSecurity:
+    """The secured listeners' settings: the CA that clients trust and that signs client certificates, the broker's
+    own certificate and key (PEM files), and the SASL users by mechanism."""
+
+    ca_certificate: Path
+    certificate: Path
+    key: Path
+    scram_users: dict[str, str] = field(default_factory=dict)  # SCRAM-SHA-512
+    plain_users: dict[str, str] = field(default_factory=dict)
+
+
+def _jaas_quoted(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
 class KafkaBroker(JvmService):
     """A single-node Apache Kafka 4.x broker. Use as a context manager, or `start()` / `stop()`."""
 
     name = "kafka"
 
-    def __init__(self, state_dir: Path, heap: str = "512m", startup_timeout: float = 90.0, log_level: str = "warn"):
+    def __init__(
+        self,
+        state_dir: Path,
+        heap: str = "512m",
+        startup_timeout: float = 90.0,
+        log_level: str = "warn",
+        security: BrokerSecurity | None = None,
+    ):
         super().__init__(state_dir, startup_timeout)
+        self.security = security
+        self.sasl_ssl_port: int | None = None
+        self.ssl_port: int | None = None
         self.heap = heap
         self.log_level = log_level
         self.port: int | None = None
@@ -60,6 +92,20 @@ class KafkaBroker(JvmService):
         if self.port is None:
             raise ServiceError("the broker has not been started")
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_ssl_servers(self) -> str:
+        """The SASL_SSL listener (SCRAM-SHA-512 and PLAIN), with `security`."""
+        if self.sasl_ssl_port is None:
+            raise ServiceError("the broker has no SASL_SSL listener (start it with security=...)")
+        return f"127.0.0.1:{self.sasl_ssl_port}"
+
+    @property
+    def ssl_servers(self) -> str:
+        """The SSL listener that requires a client certificate, with `security`."""
+        if self.ssl_port is None:
+            raise ServiceError("the broker has no SSL listener (start it with security=...)")
+        return f"127.0.0.1:{self.ssl_port}"
 
     @property
     def admin(self) -> AdminClient:
@@ -90,7 +136,45 @@ class KafkaBroker(JvmService):
             "log.cleaner.backoff.ms": 1000,
             "log.retention.check.interval.ms": 1000,
         }
+        if self.security is not None:
+            settings |= self._secured_listeners(data_dir)
         return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+    def _secured_listeners(self, data_dir: Path) -> dict[str, str | int]:
+        security = self.security
+        assert security is not None
+        # One PEM keystore file: the broker's key, its certificate, then the CA (Kafka reads them in that order).
+        keystore = data_dir.parent / "broker-keystore.pem"
+        keystore.write_text(security.key.read_text() + security.certificate.read_text())
+        plain = " ".join(f'user_{name}="{_jaas_quoted(pw)}"' for name, pw in security.plain_users.items())
+        return {
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},SASL_SSL://127.0.0.1:{self.sasl_ssl_port},"
+            f"SSL://127.0.0.1:{self.ssl_port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},SASL_SSL://127.0.0.1:{self.sasl_ssl_port},"
+            f"SSL://127.0.0.1:{self.ssl_port}",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,SSL:SSL,CONTROLLER:PLAINTEXT",
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(keystore),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(security.ca_certificate),
+            "listener.name.ssl.ssl.client.auth": "required",
+            "listener.name.sasl_ssl.sasl.enabled.mechanisms": "SCRAM-SHA-512,PLAIN",
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
+            "listener.name.sasl_ssl.plain.sasl.jaas.config": (
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain};"
+            ),
+        }
+
+    def _scram_arguments(self) -> list[str]:
+        """`StorageTool format` creates the SCRAM users (no admin call needed after start)."""
+        users = self.security.scram_users if self.security else {}
+        return [
+            arg
+            for name, password in users.items()
+            for arg in ("--add-scram", f"SCRAM-SHA-512=[name={name},password={password}]")
+        ]
 
     def command(self) -> list[str]:
         """Format a fresh log directory on the first start; a later start (after `stop()`) is a restart on the same
@@ -100,7 +184,10 @@ class KafkaBroker(JvmService):
         log4j = self.state_dir / "log4j2.properties"
         base = [java(), f"-Dlog4j2.configurationFile={log4j}", "-cp", f"{libs}/*"]
         if self.port is None:
-            self.port, self.controller_port = free_ports(2)
+            if self.security is None:
+                self.port, self.controller_port = free_ports(2)
+            else:
+                self.port, self.controller_port, self.sasl_ssl_port, self.ssl_port = free_ports(4)
             self.state_dir.mkdir(parents=True, exist_ok=True)
             data_dir = self.state_dir / f"data-{self.cluster_id}"
             config.write_text(self._properties(data_dir))
@@ -116,6 +203,7 @@ class KafkaBroker(JvmService):
                     "--cluster-id",
                     self.cluster_id,
                     "--standalone",
+                    *self._scram_arguments(),
                 ],
                 capture_output=True,
                 text=True,

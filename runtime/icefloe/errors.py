@@ -15,6 +15,11 @@ class SourceError(IcefloeError):
     """The Kafka cluster or Schema Registry could not be reached or answered wrongly (an environment failure)."""
 
 
+class SourceAuthError(SourceError):
+    """The Kafka cluster (or registry) refused icefloe's credentials or certificate, or its certificate could not be
+    verified. Not transient: retrying gives the same refusal (librdkafka itself would retry it for ever)."""
+
+
 class RecordError(IcefloeError):
     """One Kafka record could not be decoded or converted (bad input, not an environment failure)."""
 
@@ -135,7 +140,7 @@ def is_transient(error: BaseException) -> bool:
     """True for failures worth retrying: the source, registry or catalog was unreachable or asked us to slow down,
     or a catalog commit lost a race or ended with its outcome unknown. Record errors and configuration errors never
     are: retrying would give the same answer. A JVM error is judged by its exception classes first."""
-    if isinstance(error, (RecordError, ConfigError, ClockSkew)):
+    if isinstance(error, (RecordError, ConfigError, ClockSkew, SourceAuthError)):
         return False
     if isinstance(error, (SourceError, CommitConflict)):
         return True

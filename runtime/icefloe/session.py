@@ -19,6 +19,13 @@ BOUNDED_BOOKKEEPING = {
     "spark.ui.dagGraph.retainedRootRDDs": "20",
 }
 
+# Data source options Spark shows as *********(redacted) in plans and the UI: its default (URLs) and the Kafka
+# source's inline TLS material (`source.spark_kafka.tls_options`); SASL's JAAS line holds `password`, which Spark's
+# own pattern (spark.redaction.regex) already catches.
+REDACTED_OPTIONS = {
+    "spark.sql.redaction.options.regex": r"(?i)url|ssl[.](truststore[.]certificates|keystore[.](key|certificate[.]chain))"
+}
+
 
 def jvm_lib() -> Path:
     """The directory `scripts/setup.sh` fills from jvm/pom.xml (override with ICEFLOE_JVM_LIB)."""
@@ -52,7 +59,7 @@ def spark_session(catalog: CatalogSpec, state_dir: Path, msk_iam: bool = False):
     `msk_iam`: a source cluster uses MSK IAM, so a local session loads the aws-msk-iam-auth jar."""
     from pyspark.sql import SparkSession
 
-    conf = spark_catalog_conf(catalog, state_dir) | BOUNDED_BOOKKEEPING
+    conf = spark_catalog_conf(catalog, state_dir) | BOUNDED_BOOKKEEPING | REDACTED_OPTIONS
     # A Glue catalog runs on a local master too when it is off AWS: endpoint overrides (a moto server) or
     # ICEFLOE_SPARK_MASTER set. On EMR Serverless neither is set and the cluster's session is used.
     if catalog.type == "local" or catalog.endpoints is not None or os.environ.get("ICEFLOE_SPARK_MASTER"):

@@ -90,6 +90,41 @@ class SecretRef(Model):
         return self
 
 
+class TlsSpec(Model):
+    """TLS material for a cluster or a registry, each a secret reference holding PEM text (never the PEM itself).
+
+    `caCertificate`: the CA (chain) that signed the server's certificate, when it is not a public one (a private CA).
+    `clientCertificate` + `clientKey`: a client certificate for mutual TLS (MSK with ACM Private CA, Aiven, most
+    on-premises clusters); `clientKeyPassword` when the key is encrypted. A `secretArn` secret's SecretString is the
+    PEM text (the password: the text of the password); `env` names one environment variable holding it (local runs).
+    `endpointIdentification`: check that the server's certificate names the host connected to (on by default).
+    """
+
+    ca_certificate: SecretRef | None = None
+    client_certificate: SecretRef | None = None
+    client_key: SecretRef | None = None
+    client_key_password: SecretRef | None = None
+    endpoint_identification: bool = True
+
+    @model_validator(mode="after")
+    def _pairs(self) -> TlsSpec:
+        if (self.client_certificate is None) != (self.client_key is None):
+            raise ValueError("clientCertificate and clientKey go together (mutual TLS needs both)")
+        if self.client_key_password is not None and self.client_key is None:
+            raise ValueError("clientKeyPassword only applies with clientKey")
+        return self
+
+    def references(self) -> dict[str, SecretRef]:
+        """The set references by their camelCase key."""
+        refs = {
+            "caCertificate": self.ca_certificate,
+            "clientCertificate": self.client_certificate,
+            "clientKey": self.client_key,
+            "clientKeyPassword": self.client_key_password,
+        }
+        return {key: ref for key, ref in refs.items() if ref is not None}
+
+
 class SchemaRegistrySpec(Model):
     """A Confluent-compatible registry (`url`, the default type) or an AWS Glue Schema Registry (`type: glue`).
 
@@ -102,6 +137,7 @@ class SchemaRegistrySpec(Model):
     type: Literal["confluent", "glue"] = "confluent"
     url: Annotated[str, StringConstraints(pattern=r"^(https?|mock)://")] | None = None
     credentials_secret: SecretRef | None = None
+    tls: TlsSpec | None = None
     registry_name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.$#-]{1,255}$")] | None = None
     region: Annotated[str, StringConstraints(pattern=r"^[a-z]{2}(-[a-z]+)+-\d$")] | None = None
     schema_name: Annotated[str, StringConstraints(min_length=1, max_length=255)] = "{topic}-value"
@@ -128,12 +164,16 @@ class SchemaRegistrySpec(Model):
             ]
             if glue_only or named:
                 raise ValueError(f"{', '.join(glue_only + named)} only apply with type: glue")
+            if self.tls is not None and not self.url.startswith("https://"):
+                raise ValueError("tls applies to an https:// url only")
+            if self.tls is not None and not self.tls.endpoint_identification:
+                raise ValueError("a schemaRegistry's client always checks the host name: remove endpointIdentification")
         else:
             if self.registry_name is None or self.region is None:
                 raise ValueError("a Glue schemaRegistry (type: glue) needs registryName and region")
-            if self.url is not None or self.credentials_secret is not None:
+            if self.url is not None or self.credentials_secret is not None or self.tls is not None:
                 raise ValueError(
-                    "a Glue schemaRegistry takes no url or credentialsSecret (AWS credentials come "
+                    "a Glue schemaRegistry takes no url, credentialsSecret or tls (AWS credentials come "
                     "from the environment: the job's role)"
                 )
             if self.schema_name == self.key_schema_name:
@@ -188,6 +228,7 @@ class SourceCluster(Model):
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "AWS_MSK_IAM"] | None = None
     credentials_secret: SecretRef | None = None
+    tls: TlsSpec | None = None
     cluster_arn: Annotated[str, StringConstraints(pattern=MSK_CLUSTER_ARN.pattern)] | None = None
     schema_registry: SchemaRegistrySpec | None = None
     database: Annotated[str, StringConstraints(pattern=GLUE_NAME)] | None = None
@@ -211,6 +252,8 @@ class SourceCluster(Model):
                 )
         elif uses_sasl and (self.sasl_mechanism is None or self.credentials_secret is None):
             raise ValueError(f"securityProtocol {self.security_protocol} needs saslMechanism and credentialsSecret")
+        if self.tls is not None and not self.security_protocol.endswith("SSL"):
+            raise ValueError(f"tls needs securityProtocol SSL or SASL_SSL, not {self.security_protocol}")
         if self.cluster_arn is not None and self.sasl_mechanism != MSK_IAM:
             raise ValueError(f"clusterArn is only used with saslMechanism {MSK_IAM}")
         return self

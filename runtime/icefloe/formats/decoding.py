@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
 
-from icefloe.credentials import resolve_credentials
+from icefloe.credentials import resolve_credentials, resolve_tls
 from icefloe.errors import ConfigError, IcefloeError, SourceError
 from icefloe.formats.avro import fastavro_gaps
 from icefloe.spec import SchemaRegistrySpec, SourceCluster, TableSpec
@@ -56,7 +56,49 @@ def registry_config(registry: SchemaRegistrySpec, cluster: str) -> dict[str, str
     if registry.credentials_secret:
         user, password = resolve_credentials(registry.credentials_secret, f"sourceCluster {cluster} schemaRegistry")
         conf["basic.auth.user.info"] = f"{user}:{password}"
+    if registry.tls is not None:
+        # PEM texts under icefloe's own keys: the client takes files, written where it is built (`_registry_client`).
+        tls = resolve_tls(registry.tls, f"sourceCluster {cluster} schemaRegistry")
+        conf |= {f"icefloe.{key}": value for key, value in tls.items()}
     return conf  # type: ignore[return-value]  # a Confluent-compatible registry has a url (SchemaRegistrySpec)
+
+
+# Per process: the PEM files of a registry's TLS material, by their content's hash (written once).
+_PEM_FILES: dict[str, str] = {}
+
+
+def _pem_file(text: str) -> str:
+    """`text` in a file only this user can read, in a private directory on the local temp disk (never S3 or the
+    table), removed when the process exits. The registry client (httpx) reads certificates and keys from files."""
+    import atexit
+    import hashlib
+    import os
+    import shutil
+    import tempfile
+
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    if digest not in _PEM_FILES:
+        directory = tempfile.mkdtemp(prefix="icefloe-tls-")  # mode 0700
+        atexit.register(shutil.rmtree, directory, True)
+        path = os.path.join(directory, "material.pem")
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(text)
+        _PEM_FILES[digest] = path
+    return _PEM_FILES[digest]
+
+
+def registry_client_conf(conf: dict[str, str]) -> dict[str, Any]:
+    """SchemaRegistryClient's settings for `registry_config`'s: TLS material as files (see `_pem_file`)."""
+    client: dict[str, Any] = {k: v for k, v in conf.items() if not k.startswith("icefloe.")}
+    if "icefloe.ssl.ca.pem" in conf:
+        client["ssl.ca.location"] = _pem_file(conf["icefloe.ssl.ca.pem"])
+    if "icefloe.ssl.certificate.pem" in conf:
+        client["ssl.certificate.location"] = _pem_file(conf["icefloe.ssl.certificate.pem"])
+        client["ssl.key.location"] = _pem_file(conf["icefloe.ssl.key.pem"])
+    if "icefloe.ssl.key.password" in conf:
+        client["ssl.key.password"] = conf["icefloe.ssl.key.password"]
+    return client
 
 
 def subject_for(topic: str) -> str:
@@ -188,7 +230,7 @@ _SUBJECTS: dict[tuple[str, str], tuple[tuple, dict[int, tuple[str, list]]]] = {}
 def _registry_client(conf: dict[str, str]):
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    return SchemaRegistryClient(conf)
+    return SchemaRegistryClient(registry_client_conf(conf))
 
 
 @contextmanager
@@ -349,7 +391,7 @@ def _registry_avro_decoder(spec: DecoderSpec, reader_schema: str | None, key: bo
             return fastavro_gaps.guarded(super()._get_parsed_schema(schema))
 
     fastavro_gaps.register()
-    client = SchemaRegistryClient(spec.registry)
+    client = SchemaRegistryClient(registry_client_conf(spec.registry))
     deserializer = GuardedAvroDeserializer(client, schema_str=reader_schema, return_record_name=names)
     context = SerializationContext(spec.topic, MessageField.KEY if key else MessageField.VALUE)
 

@@ -362,7 +362,7 @@ def _commit(
     except Exception as failure:  # a source failure carried by a Python task's or the Kafka client's error
         if jvm is not None and kafka_timestamp_overflow(failure):
             raise _TimestampOverflow() from None
-        raise (unmark(str(failure)) or source_failure(failure, table.topic) or failure) from None
+        raise (unmark(str(failure)) or source_failure(failure, table.topic, table.source_cluster) or failure) from None
 
 
 class _TimestampOverflow(Exception):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from icefloe.errors import SourceError
+from icefloe.errors import SourceAuthError, SourceError
 from icefloe.formats.decoding import DecoderSpec, build_decoder, build_key_decoder
 from icefloe.source.kafka import OffsetRange, read_range
 
@@ -22,7 +22,7 @@ _TIMESTAMP_TYPES = {0: None, 1: "CreateTime", 2: "LogAppendTime"}
 KAFKA_TIMESTAMP_MS = (-62135596800000, 253402300799999)  # 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59.999Z
 INVALID_TIMESTAMP = "InvalidTimestamp"
 _MARKER = "ICEFLOE-ERROR"
-_MARKED = re.compile(_MARKER + r'("(?:[^"\\]|\\.)*")' + _MARKER)
+_MARKED = re.compile(_MARKER + r'(\["\w+", "(?:[^"\\]|\\.)*"\])' + _MARKER)
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def read_batches(plan: ReadPlan, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa
     try:
         yield from _read(plan, tasks)
     except SourceError as error:
-        raise RuntimeError(f"{_MARKER}{json.dumps(str(error))}{_MARKER}") from None
+        raise RuntimeError(_marked(error)) from None
 
 
 def redecode_rows(plan: ReadPlan, rows: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -64,7 +64,7 @@ def redecode_rows(plan: ReadPlan, rows: Iterator[pa.RecordBatch]) -> Iterator[pa
     try:
         yield from _redecode(plan, rows)
     except SourceError as error:
-        raise RuntimeError(f"{_MARKER}{json.dumps(str(error))}{_MARKER}") from None
+        raise RuntimeError(_marked(error)) from None
 
 
 def _read(plan: ReadPlan, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -252,7 +252,17 @@ def _build(builder) -> pa.RecordBatch:
     return builder.build()
 
 
+def _marked(error: SourceError) -> str:
+    """The failure as text the driver finds in Spark's (`unmark`), with its kind: an authentication failure is not
+    retried."""
+    kind = "auth" if isinstance(error, SourceAuthError) else "source"
+    return f"{_MARKER}{json.dumps([kind, str(error)])}{_MARKER}"
+
+
 def unmark(text: str) -> SourceError | None:
     """The environment failure carried in a Spark failure's text, if any."""
     match = _MARKED.search(text)
-    return SourceError(json.loads(match.group(1))) if match else None
+    if match is None:
+        return None
+    kind, message = json.loads(match.group(1))
+    return SourceAuthError(message) if kind == "auth" else SourceError(message)

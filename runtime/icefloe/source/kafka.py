@@ -34,8 +34,8 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from icefloe.credentials import resolve_credentials
-from icefloe.errors import DataLossError, SourceError
+from icefloe.credentials import resolve_credentials, resolve_tls
+from icefloe.errors import ConfigError, DataLossError, SourceAuthError, SourceError
 from icefloe.source.msk_iam import MskIamToken
 from icefloe.spec import MSK_IAM, SourceCluster
 
@@ -48,16 +48,45 @@ CONSUMER_GROUP = "icefloe"
 READ_STALL_TIMEOUT_S = 60.0
 
 
+class RefusedConnection:
+    """librdkafka's `error_cb`: an authentication or TLS failure raises `SourceAuthError` naming the cluster.
+
+    librdkafka retries these for ever and tells only this callback why (its calls just time out with a generic
+    transport error), so the callback turns them into a failure, classified by error code: `_AUTHENTICATION` (a
+    wrong password or user) and `_SSL` (the server's certificate does not verify). A broker that refuses the client's
+    certificate only closes the connection (`_TRANSPORT`, as any broken connection), so that is not raised here but
+    kept as `last_transport_error`, quoted when the call then fails. Picklable (a plain class): executors' clients
+    get their own."""
+
+    def __init__(self, cluster: str):
+        self.cluster = cluster
+        self.last_transport_error: str | None = None
+
+    def __call__(self, error: KafkaError) -> None:
+        code = error.code()
+        if code == KafkaError._AUTHENTICATION:
+            raise SourceAuthError(f"sourceCluster {self.cluster}: authentication failed: {error.str()}")
+        if code == KafkaError._SSL:
+            raise SourceAuthError(f"sourceCluster {self.cluster}: TLS handshake failed: {error.str()}")
+        if code == KafkaError._TRANSPORT:
+            self.last_transport_error = error.str()
+
+
 def client_config(cluster: SourceCluster) -> dict:
-    """librdkafka settings for a source cluster (credentials resolved in memory, never logged).
+    """librdkafka settings for a source cluster (credentials and TLS material resolved in memory, never logged).
 
     MSK IAM is OAUTHBEARER for librdkafka, with a token callback that signs with the process's AWS credentials
-    (`msk_iam.MskIamToken`, picklable, so executors sign their own)."""
+    (`msk_iam.MskIamToken`, picklable, so executors sign their own). `tls` gives the CA, client certificate and key
+    as inline PEM (`ssl.*.pem`); an encrypted key's password as `ssl.key.password` (librdkafka reads PBES1 and PBES2)."""
     conf: dict[str, Any] = {
         "bootstrap.servers": cluster.bootstrap_servers,
         "security.protocol": cluster.security_protocol,
         "client.id": "icefloe",
+        "error_cb": RefusedConnection(cluster.name),
     }
+    if cluster.tls is not None:
+        conf |= resolve_tls(cluster.tls, f"sourceCluster {cluster.name}")
+        conf["ssl.endpoint.identification.algorithm"] = "https" if cluster.tls.endpoint_identification else "none"
     if cluster.sasl_mechanism == MSK_IAM:
         conf |= {"sasl.mechanism": "OAUTHBEARER", "oauth_cb": MskIamToken(cluster.msk_region)}  # type: ignore[arg-type]  # clusterArn is required for MSK IAM (SourceCluster)
     elif cluster.sasl_mechanism:
@@ -66,8 +95,22 @@ def client_config(cluster: SourceCluster) -> dict:
     return conf
 
 
+def _client(kind: type, conf: dict) -> Any:
+    """A librdkafka client; a setting it refuses (a PEM it cannot parse, a wrong key password) is a ConfigError naming
+    the cluster. librdkafka's text names the setting, never its value."""
+    try:
+        return kind(conf)
+    except KafkaException as error:
+        callback = conf.get("error_cb")
+        cluster = callback.cluster if isinstance(callback, RefusedConnection) else conf["bootstrap.servers"]
+        raise ConfigError(
+            f"sourceCluster {cluster}: the Kafka client refused its settings: {error.args[0].str()}"
+        ) from None
+
+
 def _consumer(conf: dict[str, str], **extra: str | int | bool) -> Consumer:
-    return Consumer(
+    return _client(
+        Consumer,
         {
             **conf,
             # Offsets live in the Iceberg snapshot, not in Kafka: no group membership, no commits.
@@ -78,7 +121,7 @@ def _consumer(conf: dict[str, str], **extra: str | int | bool) -> Consumer:
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
             **extra,
-        }
+        },
     )
 
 
@@ -121,7 +164,31 @@ class Plan:
 
 def _unreachable(conf: dict[str, str], error: KafkaException) -> SourceError:
     _forget_admin(conf)  # a client of an unreachable cluster would go on reconnecting (and logging) for ever
-    return SourceError(f"cannot reach Kafka at {conf['bootstrap.servers']}: {error.args[0].str()}")
+    callback = conf.get("error_cb")
+    last = callback.last_transport_error if isinstance(callback, RefusedConnection) else None
+    # A broker that refuses the client certificate closes the connection: librdkafka's last word says so.
+    cause = f" (last connection error: {last})" if last else ""
+    return SourceError(f"cannot reach Kafka at {conf['bootstrap.servers']}: {error.args[0].str()}{cause}")
+
+
+def _metadata(conf: dict, topic: str) -> Any:
+    """The topic's metadata. Asked in short steps, serving the error callback in between: an authentication or TLS
+    failure fails at once (`RefusedConnection`) instead of after the whole timeout."""
+    admin = _admin(conf)
+    deadline = time.monotonic() + METADATA_TIMEOUT_S
+    while True:
+        try:
+            return admin.list_topics(topic=topic, timeout=min(1.0, max(0.1, deadline - time.monotonic())))
+        except KafkaException as error:
+            try:
+                admin.poll(0)  # serves error_cb
+            except SourceAuthError:
+                _forget_admin(conf)
+                del admin  # a traceback keeps this frame: a client kept alive would reconnect (and log) for ever
+                raise
+            if time.monotonic() >= deadline:
+                del admin
+                raise _unreachable(conf, error) from None
 
 
 # One long-lived AdminClient per cluster config in a process: planning runs every second in continuous mode with
@@ -138,7 +205,7 @@ def _admin(conf: dict) -> AdminClient:
     key = _admin_key(conf)
     with _ADMINS_LOCK:
         if key not in _ADMINS:
-            _ADMINS[key] = AdminClient(conf)
+            _ADMINS[key] = _client(AdminClient, conf)
         return _ADMINS[key]
 
 
@@ -155,11 +222,7 @@ def close_admin_clients() -> None:
 
 
 def list_partitions(conf: dict[str, str], topic: str) -> list[int]:
-    admin = _admin(conf)
-    try:
-        metadata = admin.list_topics(topic=topic, timeout=METADATA_TIMEOUT_S)
-    except KafkaException as error:
-        raise _unreachable(conf, error) from None
+    metadata = _metadata(conf, topic)
     info = metadata.topics.get(topic)
     if info is None or info.error is not None:
         reason = info.error.str() if info is not None and info.error else "unknown topic"

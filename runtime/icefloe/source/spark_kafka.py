@@ -6,6 +6,13 @@ on (a record deleted between planning and reading fails the read instead of sile
 The cluster's librdkafka settings (`kafka_source.client_config`) are mapped to the Java client's `kafka.*` options;
 SASL credentials become a JAAS line, which Spark redacts in plans and logs (its value contains `password`), and
 which icefloe never logs; MSK IAM becomes aws-msk-iam-auth's login module, which signs with the job's credentials.
+
+TLS material goes inline, as PEM text in the Java client's own options (`kafka.ssl.truststore.certificates`,
+`kafka.ssl.keystore.certificate.chain`, `kafka.ssl.keystore.key`): nothing is written to any disk, S3 or the table.
+Java 17 refuses a PBES2-encrypted key (what openssl 3 writes by default: `PBES2 SecretKeyFactory not available`), so
+an encrypted key is decrypted here, in memory, into an unencrypted PKCS#8 PEM, and given without a password.
+`session.spark_session` extends Spark's redaction pattern to these options, so plans, `spark.conf` and the event log
+show them as redacted.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from icefloe.batch_columns import KAFKA_COLUMNS
-from icefloe.errors import ConfigError, SourceError
+from icefloe.errors import ConfigError, SourceAuthError, SourceError
 from icefloe.source.kafka import OffsetRange
 from icefloe.source.msk_iam import JVM_OPTIONS as MSK_IAM_OPTIONS
 from icefloe.source.msk_iam import MskIamToken
@@ -43,14 +50,17 @@ _JAAS_MODULES = {
 # librdkafka keys `client_config` produces, as the Java client names them (credentials handled apart). `client.id`
 # is left to Spark: the Java client registers each consumer under its id, and one id for all of them clashes.
 _SAME_NAME = ("bootstrap.servers", "security.protocol", "sasl.mechanism")
-_IGNORED = ("client.id", "sasl.username", "sasl.password")
+_IGNORED = ("client.id", "sasl.username", "sasl.password", "error_cb")
+_TLS = ("ssl.ca.pem", "ssl.certificate.pem", "ssl.key.pem", "ssl.key.password", "ssl.endpoint.identification.algorithm")
+# Options holding TLS material, redacted by Spark (session.spark_session adds them to spark.redaction.regex).
+TLS_OPTIONS = ("kafka.ssl.truststore.certificates", "kafka.ssl.keystore.certificate.chain", "kafka.ssl.keystore.key")
 _TIMESTAMP_TYPES = {0: "CreateTime", 1: "LogAppendTime"}  # Java's TimestampType ids; -1 is "no timestamp"
 
 
 def kafka_options(conf: dict) -> dict[str, str]:
     """The Kafka source's `kafka.*` options for a librdkafka client config (holds credentials: never log it)."""
     options = {f"kafka.{key}": conf[key] for key in _SAME_NAME if key in conf}
-    unmapped = sorted(set(conf) - set(_SAME_NAME) - set(_IGNORED) - {"oauth_cb"})
+    unmapped = sorted(set(conf) - set(_SAME_NAME) - set(_IGNORED) - set(_TLS) - {"oauth_cb"})
     if unmapped:
         raise ConfigError(f"Kafka settings {unmapped} have no mapping to Spark's Kafka source")
     if isinstance(conf.get("oauth_cb"), MskIamToken):
@@ -64,7 +74,39 @@ def kafka_options(conf: dict) -> dict[str, str]:
             raise ConfigError(f"SASL mechanism {conf['sasl.mechanism']!r} is not supported by the JVM read path")
         user, password = _jaas_quoted(conf["sasl.username"]), _jaas_quoted(conf["sasl.password"])
         options["kafka.sasl.jaas.config"] = f'{module} required username="{user}" password="{password}";'
-    return options | FETCH_TUNING | {"kafka.isolation.level": "read_committed"}
+    return options | tls_options(conf) | FETCH_TUNING | {"kafka.isolation.level": "read_committed"}
+
+
+def tls_options(conf: dict) -> dict[str, str]:
+    """The Java client's PEM options for librdkafka's inline `ssl.*.pem` settings (hold key material: never log)."""
+    options: dict[str, str] = {}
+    if "ssl.endpoint.identification.algorithm" in conf:
+        algorithm = conf["ssl.endpoint.identification.algorithm"]
+        options["kafka.ssl.endpoint.identification.algorithm"] = "" if algorithm == "none" else algorithm
+    if "ssl.ca.pem" in conf:
+        options |= {"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.certificates": conf["ssl.ca.pem"]}
+    if "ssl.key.pem" in conf:
+        options |= {
+            "kafka.ssl.keystore.type": "PEM",
+            "kafka.ssl.keystore.certificate.chain": conf["ssl.certificate.pem"],
+            "kafka.ssl.keystore.key": unencrypted_key(conf["ssl.key.pem"], conf.get("ssl.key.password")),
+        }
+    return options
+
+
+def unencrypted_key(pem: str, password: str | None) -> str:
+    """The private key as unencrypted PKCS#8 PEM (what the Java client reads without `ssl.key.password`): an
+    encrypted key (PBES2, which Java 17 refuses, or PBES1) is decrypted in memory; nothing is written anywhere."""
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        key = serialization.load_pem_private_key(pem.encode(), password.encode() if password else None)
+    except (ValueError, TypeError) as error:
+        # The library's text says what is wrong (bad password, not a key, a password missing), never the key.
+        raise ConfigError(f"tls.clientKey cannot be read: {error}") from None
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
 
 
 def _jaas_quoted(text: str) -> str:
@@ -116,9 +158,22 @@ def kafka_timestamp_overflow(error: Exception) -> bool:
     return "ArithmeticException: long overflow" in text and "KafkaRecordToRowConverter" in text
 
 
-def source_failure(error: Exception, topic: str) -> SourceError | None:
-    """A Kafka source failure as a short `SourceError` (Spark's own text is a page of stack trace), else None."""
+# The Java client's exceptions for a refused login or a failed TLS handshake (a certificate not trusted, or refused).
+_AUTH_EXCEPTIONS = {
+    "org.apache.kafka.common.errors.SaslAuthenticationException": "authentication failed",
+    "org.apache.kafka.common.errors.SslAuthenticationException": "TLS handshake failed",
+}
+
+
+def source_failure(error: Exception, topic: str, cluster: str | None = None) -> SourceError | None:
+    """A Kafka source failure as a short `SourceError` (Spark's own text is a page of stack trace), else None. An
+    authentication or TLS failure is a `SourceAuthError` naming the cluster (not retried)."""
     text = str(error)
+    for line in text.splitlines():
+        for name, what in _AUTH_EXCEPTIONS.items():
+            if line.strip().startswith(name) or f"Caused by: {name}" in line:
+                where = f"sourceCluster {cluster}" if cluster else topic
+                return SourceAuthError(f"{where}: {what} (topic {topic}): {line.strip()[:400]}")
     if "Some data may have been lost" in text or "OffsetOutOfRangeException" in text:
         return SourceError(
             f"{topic}: records of the planned ranges were deleted (retention or delete-records) while the batch was "

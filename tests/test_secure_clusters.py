@@ -1,0 +1,287 @@
+"""Secured clusters against a real broker: SASL_SSL with SCRAM-SHA-512 and PLAIN, mutual TLS with a private CA (and
+a client key encrypted as openssl 3 writes it, PBES2), on both read paths (JSON: Python; raw: Spark's Kafka source);
+failures that name what failed and fail fast; no password, key or certificate in any log, error, --json or plan.
+
+One secured broker for the module (its own CA, made with openssl), beside the session's plaintext one; its plaintext
+listener creates the topics and produces."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import pytest
+import yaml
+
+from icefloe import cli
+from icefloe.errors import ConfigError, SourceAuthError, SourceError
+from icefloe.operate.runner import run_table
+from icefloe.source.kafka import client_config, close_admin_clients, list_partitions
+from icefloe.source.spark_kafka import kafka_options, read_ranges, source_failure, unencrypted_key
+from icefloe.spec import parse_config
+from icefloe_dev.certificates import PrivateCa
+from icefloe_dev.kafka_broker import BrokerSecurity, KafkaBroker
+from support import produce, read_pyiceberg
+
+SCRAM_PASSWORD = "scram-Pa55word-7f3e"
+PLAIN_PASSWORD = "plain-Pa55word-91ac"
+KEY_PASSWORD = "key-Pa55word-c0de"
+SCHEMA = {"fields": [{"name": "id", "type": "long"}, {"name": "name", "type": "string"}]}
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    ca = PrivateCa(tmp_path_factory.mktemp("pki"))
+    return {
+        "ca": ca,
+        "server": ca.server(),
+        "client": ca.client("icefloe-client"),
+        "pbes2": ca.client("icefloe-pbes2", password=KEY_PASSWORD),
+        "other_ca": PrivateCa(tmp_path_factory.mktemp("other-pki"), name="another CA"),
+    }
+
+
+@pytest.fixture(scope="module")
+def secured(pki, tmp_path_factory):
+    security = BrokerSecurity(
+        pki["ca"].certificate, pki["server"].certificate, pki["server"].key,
+        scram_users={"scram-user": SCRAM_PASSWORD}, plain_users={"plain-user": PLAIN_PASSWORD},
+    )  # fmt: skip
+    with KafkaBroker(tmp_path_factory.mktemp("secured-kafka"), heap="256m", security=security) as broker:
+        yield broker
+    close_admin_clients()
+
+
+def _secret_env(monkeypatch, pki, auth: str) -> None:
+    """The secrets as a local run has them: environment variables the config's references name."""
+    monkeypatch.setenv("SEC_CA", pki["ca"].certificate.read_text())
+    monkeypatch.setenv("SEC_USERNAME", {"plain": "plain-user"}.get(auth, "scram-user"))
+    monkeypatch.setenv("SEC_PASSWORD", {"plain": PLAIN_PASSWORD}.get(auth, SCRAM_PASSWORD))
+    pem = pki["pbes2" if auth == "mtls-pbes2" else "client"]
+    monkeypatch.setenv("SEC_CERT", pem.certificate_text)
+    monkeypatch.setenv("SEC_KEY", pem.key_text)
+    monkeypatch.setenv("SEC_KEY_PASSWORD", KEY_PASSWORD)
+
+
+def _cluster(secured, auth: str) -> dict:
+    tls = {"caCertificate": {"env": "SEC_CA"}}
+    if auth in ("scram", "plain"):
+        mechanism = "SCRAM-SHA-512" if auth == "scram" else "PLAIN"
+        return {"name": "secured", "bootstrapServers": secured.sasl_ssl_servers, "securityProtocol": "SASL_SSL",
+                "saslMechanism": mechanism, "credentialsSecret": {"env": "SEC"}, "tls": tls}  # fmt: skip
+    tls |= {"clientCertificate": {"env": "SEC_CERT"}, "clientKey": {"env": "SEC_KEY"}}
+    if auth == "mtls-pbes2":
+        tls["clientKeyPassword"] = {"env": "SEC_KEY_PASSWORD"}
+    return {"name": "secured", "bootstrapServers": secured.ssl_servers, "securityProtocol": "SSL", "tls": tls}
+
+
+def _config(secured, auth: str, *tables: dict):
+    return parse_config({"sourceClusters": [_cluster(secured, auth)],
+                         "tables": [{"sourceCluster": "secured", **t} for t in tables]})  # fmt: skip
+
+
+def _secrets(pki) -> list[str]:
+    """What must never be shown: passwords, keys (as given and as decrypted for Java), certificates' bodies."""
+    pieces = [SCRAM_PASSWORD, PLAIN_PASSWORD, KEY_PASSWORD]
+    for name in ("client", "pbes2"):
+        pem = pki[name]
+        pieces += [_body(pem.key_text), _body(pem.certificate_text)]
+    pieces.append(_body(unencrypted_key(pki["pbes2"].key_text, KEY_PASSWORD)))
+    pieces.append(_body(pki["ca"].certificate.read_text()))
+    return pieces
+
+
+def _body(pem: str) -> str:
+    """A distinctive line from the middle of a PEM's base64 body."""
+    lines = [line for line in pem.splitlines() if line and not line.startswith("-----")]
+    return lines[len(lines) // 2]
+
+
+# -- config
+
+
+@pytest.mark.parametrize("cluster, message", [
+    ({"securityProtocol": "SSL", "tls": {"caCertificat": {"env": "X"}}}, "caCertificat"),
+    ({"securityProtocol": "SSL", "tls": {"clientCertificate": {"env": "X"}}}, "clientCertificate and clientKey go together"),
+    ({"securityProtocol": "SSL", "tls": {"caCertificate": {"env": "X"}, "clientKeyPassword": {"env": "Y"}}},
+     "clientKeyPassword only applies with clientKey"),
+    ({"tls": {"caCertificate": {"env": "X"}}}, "tls needs securityProtocol SSL or SASL_SSL"),
+    ({"securityProtocol": "SSL", "tls": {"caCertificate": "-----BEGIN CERTIFICATE-----"}}, "caCertificate"),
+    ({"schemaRegistry": {"url": "http://r:8081", "tls": {"caCertificate": {"env": "X"}}}}, "https:// url only"),
+    ({"schemaRegistry": {"type": "glue", "registryName": "r", "region": "eu-west-1", "tls": {}}}, "takes no url, credentialsSecret or tls"),
+])  # fmt: skip
+def test_tls_config_mistakes_are_named(cluster, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"sourceClusters": [{"name": "c", "bootstrapServers": "b:9093", **cluster}]})
+
+
+def test_java_options_carry_pem_inline_and_a_pbes2_key_decrypted_in_memory(pki, monkeypatch):
+    """Java 17 refuses PBES2 keys: the JVM path gets the key decrypted (unencrypted PKCS#8), and no password."""
+    _secret_env(monkeypatch, pki, "mtls-pbes2")
+    config = parse_config({"sourceClusters": [_cluster_for_unit("mtls-pbes2")]})
+    conf = client_config(config.source_clusters[0])
+    assert conf["ssl.key.pem"] == pki["pbes2"].key_text and "ENCRYPTED" in conf["ssl.key.pem"]
+    assert conf["ssl.key.password"] == KEY_PASSWORD and conf["ssl.endpoint.identification.algorithm"] == "https"
+    options = kafka_options(conf)
+    assert options["kafka.ssl.keystore.key"].startswith("-----BEGIN PRIVATE KEY-----")
+    assert options["kafka.ssl.truststore.certificates"] == pki["ca"].certificate.read_text()
+    assert options["kafka.ssl.keystore.certificate.chain"] == pki["pbes2"].certificate_text
+    assert "kafka.ssl.key.password" not in options and options["kafka.ssl.keystore.type"] == "PEM"
+    with pytest.raises(ConfigError, match="tls.clientKey cannot be read") as refused:
+        unencrypted_key(pki["pbes2"].key_text, "wrong")
+    assert KEY_PASSWORD not in str(refused.value) and "wrong" not in str(refused.value)
+
+
+def _cluster_for_unit(auth: str) -> dict:
+    class Listeners:
+        sasl_ssl_servers = ssl_servers = "127.0.0.1:1"
+
+    return _cluster(Listeners, auth)
+
+
+# -- end to end
+
+AUTHS = ["scram", "plain", "mtls", "mtls-pbes2"]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("auth", AUTHS)
+def test_append_and_upsert_on_both_read_paths(spark, secured, pki, state_dir, monkeypatch, auth):
+    """JSON (the Python path, executors read with librdkafka) and raw (Spark's Kafka source), each in append and
+    upsert, through the secured listener; the tables read back with pyiceberg."""
+    _secret_env(monkeypatch, pki, auth)
+    topic = f"secure_{auth.replace('-', '_')}"
+    secured.create_topic(topic, 2)
+    records = [{"key": b"k%d" % (i % 3), "value": json.dumps({"id": i % 3, "name": f"n{i}"}).encode(),
+                "partition": 0} for i in range(9)]  # fmt: skip
+    produce(secured.bootstrap_servers, topic, records)
+    tables = [
+        {"topic": topic, "table": f"{topic}_json_append", "format": "json", "schema": SCHEMA},
+        {"topic": topic, "table": f"{topic}_json_upsert", "format": "json", "schema": SCHEMA, "mode": "upsert",
+         "key": ["id"]},
+        {"topic": topic, "table": f"{topic}_raw_append", "format": "raw"},
+        {"topic": topic, "table": f"{topic}_raw_upsert", "format": "raw", "mode": "upsert"},
+    ]  # fmt: skip
+    if auth == "mtls-pbes2":  # the key is what differs: append on each path shows both clients read it
+        tables = [t for t in tables if "mode" not in t]
+    config = _config(secured, auth, *tables)
+    results = {t.table_name: run_table(spark, config, t, state_dir) for t in config.tables}
+    paths = {name: result.read_path for name, result in results.items()}
+    assert paths == {t["table"]: "jvm" if t["format"] == "raw" else "python" for t in tables}
+    rows = {name: read_pyiceberg(state_dir, result.identifier) for name, result in results.items()}
+    assert sorted(r["name"] for r in rows[f"{topic}_json_append"]) == sorted(f"n{i}" for i in range(9))
+    assert sorted(r["value"] for r in rows[f"{topic}_raw_append"]) == sorted(r["value"] for r in records)
+    if auth != "mtls-pbes2":
+        assert sorted((r["id"], r["name"]) for r in rows[f"{topic}_json_upsert"]) == [(0, "n6"), (1, "n7"), (2, "n8")]
+        assert sorted((r["kafka_key"], json.loads(r["value"])["name"]) for r in rows[f"{topic}_raw_upsert"]) == [
+            (b"k0", "n6"), (b"k1", "n7"), (b"k2", "n8")]  # fmt: skip
+
+
+# -- failures
+
+
+def _fails_fast(call, expected: type[Exception], *messages: str) -> Exception:
+    started = time.monotonic()
+    with pytest.raises(expected) as raised:
+        call()
+    # Fail fast, not the metadata timeout (15 s) and not for ever: librdkafka retries these without end.
+    assert time.monotonic() - started < 10, f"took {time.monotonic() - started:.1f}s"
+    for message in messages:
+        assert message in str(raised.value)
+    return raised.value
+
+
+def test_wrong_password_names_the_cluster_and_fails_fast(secured, pki, monkeypatch):
+    _secret_env(monkeypatch, pki, "scram")
+    monkeypatch.setenv("SEC_PASSWORD", "not-the-password")
+    conf = client_config(parse_config({"sourceClusters": [_cluster(secured, "scram")]}).source_clusters[0])
+    error = _fails_fast(lambda: list_partitions(conf, "any"), SourceAuthError, "sourceCluster secured",
+                        "authentication failed")  # fmt: skip
+    assert "not-the-password" not in str(error)
+
+
+def test_unknown_ca_says_certificate_verify_failed(secured, pki, monkeypatch):
+    _secret_env(monkeypatch, pki, "scram")
+    monkeypatch.setenv("SEC_CA", pki["other_ca"].certificate.read_text())
+    conf = client_config(parse_config({"sourceClusters": [_cluster(secured, "scram")]}).source_clusters[0])
+    _fails_fast(lambda: list_partitions(conf, "any"), SourceAuthError, "sourceCluster secured",
+                "certificate verify failed")  # fmt: skip
+
+
+def test_a_refused_client_certificate_says_so(secured, pki, monkeypatch, tmp_path):
+    """A client certificate from a CA the broker does not trust: the broker closes the connection, which librdkafka
+    reports only as a transport error; the failure quotes its cause ("bad certificate") and ends at the timeout."""
+    stranger = pki["other_ca"].client("stranger")
+    _secret_env(monkeypatch, pki, "mtls")
+    monkeypatch.setenv("SEC_CERT", stranger.certificate_text)
+    monkeypatch.setenv("SEC_KEY", stranger.key_text)
+    conf = client_config(parse_config({"sourceClusters": [_cluster(secured, "mtls")]}).source_clusters[0])
+    with pytest.raises(SourceError, match="bad certificate") as raised:
+        list_partitions(conf, "any")
+    assert _body(stranger.key_text) not in str(raised.value)
+
+
+@pytest.mark.spark
+def test_java_client_failures_are_classified(spark, secured, pki, monkeypatch):
+    """Spark's Kafka source with a wrong password and with an untrusted CA: not retried, the cluster named."""
+    from icefloe.source.kafka import OffsetRange
+
+    secured.create_topic("secure_java_failures", 1)
+    for auth, env, value, message in [
+        ("scram", "SEC_PASSWORD", "not-the-password", "authentication failed"),
+        ("mtls", "SEC_CA", pki["other_ca"].certificate.read_text(), "TLS handshake failed"),
+    ]:
+        _secret_env(monkeypatch, pki, auth)
+        monkeypatch.setenv(env, value)
+        conf = client_config(parse_config({"sourceClusters": [_cluster(secured, auth)]}).source_clusters[0])
+        with pytest.raises(Exception) as raised:
+            read_ranges(spark, conf, [OffsetRange("secure_java_failures", 0, 0, 1)]).count()
+        failure = source_failure(raised.value, "secure_java_failures", "secured")
+        assert isinstance(failure, SourceAuthError), str(raised.value)[-2000:]
+        assert message in str(failure) and "sourceCluster secured" in str(failure)
+        assert "not-the-password" not in str(failure)
+
+
+# -- no secret shown
+
+
+@pytest.mark.spark
+def test_no_secret_in_logs_errors_json_or_spark_plans(spark, secured, pki, state_dir, monkeypatch, tmp_path, capfd, caplog):
+    """`icefloe run --json` and `status --json` over mutual TLS with the PBES2 key and over SCRAM, a failing run
+    (wrong password), the JVM read's plans, the session's conf: none shows a password, key or certificate."""
+    from icefloe.source.kafka import OffsetRange
+
+    caplog.set_level(logging.DEBUG)
+    topic = "secure_leaks"
+    secured.create_topic(topic, 1)
+    produce(secured.bootstrap_servers, topic, [{"value": b"x%d" % i} for i in range(3)])
+    shown: list[str] = []
+    for auth in ("mtls-pbes2", "scram"):
+        _secret_env(monkeypatch, pki, auth)
+        document = {"config": {
+            "icefloe:sourceClusters": [_cluster(secured, auth)],
+            "icefloe:tables": [{"sourceCluster": "secured", "topic": topic, "table": f"leaks_{auth.replace('-', '_')}",
+                                "format": "raw"}],
+        }}  # fmt: skip
+        path = tmp_path / f"Pulumi.{auth}.yaml"
+        path.write_text(yaml.safe_dump(document))
+        assert cli.main(["-v", "run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)]) == 0
+        assert cli.main(["status", "--config", str(path), "--json", "--state-dir", str(state_dir)]) == 0
+        conf = client_config(parse_config({"sourceClusters": [_cluster(secured, auth)]}).source_clusters[0])
+        frame = read_ranges(spark, conf, [OffsetRange(topic, 0, 0, 3)])
+        for mode in ("simple", "extended", "formatted", "cost"):
+            spark.sql("SELECT 1")  # keeps the session busy like a run
+            frame.explain(mode)
+        shown.append(frame._jdf.queryExecution().toString())
+        shown.append(str(spark.sparkContext.getConf().getAll()))
+        shown.append(str(spark.sql("SET -v").collect()))
+        monkeypatch.setenv("SEC_PASSWORD", "wrong-but-secret-too")
+        if auth == "scram":
+            assert cli.main(["run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)]) != 0
+    out, err = capfd.readouterr()
+    shown += [out, err, *(record.getMessage() for record in caplog.records)]
+    assert "authentication failed" in err and "sourceCluster secured" in err
+    text = "\n".join(shown)
+    for secret in [*_secrets(pki), "wrong-but-secret-too"]:
+        assert secret not in text, f"a secret ({secret[:6]}...) was shown"
