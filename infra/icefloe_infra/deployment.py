@@ -264,6 +264,17 @@ def load_stack_config(raw: dict[str, Any], source: str = "stack config") -> tupl
             if cluster.schema_registry
             else None,
         }
+        tls = {f"tls.{key}": ref for key, ref in (cluster.tls.references() if cluster.tls else {}).items()}
+        registry_tls = cluster.schema_registry.tls if cluster.schema_registry else None
+        tls |= {
+            f"schemaRegistry.tls.{k}": ref for k, ref in (registry_tls.references() if registry_tls else {}).items()
+        }
+        for field, tls_ref in tls.items():
+            if tls_ref.secret_arn is None:  # icefloe:secrets creates username/password secrets only
+                raise ConfigError(
+                    f"{source}: {where}.{field}: a deployed stack references TLS material by secretArn (a Secrets "
+                    "Manager secret whose SecretString is the PEM text, or the key's password)"
+                )
         for field, ref in refs.items():
             if ref is None:
                 continue

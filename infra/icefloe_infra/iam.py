@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -129,6 +130,18 @@ def job_policy(scope: Scope) -> str:
                 "Resource": scope.secret_arns,
             }
         )
+        # A referenced secret may be encrypted with a customer managed key of its own, unknown to the stack: Decrypt
+        # with the keys of the secrets' accounts and regions, through Secrets Manager only and for these secrets only
+        # (Secrets Manager's encryption context names the secret's ARN).
+        places = sorted({tuple(arn.split(":")[3:5]) for arn in scope.secret_arns})
+        key_arns: list[str] = [f"arn:aws:kms:{region}:{account}:key/*" for region, account in places]
+        via: list[str] = sorted({f"secretsmanager.{region}.amazonaws.com" for region, _ in places})
+        condition: dict[str, dict[str, list[str]]] = {
+            "StringEquals": {"kms:ViaService": via},
+            "ForAnyValue:StringEquals": {"kms:EncryptionContext:SecretARN": scope.secret_arns},
+        }
+        keys: dict[str, Any] = {"Sid": "KafkaCredentialKeys", "Effect": "Allow", "Action": ["kms:Decrypt"]}
+        statements.append(keys | {"Resource": key_arns, "Condition": condition})
     if scope.schema_registries:
         # Decoding records framed for the AWS Glue Schema Registry: read-only, its registries and their schemas.
         base = f"arn:aws:glue:{{}}:{scope.account_id}"

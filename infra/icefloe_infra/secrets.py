@@ -17,11 +17,15 @@ from .deployment import SecretSpec
 
 
 def referenced_secret_arns(spec: IcefloeConfig) -> list[str]:
-    """Existing secrets the clusters point at by ARN (the job role may read exactly these, plus the created ones)."""
+    """Existing secrets the clusters point at by ARN: credentials and TLS material (CA, client certificate, key,
+    key password) of clusters and registries. The job role may read exactly these, plus the created ones."""
     arns = []
     for cluster in spec.source_clusters:
         registry = cluster.schema_registry
-        for ref in (cluster.credentials_secret, registry.credentials_secret if registry else None):
+        refs = [cluster.credentials_secret, *(cluster.tls.references().values() if cluster.tls else ())]
+        if registry is not None:
+            refs += [registry.credentials_secret, *(registry.tls.references().values() if registry.tls else ())]
+        for ref in refs:
             if ref is not None and ref.secret_arn and ref.secret_arn not in arns:
                 arns.append(ref.secret_arn)
     return arns

@@ -1,4 +1,4 @@
-"""No plaintext credentials in job arguments, Spark settings, environments or tags.
+"""No plaintext credentials in job arguments, Spark settings, environments, tags or the job's config object.
 
 Values in those places are stored in the Pulumi state, shown by the AWS console and CLI, and copied into
 job run records and logs. Credentials belong in Secrets Manager; pass the secret's ARN or name instead.
@@ -24,6 +24,9 @@ SCANNED_PROPERTIES: dict[str, list[tuple[str, ...]]] = {
     tokens.GLUE_JOB: [("defaultArguments",), ("nonOverridableArguments",)],
     tokens.LAMBDA_FUNCTION: [("environment", "variables")],
     tokens.ECS_TASK_DEFINITION: [("containerDefinitions",)],
+    # An object uploaded from text (the job's config, `--config s3://...`): a password or private key in it would be
+    # readable by anyone who can read the bucket. Objects from files (the bundle, jars) have `source`, not `content`.
+    **{token: [("content",)] for token in tokens.BUCKET_OBJECT},
 }
 
 
@@ -48,7 +51,7 @@ def _validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
 NO_PLAINTEXT_CREDENTIALS = ResourceValidationPolicy(
     name="no-plaintext-credentials",
     description="No password, secret key, token or private key in plain text in job arguments, Spark "
-    "parameters, runtime configuration, environment variables or tags.",
+    "parameters, runtime configuration, environment variables, tags or an uploaded config object.",
     validate=_validate,
     severity=Severity.CRITICAL,
     remediation_steps="Move the value to Secrets Manager and pass its ARN.",
