@@ -16,6 +16,7 @@ from icefloe.spec import (
     SchemaRegistrySpec,
     SourceCluster,
     TableSpec,
+    TlsSpec,
     namespaced,
     parse_config,
 )
@@ -66,6 +67,6 @@ def keys(model: type[BaseModel]) -> set[str]:
 
 def test_every_config_key_is_in_the_configuration_reference():
     documented = set(re.findall(r"^\| `([A-Za-z.:]+)`", CONFIGURATION, flags=re.M))
-    for model in (SourceCluster, SchemaRegistrySpec, TableSpec, MaintenanceSpec, AlarmSpec):
+    for model in (SourceCluster, SchemaRegistrySpec, TlsSpec, TableSpec, MaintenanceSpec, AlarmSpec):
         assert keys(model) <= documented, (model.__name__, sorted(keys(model) - documented))
     assert {f"icefloe:{key}" for key in DEPLOYMENT_KEYS} <= documented

@@ -281,7 +281,7 @@ def test_no_secret_in_logs_errors_json_or_spark_plans(spark, secured, pki, state
             assert cli.main(["run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)]) != 0
     out, err = capfd.readouterr()
     shown += [out, err, *(record.getMessage() for record in caplog.records)]
-    assert "authentication failed" in err and "sourceCluster secured" in err
     text = "\n".join(shown)
+    assert "sourceCluster secured: authentication failed" in text, "the failing run says what failed"
     for secret in [*_secrets(pki), "wrong-but-secret-too"]:
         assert secret not in text, f"a secret ({secret[:6]}...) was shown"
