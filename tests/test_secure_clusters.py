@@ -285,3 +285,31 @@ def test_no_secret_in_logs_errors_json_or_spark_plans(spark, secured, pki, state
     assert "sourceCluster secured: authentication failed" in text, "the failing run says what failed"
     for secret in [*_secrets(pki), "wrong-but-secret-too"]:
         assert secret not in text, f"a secret ({secret[:6]}...) was shown"
+
+
+def test_registry_tls_material_goes_to_private_local_files(pki, monkeypatch):
+    """The registry client (httpx) reads certificates from files: written once per process, 0600 in a 0700 temporary
+    directory, never in the client's config as text; basic auth beside it."""
+    import os
+    import stat
+
+    from icefloe.formats.decoding import registry_client_conf, registry_config
+
+    _secret_env(monkeypatch, pki, "mtls-pbes2")
+    registry = parse_config({"sourceClusters": [{
+        "name": "c", "bootstrapServers": "b:1",
+        "schemaRegistry": {"url": "https://registry.example:8081", "credentialsSecret": {"env": "SEC"},
+                           "tls": {"caCertificate": {"env": "SEC_CA"}, "clientCertificate": {"env": "SEC_CERT"},
+                                   "clientKey": {"env": "SEC_KEY"}, "clientKeyPassword": {"env": "SEC_KEY_PASSWORD"}}},
+    }]}).source_clusters[0].schema_registry  # fmt: skip
+    conf = registry_client_conf(registry_config(registry, "c"))
+    assert conf["basic.auth.user.info"] == f"scram-user:{SCRAM_PASSWORD}" and conf["ssl.key.password"] == KEY_PASSWORD
+    for key, text in (("ssl.ca.location", pki["ca"].certificate.read_text()),
+                      ("ssl.certificate.location", pki["pbes2"].certificate_text),
+                      ("ssl.key.location", pki["pbes2"].key_text)):  # fmt: skip
+        path = conf[key]
+        assert open(path).read() == text
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    assert not any("BEGIN" in str(value) for value in conf.values())
+    assert registry_client_conf(registry_config(registry, "c"))["ssl.key.location"] == conf["ssl.key.location"]

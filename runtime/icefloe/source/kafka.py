@@ -163,9 +163,11 @@ class Plan:
 
 
 def _unreachable(conf: dict[str, str], error: KafkaException) -> SourceError:
+    # The cached admin client's callback (made with an earlier, equal config) or this config's own (consumers).
+    callbacks = [_ADMIN_CALLBACKS.get(_admin_key(conf)), conf.get("error_cb")]
     _forget_admin(conf)  # a client of an unreachable cluster would go on reconnecting (and logging) for ever
-    callback = conf.get("error_cb")
-    last = callback.last_transport_error if isinstance(callback, RefusedConnection) else None
+    seen = [c.last_transport_error for c in callbacks if isinstance(c, RefusedConnection) and c.last_transport_error]
+    last = seen[0] if seen else None
     # A broker that refuses the client certificate closes the connection: librdkafka's last word says so.
     cause = f" (last connection error: {last})" if last else ""
     return SourceError(f"cannot reach Kafka at {conf['bootstrap.servers']}: {error.args[0].str()}{cause}")
@@ -194,6 +196,7 @@ def _metadata(conf: dict, topic: str) -> Any:
 # One long-lived AdminClient per cluster config in a process: planning runs every second in continuous mode with
 # `commitRecords`, and each new client is a new connection and authentication (MSK IAM throttles new connections).
 _ADMINS: dict[tuple, AdminClient] = {}
+_ADMIN_CALLBACKS: dict[tuple, Any] = {}  # the error callback each cached client was made with
 _ADMINS_LOCK = threading.Lock()
 
 
@@ -206,12 +209,14 @@ def _admin(conf: dict) -> AdminClient:
     with _ADMINS_LOCK:
         if key not in _ADMINS:
             _ADMINS[key] = _client(AdminClient, conf)
+            _ADMIN_CALLBACKS[key] = conf.get("error_cb")
         return _ADMINS[key]
 
 
 def _forget_admin(conf: dict) -> None:
     with _ADMINS_LOCK:
         _ADMINS.pop(_admin_key(conf), None)
+        _ADMIN_CALLBACKS.pop(_admin_key(conf), None)
 
 
 def close_admin_clients() -> None:
@@ -219,6 +224,7 @@ def close_admin_clients() -> None:
     purpose (the demo's and the tests' local broker), so no client keeps reconnecting and logging refusals."""
     with _ADMINS_LOCK:
         _ADMINS.clear()
+        _ADMIN_CALLBACKS.clear()
 
 
 def list_partitions(conf: dict[str, str], topic: str) -> list[int]:
