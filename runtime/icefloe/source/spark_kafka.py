@@ -11,8 +11,8 @@ TLS material goes inline, as PEM text in the Java client's own options (`kafka.s
 `kafka.ssl.keystore.certificate.chain`, `kafka.ssl.keystore.key`): nothing is written to any disk, S3 or the table.
 Java 17 refuses a PBES2-encrypted key (what openssl 3 writes by default: `PBES2 SecretKeyFactory not available`), so
 an encrypted key is decrypted here, in memory, into an unencrypted PKCS#8 PEM, and given without a password.
-`session.spark_session` extends Spark's redaction pattern to these options, so plans, `spark.conf` and the event log
-show them as redacted.
+Spark 3.5's (V1) Kafka relation prints no options in plans; `session.spark_session` also extends Spark's redaction
+pattern to these options, for plans that list them (a V2 scan).
 """
 
 from __future__ import annotations
