@@ -123,7 +123,7 @@ def test_plan_and_demo_are_not_in_the_bundle_and_it_says_so(tmp_path):
 
 def test_the_bundle_asks_for_the_runtime_dependencies():
     names = {re.split(r"[\[=<>]", r)[0] for r in runtime_requirements()}
-    assert names == {"confluent-kafka", "pydantic", "pyyaml", "boto3", "pyarrow", "aws-msk-iam-sasl-signer-python", "grpcio-tools"}
+    assert names == {"confluent-kafka", "pydantic", "pyyaml", "boto3", "pyarrow", "aws-msk-iam-sasl-signer-python", "grpcio-tools", "cryptography"}
 
 
 @pytest.mark.bundle
