@@ -180,6 +180,7 @@ def test_spark_options_are_exactly_what_aws_msk_iam_auth_documents(credentials):
         kafka_options({"bootstrap.servers": "b", "sasl.mechanism": "OAUTHBEARER", "oauth_cb": lambda _: ("t", 0)})
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("java") is None, reason="needs a JDK")
 def test_the_java_login_module_signs_with_the_jobs_credentials_on_the_jobs_classpath(credentials):
     """aws-msk-iam-auth's SASL client (tests/jvm/MskIamProbe.java) on the local session's classpath, in its order:
