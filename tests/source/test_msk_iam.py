@@ -30,7 +30,7 @@ from icefloe.source.spark_kafka import kafka_options
 from icefloe.spec import parse_config
 from test_infra import policy_of
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 AWS_NATIVE = ROOT / "examples" / "Pulumi.aws-native.yaml"
 CLUSTER_ARN = "arn:aws:kafka:eu-west-1:123456789012:cluster/orders/0f3c1d2e-aaaa-bbbb-cccc-1234567890ab-2"
 MSK = {"name": "orders", "bootstrapServers": "b-1.orders.kafka.eu-west-1.amazonaws.com:9098",
