@@ -6,12 +6,32 @@ with independent readers (pyiceberg, DuckDB).
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from pathlib import Path
 
 import pytest
 
 from icefloe.spec import CatalogSpec, IcefloeConfig, parse_config
+
+# The fixtures that start a process (JVM, broker, registry, moto server) or Spark: a test using none of them, and not
+# marked `process` (it starts one itself) or `bundle`, is marked `unit` (`pytest -m unit`, well under a minute).
+PROCESS_FIXTURES = {"_services", "broker", "registry", "spark", "moto_aws"}
+
+
+def pytest_configure(config) -> None:
+    # One crash seed for the whole run (support.crash_seed), also under pytest-xdist: its workers import support.py
+    # each on their own, and inherit this environment from the controller that starts them.
+    os.environ.setdefault("ICEFLOE_CRASH_SEED", str(int(time.time())))
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects on the markers
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        uses = set(getattr(item, "fixturenames", ()))
+        if not uses & PROCESS_FIXTURES and not any(item.get_closest_marker(name) for name in ("process", "bundle")):
+            item.add_marker(pytest.mark.unit)
 
 
 @pytest.fixture(scope="session")

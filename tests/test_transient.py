@@ -14,7 +14,7 @@ SQLITE_BUSY = (
 )
 
 
-# What a schema change that lost a Glue commit race raises (tests/test_glue_catalog.py races two for real).
+# What a schema change that lost a Glue commit race raises (tests/table/test_glue_catalog.py races two for real).
 LOST_COMMIT = ": org.apache.iceberg.exceptions.CommitFailedException: Table metadata refresh is required"
 
 

@@ -15,10 +15,12 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,7 +136,7 @@ def build_bundle(
     }
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:24]
     entry_point = out_dir / "main.py"
-    entry_point.write_text(ENTRY_POINT)
+    _write_atomically(entry_point, ENTRY_POINT.encode())
     index = out_dir / f"inputs-{key}.json"
     if index.exists():
         cached = json.loads(index.read_text())
@@ -155,6 +157,16 @@ def build_bundle(
         data = buffer.getvalue()
     digest = hashlib.sha256(data).hexdigest()
     archive = out_dir / f"icefloe-deps-{digest[:16]}.tar.gz"
-    archive.write_bytes(data)
-    index.write_text(json.dumps({"archive": archive.name, "digest": digest, "inputs": inputs}, indent=1))
+    _write_atomically(archive, data)
+    _write_atomically(
+        index, json.dumps({"archive": archive.name, "digest": digest, "inputs": inputs}, indent=1).encode()
+    )
     return Bundle(archive, entry_point, digest, architecture, python_version)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Replace `path` whole: builds of the same inputs at once (two previews, parallel test workers) share the cache,
+    and a reader must never see a file half written."""
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")  # the umask's mode, as before
+    temp.write_bytes(data)
+    temp.replace(path)

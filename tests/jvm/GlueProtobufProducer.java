@@ -1,5 +1,5 @@
 // Glue-framed Protobuf values made by the AWS library itself (software.amazon.glue:schema-registry-serde's
-// GlueSchemaRegistryKafkaSerializer, dataFormat PROTOBUF), for tests/test_glue_protobuf.py.
+// GlueSchemaRegistryKafkaSerializer, dataFormat PROTOBUF), for tests/formats/test_glue_protobuf.py.
 //
 //   java -cp 'jvm/test-lib/glue-serde/*' GlueProtobufProducer.java <descriptor set> <topic> <NONE|ZLIB> [<key schema>]
 //

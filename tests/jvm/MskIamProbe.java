@@ -1,5 +1,5 @@
 // The first SASL message aws-msk-iam-auth's Java client sends to an MSK broker (args[0]): the signed JSON payload.
-// Run by tests/test_msk_iam.py with `java -cp <the job's jars> MskIamProbe.java <broker host>`, credentials from the
+// Run by tests/source/test_msk_iam.py with `java -cp <the job's jars> MskIamProbe.java <broker host>`, credentials from the
 // environment, so the library is exercised on the classpath the job has, without a broker.
 import java.nio.charset.StandardCharsets;
 import java.util.Collections;

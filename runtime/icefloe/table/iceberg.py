@@ -49,8 +49,8 @@ DEFAULT_PROPERTIES = {
 
 
 # Table loads from the catalog by kind (`exists`, `java`, `schema`): each reads the table's current metadata file.
-# Counted for the per-batch cost (tests/test_continuous.py, bench/continuous_cost.py); Spark's own loads for a write
-# or a SQL statement are not counted here.
+# Counted for the per-batch cost (tests/operate/test_continuous.py, bench/continuous_cost.py); Spark's own loads for a
+# write or a SQL statement are not counted here.
 LOADS: Counter[str] = Counter()
 
 

@@ -30,7 +30,7 @@ from icefloe.source.spark_kafka import kafka_options
 from icefloe.spec import parse_config
 from test_infra import policy_of
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 AWS_NATIVE = ROOT / "examples" / "Pulumi.aws-native.yaml"
 CLUSTER_ARN = "arn:aws:kafka:eu-west-1:123456789012:cluster/orders/0f3c1d2e-aaaa-bbbb-cccc-1234567890ab-2"
 MSK = {"name": "orders", "bootstrapServers": "b-1.orders.kafka.eu-west-1.amazonaws.com:9098",
@@ -180,6 +180,7 @@ def test_spark_options_are_exactly_what_aws_msk_iam_auth_documents(credentials):
         kafka_options({"bootstrap.servers": "b", "sasl.mechanism": "OAUTHBEARER", "oauth_cb": lambda _: ("t", 0)})
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("java") is None, reason="needs a JDK")
 def test_the_java_login_module_signs_with_the_jobs_credentials_on_the_jobs_classpath(credentials):
     """aws-msk-iam-auth's SASL client (tests/jvm/MskIamProbe.java) on the local session's classpath, in its order:

@@ -21,7 +21,7 @@ from icefloe.cli import main as cli_main
 from icefloe_infra import iam as iam_module
 from pulumi_mocks import decrypted_value, fake_jar_dir, run_program
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "Pulumi.example.yaml"
 MINIMAL = ROOT / "examples" / "Pulumi.minimal.yaml"
 ICEFLOE = Path(sys.executable).with_name("icefloe")

@@ -6,6 +6,7 @@ real bundle's dependencies are imported from the archive alone, with no site-pac
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
@@ -63,6 +64,51 @@ def test_bundle_is_cached_by_its_inputs(tmp_path):
     first.archive.write_bytes(b"corrupted")
     rebuilt = build_bundle(requirements=[], out_dir=tmp_path)
     assert rebuilt.digest == first.digest and rebuilt.archive.read_bytes() != b"corrupted"
+
+
+def test_builds_sharing_a_cache_at_once_never_show_a_half_written_file(tmp_path, monkeypatch):
+    """Two builds of the same inputs at once (two previews, or two test workers sharing the dry-run cache) rewrite
+    the entry point, the archive and the index: a reader in between must see each file whole."""
+    import json
+    import threading
+
+    package = tmp_path / "src" / "icefloe"  # a small package, so that many builds take a second
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("# icefloe\n" * 1000)
+    monkeypatch.setattr(bundle_module, "icefloe", types.SimpleNamespace(__file__=str(package / "__init__.py")))
+    cache = tmp_path / "cache"
+    done, failures = threading.Event(), []
+
+    def build_again() -> None:
+        try:
+            for _ in range(100):
+                for index in cache.glob("inputs-*.json"):
+                    index.unlink(missing_ok=True)  # a cache miss: archive and index written again
+                try:
+                    build_bundle(requirements=[], out_dir=cache)
+                except FileNotFoundError:
+                    pass  # the index it found was unlinked above, by the other builder
+        except Exception as error:  # a build that read the other's half-written index
+            failures.append(repr(error))
+        finally:
+            done.set()
+
+    first = build_bundle(requirements=[], out_dir=cache)
+    builders = [threading.Thread(target=build_again) for _ in range(2)]
+    for builder in builders:
+        builder.start()
+    seen = set()
+    while not done.is_set():
+        seen.add(first.entry_point.read_text() == ENTRY_POINT)
+        seen.add(hashlib.sha256(first.archive.read_bytes()).hexdigest() == first.digest)
+        for index in cache.glob("inputs-*.json"):
+            try:
+                seen.add(json.loads(index.read_text())["digest"] == first.digest)
+            except FileNotFoundError:
+                pass  # removed by a builder between the listing and the read
+    for builder in builders:
+        builder.join()
+    assert seen == {True} and not failures, failures
 
 
 def test_dependencies_are_installed_for_the_target_platform_without_scripts(tmp_path):

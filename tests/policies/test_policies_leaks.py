@@ -38,7 +38,7 @@ from test_policies import (
     urn,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "Pulumi.example.yaml"
 MINIMAL = ROOT / "examples" / "Pulumi.minimal.yaml"
 JOB_ROLE_ARN = f"arn:aws:iam::{ACCOUNT}:role/icefloe-job-role"

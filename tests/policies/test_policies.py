@@ -33,7 +33,7 @@ from icefloe_policies import (
 from icefloe_policies.pack import all_policies, resolve_config
 from icefloe_policies.runner import Resource, default_urn, resource_args, run_pack, stack_resources
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ACCOUNT = "111122223333"
 SNOWFLAKE_USER = "arn:aws:iam::999988887777:user/snowflake-abc"
 BUCKET_NAME = "icefloe-dev-lake"

@@ -60,6 +60,7 @@ def consume_all(bootstrap: str, topic: str, partitions: int) -> list:
     return messages
 
 
+@pytest.mark.process
 def test_broker_serves_produce_and_consume_then_stops(tmp_path):
     broker = KafkaBroker(tmp_path / "broker")
     with broker:
@@ -93,6 +94,7 @@ def test_create_topic_reports_existing_topic(broker):
         broker.create_topic("test_local_broker_once", 2)
 
 
+@pytest.mark.process
 def test_startup_failure_shows_the_log_tail(tmp_path, monkeypatch):
     broker = KafkaBroker(tmp_path, heap="1k")  # the JVM refuses a heap this small
     with pytest.raises(ServiceError, match=r"(?s)kafka exited with code \d+ while starting.*last lines of .*kafka.log"):

@@ -24,7 +24,7 @@ from icefloe.spec import load_config
 from icefloe_infra.jobs import EXECUTION_ID
 from pulumi_mocks import REGION, run_program
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "Pulumi.example.yaml"
 SCHEDULER_EXECUTION_ID = "d32c5kddcf5bb8c3"  # the shape of an ID the Scheduler puts in <aws.scheduler.execution-id>
 

@@ -19,7 +19,7 @@ from icefloe.spec import CatalogSpec, parse_config
 from icefloe.table.catalog import CATALOG, pyiceberg_s3_tables_properties, spark_catalog_conf
 from test_infra import policy_of
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 AWS_NATIVE = ROOT / "examples" / "Pulumi.aws-native.yaml"
 BUCKET_ARN = "arn:aws:s3tables:eu-west-1:123456789012:bucket/icefloe-tables-eu"
 TABLE_BUCKET, NAMESPACE = "aws:s3tables/tableBucket:TableBucket", "aws:s3tables/namespace:Namespace"

@@ -14,7 +14,7 @@ from icefloe.spec import CONFIG_KEYS, DEPLOYMENT_KEYS
 from icefloe_infra.deployment import load_stack_config
 from pulumi_mocks import PROJECT_FILE, decrypted_value, run_program, stack_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "Pulumi.example.yaml"
 MINIMAL = ROOT / "examples" / "Pulumi.minimal.yaml"
 # Pulumi's project schema (sdk/go/common/workspace/project.json): config types and their items.

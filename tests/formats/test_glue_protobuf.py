@@ -26,7 +26,7 @@ from support import by_position, compile_protos, message_class, produce, read_du
 from test_poison import MAX_BYTES, check_mode, dead_letter_messages, lay_out
 from test_protobuf import TRADE, check_trades, three_trades
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SERDE_JARS = ROOT / "jvm" / "test-lib" / "glue-serde"
 FILE = "trade.proto"
 

@@ -22,7 +22,7 @@ from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
 
 from icefloe_policies.pack import all_policies
 
-POLICIES_DIR = Path(__file__).resolve().parents[1] / "policies"
+POLICIES_DIR = Path(__file__).resolve().parents[2] / "policies"
 
 
 @pytest.fixture(scope="module")

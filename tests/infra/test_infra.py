@@ -24,7 +24,7 @@ from icefloe_infra.deployment import DEFAULT_RELEASE
 from icefloe_infra.jars import EMR_PROVIDED, ONLY_FOR_MSK_IAM, job_jars, pinned_spark_jars
 from pulumi_mocks import ACCOUNT_ID, REGION, decrypted_value, fake_jar_dir, run_program, small_bundle
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "Pulumi.example.yaml"
 MINIMAL = ROOT / "examples" / "Pulumi.minimal.yaml"
 BUCKET = "aws:s3/bucket:Bucket"

@@ -16,7 +16,7 @@ from icefloe.operate.metrics import BatchMetrics, emf_document
 from icefloe_infra.deployment import load_stack_config
 from pulumi_mocks import run_program
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE, MINIMAL = ROOT / "examples" / "Pulumi.example.yaml", ROOT / "examples" / "Pulumi.minimal.yaml"
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
 TOPIC = "arn:aws:sns:eu-west-1:123456789012:data-platform-alerts"
