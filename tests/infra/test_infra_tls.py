@@ -21,7 +21,7 @@ from pulumi_mocks import fake_jar_dir, run_program
 from test_infra import policy_of
 from test_policies import SAFE_ARGUMENTS, SCHEDULE, replace, safe_stack, schedule_props
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MINIMAL = ROOT / "examples" / "Pulumi.minimal.yaml"
 ICEFLOE = Path(sys.executable).with_name("icefloe")
 ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:icefloe/{}-AbCdEf"
