@@ -31,6 +31,20 @@ class RecordError(IcefloeError):
         super().__init__(f"partition {partition} offset {offset}: {kind}: {cause}")
 
 
+class BadRecord(ValueError):
+    """What a decoder declares about one record's bytes: they cannot be read as the table's format (a bad record,
+    routed by the table's error mode). Any other exception raised while decoding is a bug (`DecoderFailure`).
+    `kind` is the record's error class in the dead-letter table and the logs."""
+
+    kind = "DecodeError"
+
+
+class DecoderFailure(IcefloeError):
+    """A decoder raised something it does not declare (not a `BadRecord`): a bug, never a bad record. The batch
+    fails and nothing is committed; the message names the record's position and the exception's type and code
+    line, never its text (it may quote the value)."""
+
+
 class DataLossError(IcefloeError):
     """Records the table had not read were deleted from the topic (and the table's onDataLoss is `fail`). Not
     transient: retrying finds the same gap until the user decides (`onDataLoss: warn`) or restores the records."""

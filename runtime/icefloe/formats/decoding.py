@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from icefloe.credentials import resolve_credentials, resolve_tls
-from icefloe.errors import ConfigError, IcefloeError, SourceError
+from icefloe.errors import BadRecord, ConfigError, IcefloeError, SourceError
 from icefloe.formats.avro import fastavro_gaps
+from icefloe.formats.json import json_object, parse_json, utf8
 from icefloe.spec import SchemaRegistrySpec, SourceCluster, TableSpec
 
 Decoder = Callable[[bytes], Any]
@@ -254,7 +256,7 @@ def _registry_errors(conf: dict[str, str], subject: str) -> Iterator[None]:
 
 def build_decoder(spec: DecoderSpec) -> Decoder:
     if spec.format == "json":
-        return _decode_json
+        return json_object
     if spec.format == "glue":
         from icefloe.formats import glue_framed
 
@@ -294,8 +296,6 @@ def _with_unions(schema_str: str, make: Callable[[bool], Decoder]) -> Decoder:
 def build_key_decoder(spec: DecoderSpec) -> Callable[[bytes], dict]:
     """Decodes a Kafka key into {key field: value}, for tombstones of tables keyed by value fields."""
     if spec.key_format in ("string", "raw"):
-        from icefloe.formats.raw import utf8
-
         if len(spec.key_fields) != 1:
             raise ConfigError(
                 f"{spec.topic}: keyFormat {spec.key_format} can only give one key field, not {spec.key_fields}"
@@ -319,7 +319,7 @@ def build_key_decoder(spec: DecoderSpec) -> Callable[[bytes], dict]:
 
         decode = _registry_checked(spec, JsonSchemaDecoder(_registry_client(spec.registry), None))
     else:
-        decode = _parse_json  # an object, or for one key field its value alone
+        decode = parse_json  # an object, or for one key field its value alone
 
     def keyed(data: bytes) -> dict:
         value = decode(data)
@@ -327,32 +327,9 @@ def build_key_decoder(spec: DecoderSpec) -> Callable[[bytes], dict]:
             return value
         if len(spec.key_fields) == 1 and not isinstance(value, list):  # a primitive key gives the one key field
             return {spec.key_fields[0]: value}
-        raise ValueError(f"key must decode to an object with fields {list(spec.key_fields)}")
+        raise BadRecord(f"key must decode to an object with fields {list(spec.key_fields)}")
 
     return keyed
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _decode_json(data: bytes) -> Any:
-    value = _parse_json(data)
-    if not isinstance(value, dict):
-        raise ValueError(f"JSON value must be an object, got {type(value).__name__}")
-    return value
-
-
-def _parse_json(data: bytes) -> Any:
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(f"value is not valid UTF-8 ({error.reason} at byte {error.start})") from None
-    try:
-        value = json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"value is not valid JSON: {error.msg} at position {error.pos}") from None
-    return value
 
 
 def _inline_avro_decoder(schema_str: str) -> Decoder:
@@ -364,18 +341,18 @@ def _inline_avro_decoder(schema_str: str) -> Decoder:
 
     def decode(data: bytes) -> Any:
         if len(data) < 5 or data[0] != 0:
-            raise ValueError("not Confluent wire format (magic byte 0 and a schema id expected)")
+            raise BadRecord("not Confluent wire format (magic byte 0 and a schema id expected)")
         buffer = io.BytesIO(data[5:])
         try:
             value = fastavro.schemaless_reader(buffer, schema, None)
         except fastavro_gaps.UnionIndexError:
             raise
         except Exception as error:  # fastavro raises many types on corrupt input
-            raise ValueError(
+            raise BadRecord(
                 f"Avro payload does not match the inline schema ({type(error).__name__})"
             ) from None  # its text may quote data
         if buffer.tell() != len(data) - 5:
-            raise ValueError("Avro payload has trailing bytes: written with another schema?")
+            raise BadRecord("Avro payload has trailing bytes: written with another schema?")
         return value
 
     return decode
@@ -399,11 +376,28 @@ def _registry_avro_decoder(spec: DecoderSpec, reader_schema: str | None, key: bo
         try:
             return deserializer(data, context)
         except SerializationError as error:
-            raise ValueError(f"Avro: {error}") from None
+            raise BadRecord(f"Avro: {error}") from None
+        except BadRecord:
+            raise
         except ValueError as error:  # fastavro's own, on corrupt input
-            raise ValueError(f"Avro payload cannot be decoded: ValueError: {error}") from None
+            raise BadRecord(f"Avro payload cannot be decoded: ValueError: {error}") from None
 
-    return _registry_checked(spec, avro, "Avro")
+    return _registry_checked(spec, avro, "Avro", opaque=True)
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The exception types of the HTTP libraries a registry client may use (confluent-kafka: httpx2 or httpx, over
+    httpcore; older clients requests and urllib3): their failures are the network's, never the record's."""
+    found: list[type[BaseException]] = []
+    for name in ("httpx2", "httpx", "httpcore2", "httpcore", "requests.exceptions", "urllib3.exceptions"):
+        module = sys.modules.get(name)  # a library the client did not import raised nothing
+        library = name.split(".")[0]
+        for value in (
+            vars(module) if module else {}
+        ).values():  # the library's own types, not those it re-exports (JSONDecodeError)
+            if isinstance(value, type) and issubclass(value, Exception) and value.__module__.startswith(library):
+                found.append(value)
+    return tuple(found)
 
 
 # Pauses before asking again for a schema id the registry answered 404/422 for (8.5 s in all), and the ids asked again.
@@ -411,10 +405,11 @@ UNKNOWN_ID_RETRY_S = (0.5, 1.0, 2.0, 5.0)
 _RETRIED_IDS: set[tuple[str, int | None]] = set()
 
 
-def _registry_checked(spec: DecoderSpec, decode: Decoder, what: str | None = None) -> Decoder:
+def _registry_checked(spec: DecoderSpec, decode: Decoder, what: str | None = None, opaque: bool = False) -> Decoder:
     """A registry-backed decoder whose failures are classified: an id the registry does not know, or a payload that
-    does not decode, is a bad record (ValueError), an unknown id only once the registry was asked again for a few
-    seconds; a registry that cannot be reached is the environment's."""
+    does not decode, is a bad record (BadRecord), an unknown id only once the registry was asked again for a few
+    seconds; a registry that cannot be reached is the environment's. `opaque`: a library's decoder (confluent-kafka's
+    Avro deserializer, fastavro) that raises many types on corrupt input: any other exception is a bad record."""
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
     what = what or spec.format
@@ -443,19 +438,21 @@ def _registry_checked(spec: DecoderSpec, decode: Decoder, what: str | None = Non
             raise classified(error, schema_id) from None
 
     def classified(error: Exception, schema_id: int | None) -> Exception:
-        if isinstance(error, ValueError):
+        if isinstance(error, BadRecord):
             return error
         if isinstance(error, SchemaRegistryError):
             if unknown_id(error):
-                return ValueError(
+                return BadRecord(
                     f"schema id {schema_id} is not known to the schema registry {spec.registry['url']}: "
                     f"{error.error_message} (code {error.error_code})"
                 )
             return SourceError(f"schema registry {spec.registry['url']}: {error}")
         if isinstance(error, (OSError, ConnectionError)):
             return SourceError(f"schema registry {spec.registry['url']} unreachable: {error}")
-        if type(error).__module__.split(".")[0].rstrip("0123456789") in ("httpx", "httpcore", "requests", "urllib3"):
+        if isinstance(error, _transport_errors()):
             return SourceError(f"schema registry {spec.registry['url']} unreachable: {error}")
-        return ValueError(f"{what} payload cannot be decoded ({type(error).__name__})")  # its text may quote data
+        if not opaque:  # our own decoder: what it does not declare is a bug (python_tasks: DecoderFailure)
+            return error
+        return BadRecord(f"{what} payload cannot be decoded ({type(error).__name__})")  # its text may quote data
 
     return checked

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
-from icefloe.errors import ConfigError
+from icefloe.errors import BadRecord, ConfigError
 from icefloe.registries import glue
 from icefloe.registries.glue import Decoder
 
@@ -38,7 +38,7 @@ def decoder(conf: dict[str, str], table_schema: str | None = None, message_type:
         try:
             return PAYLOAD_DECODERS[found["DataFormat"]](found["SchemaDefinition"], table_schema, message_type)
         except ValueError as error:
-            raise ValueError(f"schema version {version}: {error}") from None
+            raise BadRecord(f"schema version {version}: {error}") from None
 
     def decode(data: bytes) -> Any:
         version, payload = glue.split(data)
@@ -49,7 +49,7 @@ def decoder(conf: dict[str, str], table_schema: str | None = None, message_type:
                 decoders[version] = error
         found = decoders[version]
         if isinstance(found, ValueError):
-            raise ValueError(str(found))
+            raise BadRecord(str(found))
         return found(payload)
 
     return decode
@@ -76,9 +76,7 @@ def avro_payload(writer: str, reader: str | None, message_type: str | None = Non
         except UnionIndexError:
             raise
         except Exception as error:  # fastavro raises many types on corrupt input
-            raise ValueError(
-                f"Avro payload cannot be decoded: {type(error).__name__}: {unpadded(str(error))}"
-            ) from None
+            raise BadRecord(f"Avro payload cannot be decoded: {type(error).__name__}: {unpadded(str(error))}") from None
         return rewrite(value)
 
     return decode

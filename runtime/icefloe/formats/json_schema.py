@@ -26,7 +26,8 @@ from typing import Any
 
 from pyspark.sql import types as T
 
-from icefloe.errors import ConfigError
+from icefloe.errors import BadRecord, ConfigError
+from icefloe.formats.json import parse_json
 
 EXTRA_COLUMN = "additional_properties"
 _STRING_FORMATS = {"date-time": T.TimestampType(), "date": T.DateType()}
@@ -213,7 +214,7 @@ class JsonSchemaDecoder:
 
     def __call__(self, data: bytes) -> dict[str, Any]:
         if len(data) < 5 or data[0] != 0:
-            raise ValueError("not Confluent wire format (magic byte 0 and a schema id expected)")
+            raise BadRecord("not Confluent wire format (magic byte 0 and a schema id expected)")
         schema_id = int.from_bytes(data[1:5], "big")
         value = _checked(data[5:], self._validator(schema_id), f"schema id {schema_id}", 5)
         return shaped(self.shape, value) if self.shape else value
@@ -228,17 +229,12 @@ class JsonSchemaDecoder:
 
 def _checked(payload: bytes, validator, writer: str, offset: int) -> dict[str, Any]:
     """A JSON payload parsed and validated against its writer's schema; `offset` is where it starts in the value."""
-    try:
-        value = json.loads(payload.decode("utf-8"), parse_constant=_reject_constant)
-    except UnicodeDecodeError as error:
-        raise ValueError(f"value is not valid UTF-8 ({error.reason} at byte {error.start + offset})") from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"value is not valid JSON: {error.msg} at position {error.pos}") from None
+    value = parse_json(payload, offset)
     failure = next(iter(sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))), None)
     if failure is not None:
-        raise ValueError(f"JSON Schema ({writer}) {failed_rule(failure)}")
+        raise BadRecord(f"JSON Schema ({writer}) {failed_rule(failure)}")
     if not isinstance(value, dict):
-        raise ValueError(f"JSON value must be an object, got {type(value).__name__}")
+        raise BadRecord(f"JSON value must be an object, got {type(value).__name__}")
     return value
 
 
@@ -285,7 +281,3 @@ def validator_for_bundle(bundle: dict, what: str = "the schema"):
         raise ValueError(f"{what} is not a valid JSON Schema: {error.message[:200]}") from None
     # Every format jsonschema knows, whatever the draft: draft 7's own checker does not know `uuid`.
     return cls(main, registry=Registry().with_resources(resources), format_checker=jsonschema.FormatChecker())
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")

@@ -18,6 +18,8 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from icefloe.formats.json import utf8
+
 COLUMN = "value"
 FORMATS = ("raw", "string")
 
@@ -25,13 +27,6 @@ FORMATS = ("raw", "string")
 def value_fields(format: str) -> list[T.StructField]:
     """The table's value column for a raw or string topic."""
     return [T.StructField(COLUMN, T.BinaryType() if format == "raw" else T.StringType(), True)]
-
-
-def utf8(data: bytes, what: str = "value") -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{what} is not valid UTF-8 ({error.reason} at byte {error.start})") from None
 
 
 def decoder(format: str) -> Callable[[bytes], Any]:
