@@ -82,8 +82,8 @@ def test_json_schema_nullable_forms_and_fallbacks():
 
 @pytest.mark.parametrize(("format", "why"), [("protobuf", "no spark-protobuf for Spark 3.5"), ("json-schema", "validated")])
 def test_registry_formats_take_the_python_path_and_say_why(format, why):
-    from icefloe.formats.decoding import DecoderSpec
+    from icefloe.formats.base import DecoderSpec
     from icefloe.materialize.read_paths import PYTHON, choose_read_path
 
-    path = choose_read_path(None, DecoderSpec(format, "t"))  # no JVM needed to decide
+    path = choose_read_path(None, DecoderSpec(format, "confluent", "t"))  # no JVM needed to decide
     assert path.name == PYTHON and why in path.reason

@@ -14,14 +14,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import Column
+from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from icefloe.errors import ConfigError
+from icefloe.formats.base import NONE, Decoder, DecoderSpec, ValueRules
+from icefloe.formats.decoding import confluent_conf
 from icefloe.formats.json import utf8
+from icefloe.spec import SourceCluster, TableSpec
 
 COLUMN = "value"
-FORMATS = ("raw", "string")
 
 
 def value_fields(format: str) -> list[T.StructField]:
@@ -42,6 +45,20 @@ class RawJvmPlan:
 
     format: str
 
+    @property
+    def reason(self) -> str:
+        return f"Kafka source, values kept as {self.format}"
+
+    # The JVM codec (formats.base.JvmCodec)
+    def decoded(self, value: Column) -> Column:
+        return decoded(value, self)
+
+    def exact(self, value: Column, struct: str) -> Column:
+        return exact(value, struct, self)
+
+    def value_columns(self, struct: str) -> dict[str, Column]:
+        return value_columns(struct, self)
+
 
 def decoded(value: Column, plan: RawJvmPlan) -> Column:
     kept = value if plan.format == "raw" else value.cast("string")
@@ -57,3 +74,41 @@ def exact(value: Column, struct: str, plan: RawJvmPlan) -> Column:
 
 def value_columns(struct: str, plan: RawJvmPlan) -> dict[str, Column]:
     return {COLUMN: F.col(f"{struct}.{COLUMN}")}
+
+
+class Raw:
+    """`format: raw` or `format: string` (`name`), read on the JVM path."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def resolve(self, table: TableSpec, cluster: SourceCluster, keys: dict) -> DecoderSpec:
+        return DecoderSpec(self.name, NONE, table.topic, registry_conf=confluent_conf(cluster), **keys)
+
+    def value_fields(self, spec: DecoderSpec, table: TableSpec, identifier: str) -> list[T.StructField] | None:
+        return value_fields(self.name)
+
+    def for_batch(self, spark, spec, batch):
+        raise NotImplementedError
+
+    def registry_schema(self, spec: DecoderSpec) -> bool:
+        return False
+
+    def rules(self, spec: DecoderSpec, table: TableSpec) -> ValueRules:
+        return ValueRules()
+
+    def jvm_codec(self, spark: SparkSession, spec: DecoderSpec) -> RawJvmPlan:
+        return RawJvmPlan(self.name)
+
+    def decoder(self, spec: DecoderSpec) -> Decoder:
+        return decoder(self.name)
+
+    def key_decoder(self, spec: DecoderSpec) -> Decoder:
+        """The key as the one key field: bytes (raw) or text (string)."""
+        if len(spec.key_fields) != 1:
+            raise ConfigError(f"{spec.topic}: keyFormat {self.name} can only give one key field, not {spec.key_fields}")
+        field_name, as_text = spec.key_fields[0], self.name == "string"
+        return lambda data: {field_name: utf8(data, "key") if as_text else data}
+
+
+RAW, STRING = Raw("raw"), Raw("string")

@@ -34,7 +34,6 @@ from icefloe.batch_columns import KAFKA_COLUMNS, UPSERT_COLUMNS
 from icefloe.errors import BadRecord
 from icefloe.formats.json import json_object
 
-FORMAT = "json-inferred"  # DecoderSpec.format of a schemaless JSON table once its batch's types are known
 # Inferred types: "null", "boolean", "int", "long", "double", "string", {"list": t}, {"struct": [[name, t], ...]}
 Inferred = Any
 _INT32, _INT64 = 2**31, 2**63

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from icefloe.errors import BadRecord, DecoderFailure, SourceAuthError, SourceError
-from icefloe.formats.decoding import DecoderSpec, build_decoder, build_key_decoder
+from icefloe.formats.base import DecoderSpec
+from icefloe.formats.registry import build_decoder, build_key_decoder
 from icefloe.source.kafka import OffsetRange, read_range
 
 _TIMESTAMP_TYPES = {0: None, 1: "CreateTime", 2: "LogAppendTime"}
@@ -37,6 +38,7 @@ class ReadPlan:
     value_fields: tuple[str, ...]
     strict: bool  # JSON values are checked field by field; Avro values are typed by the decoder
     required: frozenset[str] = frozenset()  # inline fields declared `optional: false`
+    framed: bool = False  # values in Confluent wire format: a failed row carries its schema id
     needs_key: bool = False  # upsert keyed by the Kafka key: a record without one cannot be placed
     max_record_bytes: int = 8 * 1024 * 1024
     batch_rows: int = 20_000  # an Arrow batch is emitted at this many rows or at `batch_bytes`, whichever is first
@@ -124,8 +126,6 @@ class _Records:
         self.decode = build_decoder(plan.decoder)
         self.decode_key = _key_decoder(plan, values) if plan.decoder.key_fields else None
         self.builder = BatchBuilder(batch, list(plan.value_fields))
-        # values in Confluent wire format carry a schema id
-        self.framed = plan.decoder.format.startswith("avro") or plan.decoder.format in ("protobuf", "json-schema")
         self.bytes = 0  # raw bytes of the records in the builder
 
     def add(
@@ -144,7 +144,7 @@ class _Records:
             _check_timestamp(timestamp_ms)
             value = _value(self.plan, self.decode, self.decode_key, self.convert, payload, key)
         except _Bad as bad:
-            failure = (bad.kind, bad.message, payload, schema_id(payload) if self.framed else None)
+            failure = (bad.kind, bad.message, payload, schema_id(payload) if self.plan.framed else None)
             if bad.kind == INVALID_TIMESTAMP:  # the row's timestamp column cannot hold it
                 timestamp_ms = None
         except SourceError:  # the environment's (a registry unreachable): the task fails, the run retries

@@ -28,7 +28,6 @@ from uuid import UUID
 
 from icefloe.errors import BadRecord, ConfigError, SourceError
 
-FORMAT = "glue"  # DecoderSpec.format of a table whose values are framed for the Glue Schema Registry
 HEADER = 0x03
 COMPRESSION = {0x00: None, 0x05: "zlib"}
 PREFIX = 18  # header, compression, UUID
@@ -62,11 +61,6 @@ def checked_conf(registry, topic: str, fmt: str, where: str, key: bool = False) 
             f"{DATA_FORMATS[fmt]} ({'keyFormat' if key else 'format'} {fmt})"
         )
     return conf | {"data_format": data_format}, definition
-
-
-def reads(conf: dict[str, str] | None, data_format: str) -> bool:
-    """Whether a table reads values of `data_format` (AVRO, JSON, PROTOBUF) through Glue."""
-    return bool(conf and conf.get("type") == "glue" and conf.get("data_format") == data_format)
 
 
 def glue_client(conf: dict[str, str]):

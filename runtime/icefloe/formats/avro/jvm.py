@@ -39,7 +39,8 @@ from pyspark.sql.avro.functions import from_avro, to_avro
 from icefloe.formats.avro.unions import branches as union_branches
 from icefloe.formats.avro.unions import collapsed as collapsed_union
 from icefloe.formats.avro.unions import member_name
-from icefloe.formats.decoding import DecoderSpec, subject_for, subject_schemas
+from icefloe.formats.base import GLUE, INLINE, DecoderSpec
+from icefloe.formats.decoding import subject_for, subject_schemas
 from icefloe.jvm_gateway import jvm_gateway
 from icefloe.registries import glue as glue_registry
 
@@ -74,6 +75,25 @@ class AvroJvmPlan:
     routed: dict[int | UUID, str] = field(default_factory=dict)  # ids left to Python, and why
 
     @property
+    def reason(self) -> str:
+        writers = (
+            "inline schema"
+            if self.inline
+            else f"writer schemas {', '.join(str(i) for i in sorted(self.writers)) or 'none'}"
+        )
+        return f"Kafka source and from_avro ({writers})"
+
+    # The JVM codec (formats.base.JvmCodec)
+    def decoded(self, value: Column) -> Column:
+        return decoded(value, self)
+
+    def exact(self, value: Column, struct: str) -> Column:
+        return exact(value, struct, self)
+
+    def value_columns(self, struct: str) -> dict[str, Column]:
+        return value_columns(struct, self)
+
+    @property
     def reader_with_marker(self) -> str:
         marked = {
             **self.reader,
@@ -95,10 +115,10 @@ def plan_avro(spark: SparkSession, decoder: DecoderSpec) -> AvroJvmPlan | None:
             _first_line(error),
         )
         return None
-    if decoder.format == "avro-inline":
+    if decoder.schema_from == INLINE:
         return AvroJvmPlan(reader, {}, inline=True)
     versions: dict[Any, tuple[str, list]]  # by schema id (Confluent) or version UUID (Glue)
-    if decoder.format == glue_registry.FORMAT:  # Glue schemas have no references
+    if decoder.schema_from == GLUE:  # Glue schemas have no references
         versions = {
             v: (text, []) for v, text in glue_registry.avro_versions(decoder.registry, MAX_WRITER_VERSIONS).items()
         }
