@@ -123,3 +123,43 @@ class Format(Protocol):
     def key_decoder(self, spec: DecoderSpec) -> Decoder:
         """This format as the table's `keyFormat`: a Kafka key to its fields (or one value for one key field)."""
         ...
+
+
+# An envelope's executor decoder: (value, key, headers) -> the row and its change columns.
+ChangeDecoder = Callable[[bytes | None, bytes | None, list | None], dict]
+
+
+class Envelope(Protocol):
+    """A wrapper around a format's values (change events: the table's `envelope`), read on the Python path. Where a
+    table has one, materialize asks it what it would ask the format, and gives its change columns and row keys to
+    the writer. (Registered in `registry.ENVELOPES`; none is wired into materialize yet.)"""
+
+    name: str
+    python_only_reason: str  # the read path's reason
+
+    # driver
+    def resolve(self, table: TableSpec, cluster: SourceCluster, inner: DecoderSpec) -> DecoderSpec:
+        """`inner` (the format's spec) with the envelope's own plan."""
+        ...
+
+    def value_fields(self, spec: DecoderSpec, table: TableSpec, identifier: str) -> list[StructField] | None: ...
+
+    def for_batch(
+        self, spark: SparkSession, spec: DecoderSpec, batch: BatchContext
+    ) -> tuple[DecoderSpec, list[StructField]]: ...
+
+    def change_fields(self, spec: DecoderSpec) -> list[StructField]:
+        """Columns after the value fields that the writer consumes (position, operation...)."""
+        ...
+
+    def row_keys(self, spec: DecoderSpec) -> list[str]:
+        """The upsert key (the source's primary key)."""
+        ...
+
+    def rules(self, spec: DecoderSpec, table: TableSpec) -> ValueRules: ...
+
+    # executors
+    def decoder(self, spec: DecoderSpec, inner: Decoder | None) -> ChangeDecoder:
+        """`inner`: the format's decoder of the event's bytes (None: the envelope decodes them). Raises BadRecord
+        (a subclass with its own `kind` for its own bad events)."""
+        ...

@@ -9,7 +9,7 @@ from typing import Any
 
 from icefloe.errors import BadRecord
 from icefloe.formats.avro.format import AVRO
-from icefloe.formats.base import Decoder, DecoderSpec, Format
+from icefloe.formats.base import Decoder, DecoderSpec, Envelope, Format
 from icefloe.formats.json_schema import JSON_SCHEMA
 from icefloe.formats.plain_json import JSON
 from icefloe.formats.protobuf.format import PROTOBUF
@@ -19,6 +19,9 @@ from icefloe.spec import SourceCluster, TableSpec
 
 # The table's `format` (and `keyFormat`) -> its Format
 FORMATS: dict[str, Format] = {f.name: f for f in (AVRO, JSON, JSON_SCHEMA, PROTOBUF, RAW, STRING)}
+
+# The table's `envelope` -> its Envelope (change data wrapped around a format's values)
+ENVELOPES: dict[str, Envelope] = {}
 
 
 def format_of(spec: DecoderSpec) -> Format:
