@@ -115,6 +115,12 @@ _TRANSIENT_MARKS = (
 )
 
 
+# Iceberg's exception for a commit that lost a race with another writer's (nothing was committed), and for a commit
+# its validation refused (a rewrite whose files another commit replaced or deleted meanwhile).
+COMMIT_FAILED = "org.apache.iceberg.exceptions.CommitFailedException"
+VALIDATION_FAILED = "org.apache.iceberg.exceptions.ValidationException"
+
+
 # Java exceptions (or their superclasses) anywhere in a JVM error's cause chain that mark a failure worth retrying.
 _TRANSIENT_JAVA = {
     # A catalog commit that lost a race and was not retried by Iceberg: nothing was committed (as the text mark).
@@ -130,7 +136,7 @@ _TRANSIENT_JAVA = {
 }
 
 
-def _java_classes(error: BaseException) -> set[str]:
+def java_classes(error: BaseException) -> set[str]:
     """The Java classes, with their superclasses, of the exception a Py4J call threw and of its causes; empty for
     an error that did not come from the JVM."""
     thrown = getattr(error, "java_exception", None) or getattr(error, "_origin", None)  # Py4J's, PySpark's capture
@@ -158,7 +164,7 @@ def is_transient(error: BaseException) -> bool:
         return False
     if isinstance(error, (SourceError, CommitConflict)):
         return True
-    if _java_classes(error) & _TRANSIENT_JAVA:
+    if java_classes(error) & _TRANSIENT_JAVA:
         return True
     text = f"{type(error).__name__}: {error}".lower()
     return any(mark in text for mark in _TRANSIENT_MARKS)
