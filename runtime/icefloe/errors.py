@@ -86,7 +86,11 @@ def clock_skew(error: BaseException, identifier: str) -> ClockSkew | None:
 
 
 # Words in a JVM or client error that mark a passing environment failure (network, throttling, a service briefly
-# away), as opposed to a bug or bad data. Matched case-insensitively against the error's text.
+# away), as opposed to a bug or bad data. Matched case-insensitively against the error's text, after the Java classes
+# (`_TRANSIENT_JAVA`) and icefloe's own types: still by text (issue 28 item 3, not yet by type) are the Python Kafka
+# client's errors (KafkaException: a KafkaError code would do), AWS service errors (throttling, 503: the SDK's
+# `isThrottlingException`/`statusCode` would do), SQLite's busy lock, and an executor's failure, which reaches the
+# driver only as text.
 _TRANSIENT_MARKS = (
     "connection refused",
     "connect timed out",

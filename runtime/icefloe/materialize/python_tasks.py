@@ -21,10 +21,11 @@ import pyarrow as pa
 from icefloe.errors import BadRecord, DecoderFailure, SourceAuthError, SourceError
 from icefloe.formats.base import DecoderSpec
 from icefloe.formats.registry import build_decoder, build_key_decoder
+from icefloe.inline_types import TIMESTAMP_MICROS
 from icefloe.source.kafka import OffsetRange, read_range
 
 _TIMESTAMP_TYPES = {0: None, 1: "CreateTime", 2: "LogAppendTime"}
-KAFKA_TIMESTAMP_MS = (-62135596800000, 253402300799999)  # 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59.999Z
+KAFKA_TIMESTAMP_MS = (TIMESTAMP_MICROS[0] // 1000, TIMESTAMP_MICROS[1] // 1000)  # the whole milliseconds of the range
 INVALID_TIMESTAMP = "InvalidTimestamp"
 _MARKER = "ICEFLOE-ERROR"
 _MARKED = re.compile(_MARKER + r'(\["\w+", "(?:[^"\\]|\\.)*"\])' + _MARKER)

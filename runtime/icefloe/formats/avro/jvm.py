@@ -41,6 +41,7 @@ from icefloe.formats.avro.unions import collapsed as collapsed_union
 from icefloe.formats.avro.unions import member_name
 from icefloe.formats.base import GLUE, INLINE, DecoderSpec
 from icefloe.formats.decoding import subject_for, subject_schemas
+from icefloe.inline_types import TIMESTAMP_MICROS
 from icefloe.jvm_gateway import jvm_gateway
 from icefloe.registries import glue as glue_registry
 
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 MARKER = "__icefloe_decoded"
 MAX_WRITER_VERSIONS = 100  # the subject's newest versions the JVM decodes; older ids go to Python
 _FROM_AVRO = {"mode": "PERMISSIVE", "datetimeRebaseMode": "CORRECTED"}
-_TS_MICROS = (-62135596800000000, 253402300799999999)  # 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59.999999Z
+_TS_MICROS = TIMESTAMP_MICROS
 _RANGES = {
     "timestamp-millis": f"timestamp_micros({_TS_MICROS[0]}) AND timestamp_micros({_TS_MICROS[1]})",
     "timestamp-micros": f"timestamp_micros({_TS_MICROS[0]}) AND timestamp_micros({_TS_MICROS[1]})",
