@@ -51,29 +51,17 @@ class RawJvmPlan:
 
     # The JVM codec (formats.base.JvmCodec)
     def decoded(self, value: Column) -> Column:
-        return decoded(value, self)
+        kept = value if self.format == "raw" else value.cast("string")
+        return F.when(value.isNotNull(), F.struct(kept.alias(COLUMN)))
 
     def exact(self, value: Column, struct: str) -> Column:
-        return exact(value, struct, self)
+        """Raw bytes are always exact; a string only when its bytes are valid UTF-8 (they survive a Java String)."""
+        if self.format == "raw":
+            return F.lit(True)
+        return F.expr(f"encode({struct}.{COLUMN}, 'UTF-8')") == value
 
     def value_columns(self, struct: str) -> dict[str, Column]:
-        return value_columns(struct, self)
-
-
-def decoded(value: Column, plan: RawJvmPlan) -> Column:
-    kept = value if plan.format == "raw" else value.cast("string")
-    return F.when(value.isNotNull(), F.struct(kept.alias(COLUMN)))
-
-
-def exact(value: Column, struct: str, plan: RawJvmPlan) -> Column:
-    """Raw bytes are always exact; a string only when its bytes are valid UTF-8 (they survive a Java String)."""
-    if plan.format == "raw":
-        return F.lit(True)
-    return F.expr(f"encode({struct}.{COLUMN}, 'UTF-8')") == value
-
-
-def value_columns(struct: str, plan: RawJvmPlan) -> dict[str, Column]:
-    return {COLUMN: F.col(f"{struct}.{COLUMN}")}
+        return {COLUMN: F.col(f"{struct}.{COLUMN}")}
 
 
 class Raw:

@@ -86,13 +86,43 @@ class AvroJvmPlan:
 
     # The JVM codec (formats.base.JvmCodec)
     def decoded(self, value: Column) -> Column:
-        return decoded(value, self)
+        """The value decoded to the reader's struct plus the marker field; null for a null value, an unframed value or
+        an id without writer schema; a struct of nulls (marker included) where `from_avro` fails."""
+        options = {**_FROM_AVRO, "avroSchema": self.reader_with_marker}
+        if self.inline:
+            writer = json.dumps(self.reader)
+            framed = (F.length(value) > 5) & (value.substr(1, 1) == F.lit(bytearray(b"\x00")))
+            return F.when(framed, from_avro(value.substr(6, 2**31 - 1), writer, options))
+        result = None
+        for schema_id, writer in sorted(self.writers.items()):
+            prefix = _frame(schema_id)
+            match = (F.length(value) > len(prefix)) & (value.substr(1, len(prefix)) == F.lit(bytearray(prefix)))
+            body = from_avro(value.substr(len(prefix) + 1, 2**31 - 1), writer, options)
+            result = F.when(match, body) if result is None else result.when(match, body)
+        return result if result is not None else F.lit(None)
 
     def exact(self, value: Column, struct: str) -> Column:
-        return exact(value, struct, self)
+        """True where the JVM's decoding of a non-null `value` (column `struct`, from `decoded`) is the Python one."""
+        checks = _checks(self.reader, struct, _Names(), count())
+        strings = _strings(self.reader, struct, _Names(), count())
+        condition = F.col(f"{struct}.{MARKER}").isNotNull()
+        for check in [checks, _utf8(strings) if strings else None]:
+            if check:
+                condition = condition & F.expr(check)
+        if self.inline:  # Python refuses trailing bytes after the record; Avro's encoding of a value is canonical
+            plain = F.struct(*[F.col(struct)[f["name"]] for f in self.reader["fields"]])
+            condition = condition & (F.length(to_avro(plain, json.dumps(self.reader))) == F.length(value) - 5)
+        return condition
 
     def value_columns(self, struct: str) -> dict[str, Column]:
-        return value_columns(struct, self)
+        """The table's value columns by name, from the decoded struct (time-millis widened to microseconds)."""
+        names = _Names()
+        columns = {}
+        for item in self.reader["fields"]:
+            source = f"{struct}.`{item['name']}`"
+            converted = _conform(item["type"], source, names, count(), self.reader.get("namespace", ""))
+            columns[item["name"]] = F.expr(converted) if converted else F.col(source)
+        return columns
 
     @property
     def reader_with_marker(self) -> str:
@@ -155,52 +185,10 @@ def _first_line(error: Exception) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[-1][:200]
 
 
-def decoded(value: Column, plan: AvroJvmPlan) -> Column:
-    """The value decoded to the reader's struct plus the marker field; null for a null value, an unframed value or
-    an id without writer schema; a struct of nulls (marker included) where `from_avro` fails."""
-    options = {**_FROM_AVRO, "avroSchema": plan.reader_with_marker}
-    if plan.inline:
-        writer = json.dumps(plan.reader)
-        framed = (F.length(value) > 5) & (value.substr(1, 1) == F.lit(bytearray(b"\x00")))
-        return F.when(framed, from_avro(value.substr(6, 2**31 - 1), writer, options))
-    result = None
-    for schema_id, writer in sorted(plan.writers.items()):
-        prefix = _frame(schema_id)
-        match = (F.length(value) > len(prefix)) & (value.substr(1, len(prefix)) == F.lit(bytearray(prefix)))
-        body = from_avro(value.substr(len(prefix) + 1, 2**31 - 1), writer, options)
-        result = F.when(match, body) if result is None else result.when(match, body)
-    return result if result is not None else F.lit(None)
-
-
 def _frame(schema_id: int | UUID) -> bytes:
     """The bytes before the body of a record written with `schema_id`: Confluent's magic byte and schema id, or the
     Glue header of an uncompressed payload."""
     return glue_registry.frame(schema_id) if isinstance(schema_id, UUID) else b"\x00" + schema_id.to_bytes(4, "big")
-
-
-def exact(value: Column, struct: str, plan: AvroJvmPlan) -> Column:
-    """True where the JVM's decoding of a non-null `value` (column `struct`, from `decoded`) is the Python one."""
-    checks = _checks(plan.reader, struct, _Names(), count())
-    strings = _strings(plan.reader, struct, _Names(), count())
-    condition = F.col(f"{struct}.{MARKER}").isNotNull()
-    for check in [checks, _utf8(strings) if strings else None]:
-        if check:
-            condition = condition & F.expr(check)
-    if plan.inline:  # Python refuses trailing bytes after the record; Avro's encoding of a value is canonical
-        plain = F.struct(*[F.col(struct)[f["name"]] for f in plan.reader["fields"]])
-        condition = condition & (F.length(to_avro(plain, json.dumps(plan.reader))) == F.length(value) - 5)
-    return condition
-
-
-def value_columns(struct: str, plan: AvroJvmPlan) -> dict[str, Column]:
-    """The table's value columns by name, from the decoded struct (time-millis widened to microseconds)."""
-    names = _Names()
-    columns = {}
-    for item in plan.reader["fields"]:
-        source = f"{struct}.`{item['name']}`"
-        converted = _conform(item["type"], source, names, count(), plan.reader.get("namespace", ""))
-        columns[item["name"]] = F.expr(converted) if converted else F.col(source)
-    return columns
 
 
 class _Names:
