@@ -164,7 +164,7 @@ def is_transient(error: BaseException) -> bool:
     """True for failures worth retrying: the source, registry or catalog was unreachable or asked us to slow down,
     or a catalog commit lost a race or ended with its outcome unknown. Record errors and configuration errors never
     are: retrying would give the same answer. A JVM error is judged by its exception classes first."""
-    if isinstance(error, (RecordError, ConfigError, ClockSkew, SourceAuthError)):
+    if isinstance(error, (RecordError, ConfigError, ClockSkew, SourceAuthError, DecoderFailure)):  # same answer again
         return False
     if isinstance(error, (SourceError, CommitConflict)):
         return True
