@@ -293,4 +293,6 @@ def unmark(text: str) -> SourceError | DecoderFailure | None:
     if match is None:
         return None
     kind, message = json.loads(match.group(1))
-    return {"auth": SourceAuthError, "decoder": DecoderFailure}.get(kind, SourceError)(message)
+    if kind == "decoder":
+        return DecoderFailure(message)
+    return SourceAuthError(message) if kind == "auth" else SourceError(message)
