@@ -31,6 +31,20 @@ class RecordError(IcefloeError):
         super().__init__(f"partition {partition} offset {offset}: {kind}: {cause}")
 
 
+class BadRecord(ValueError):
+    """What a decoder declares about one record's bytes: they cannot be read as the table's format (a bad record,
+    routed by the table's error mode). Any other exception raised while decoding is a bug (`DecoderFailure`).
+    `kind` is the record's error class in the dead-letter table and the logs."""
+
+    kind = "DecodeError"
+
+
+class DecoderFailure(IcefloeError):
+    """A decoder raised something it does not declare (not a `BadRecord`): a bug, never a bad record. The batch
+    fails and nothing is committed; the message names the record's position and the exception's type and code
+    line, never its text (it may quote the value)."""
+
+
 class DataLossError(IcefloeError):
     """Records the table had not read were deleted from the topic (and the table's onDataLoss is `fail`). Not
     transient: retrying finds the same gap until the user decides (`onDataLoss: warn`) or restores the records."""
@@ -72,7 +86,11 @@ def clock_skew(error: BaseException, identifier: str) -> ClockSkew | None:
 
 
 # Words in a JVM or client error that mark a passing environment failure (network, throttling, a service briefly
-# away), as opposed to a bug or bad data. Matched case-insensitively against the error's text.
+# away), as opposed to a bug or bad data. Matched case-insensitively against the error's text, after the Java classes
+# (`_TRANSIENT_JAVA`) and icefloe's own types: still by text (issue 28 item 3, not yet by type) are the Python Kafka
+# client's errors (KafkaException: a KafkaError code would do), AWS service errors (throttling, 503: the SDK's
+# `isThrottlingException`/`statusCode` would do), SQLite's busy lock, and an executor's failure, which reaches the
+# driver only as text.
 _TRANSIENT_MARKS = (
     "connection refused",
     "connect timed out",
@@ -101,6 +119,12 @@ _TRANSIENT_MARKS = (
 )
 
 
+# Iceberg's exception for a commit that lost a race with another writer's (nothing was committed), and for a commit
+# its validation refused (a rewrite whose files another commit replaced or deleted meanwhile).
+COMMIT_FAILED = "org.apache.iceberg.exceptions.CommitFailedException"
+VALIDATION_FAILED = "org.apache.iceberg.exceptions.ValidationException"
+
+
 # Java exceptions (or their superclasses) anywhere in a JVM error's cause chain that mark a failure worth retrying.
 _TRANSIENT_JAVA = {
     # A catalog commit that lost a race and was not retried by Iceberg: nothing was committed (as the text mark).
@@ -116,7 +140,7 @@ _TRANSIENT_JAVA = {
 }
 
 
-def _java_classes(error: BaseException) -> set[str]:
+def java_classes(error: BaseException) -> set[str]:
     """The Java classes, with their superclasses, of the exception a Py4J call threw and of its causes; empty for
     an error that did not come from the JVM."""
     thrown = getattr(error, "java_exception", None) or getattr(error, "_origin", None)  # Py4J's, PySpark's capture
@@ -140,11 +164,11 @@ def is_transient(error: BaseException) -> bool:
     """True for failures worth retrying: the source, registry or catalog was unreachable or asked us to slow down,
     or a catalog commit lost a race or ended with its outcome unknown. Record errors and configuration errors never
     are: retrying would give the same answer. A JVM error is judged by its exception classes first."""
-    if isinstance(error, (RecordError, ConfigError, ClockSkew, SourceAuthError)):
+    if isinstance(error, (RecordError, ConfigError, ClockSkew, SourceAuthError, DecoderFailure)):  # same answer again
         return False
     if isinstance(error, (SourceError, CommitConflict)):
         return True
-    if _java_classes(error) & _TRANSIENT_JAVA:
+    if java_classes(error) & _TRANSIENT_JAVA:
         return True
     text = f"{type(error).__name__}: {error}".lower()
     return any(mark in text for mark in _TRANSIENT_MARKS)

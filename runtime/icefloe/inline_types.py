@@ -11,6 +11,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+# The instants a table's timestamp column holds (Spark's and Iceberg's range, years 1 to 9999), in microseconds:
+# 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59.999999Z
+TIMESTAMP_MICROS = (-62135596800000000, 253402300799999999)
+
 
 @dataclass(frozen=True)
 class Primitive:

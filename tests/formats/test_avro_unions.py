@@ -189,10 +189,10 @@ UNION_POISONS = [
 
 @pytest.mark.parametrize("name, body", UNION_POISONS[2:])
 def test_negative_union_branch_indexes_are_refused_by_every_python_avro_decoder(name, body):
-    from icefloe.formats.decoding import _inline_avro_decoder
+    from icefloe.formats.decoding import inline_avro_decoder
     from icefloe.formats.glue_framed import avro_payload
 
-    inline = _inline_avro_decoder(json.dumps(POISONED))
+    inline = inline_avro_decoder(json.dumps(POISONED))
     glue = avro_payload(json.dumps(POISONED), json.dumps(POISONED))
     # written without `n` (resolved to the table's schema): `u` with branch index -1
     evolved = avro_payload(json.dumps({**POISONED, "fields": POISONED["fields"][:2]}), json.dumps(POISONED))

@@ -82,8 +82,40 @@ def test_json_schema_nullable_forms_and_fallbacks():
 
 @pytest.mark.parametrize(("format", "why"), [("protobuf", "no spark-protobuf for Spark 3.5"), ("json-schema", "validated")])
 def test_registry_formats_take_the_python_path_and_say_why(format, why):
-    from icefloe.formats.decoding import DecoderSpec
+    from icefloe.formats.base import DecoderSpec
     from icefloe.materialize.read_paths import PYTHON, choose_read_path
 
-    path = choose_read_path(None, DecoderSpec(format, "t"))  # no JVM needed to decide
+    path = choose_read_path(None, DecoderSpec(format, "confluent", "t"))  # no JVM needed to decide
     assert path.name == PYTHON and why in path.reason
+
+
+def test_every_table_format_and_key_format_has_one_format_object():
+    """A format is one object in `FORMATS`: each `format` and `keyFormat` the config accepts resolves to one."""
+    from typing import get_args
+
+    from icefloe.formats.registry import FORMATS
+    from icefloe.spec import TableSpec
+
+    formats = set(get_args(TableSpec.model_fields["format"].annotation))
+    key_formats = {a for a in get_args(get_args(TableSpec.model_fields["key_format"].annotation)[0])}
+    assert formats == key_formats == set(FORMATS), (formats, key_formats, set(FORMATS))
+    assert all(f.name == name for name, f in FORMATS.items())
+
+
+def test_a_json_decoder_declares_its_bad_records_and_nothing_else():
+    """Strict JSON (formats.json): invalid UTF-8, invalid JSON, NaN and non-objects are `BadRecord`s, named by
+    position, never quoting the bytes."""
+    from icefloe.errors import BadRecord
+    from icefloe.formats.base import DecoderSpec
+    from icefloe.formats.registry import build_decoder
+
+    decode = build_decoder(DecoderSpec("json", "inline", "t"))
+    for data, message in [
+        (b'{"a": "\xff"}', "value is not valid UTF-8 (invalid start byte at byte 7)"),
+        (b'{"a": 1,', "value is not valid JSON: Expecting property name enclosed in double quotes at position 8"),
+        (b'{"a": NaN}', "NaN is not valid JSON"),
+        (b"[1]", "JSON value must be an object, got list"),
+    ]:
+        with pytest.raises(BadRecord) as caught:
+            decode(data)
+        assert str(caught.value) == message

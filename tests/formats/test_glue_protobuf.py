@@ -61,8 +61,8 @@ def test_the_table_message_and_bad_schemas_are_config_errors(moto_aws, monkeypat
     """Driver side, through the registry on moto: `.proto` text as a console or CLI registers it (`map<K, V>`)."""
     from pyspark.sql import types as T
 
-    from icefloe.formats.decoding import decoder_spec
-    from icefloe.formats.glue_framed import value_fields
+    from icefloe.formats.protobuf.glue import value_fields
+    from icefloe.formats.registry import decoder_spec
 
     for key, value in moto_aws.aws_env().items():
         monkeypatch.setenv(key, value)
@@ -83,8 +83,8 @@ def test_the_table_message_and_bad_schemas_are_config_errors(moto_aws, monkeypat
         return decoder_spec(config.tables[0], config.source_clusters[0])
 
     first, second = spec("p"), spec("p", messageType="Second")
-    assert (first.format, first.message_type, second.message_type) == ("glue", "a.First", "a.Second")
-    fields = value_fields("PROTOBUF", first.schema_str, "t", first.message_type)
+    assert (first.schema_from, first.message_type, second.message_type) == ("glue", "a.First", "a.Second")
+    fields = value_fields(first.schema_str, "t", first.message_type)
     assert [(f.name, f.dataType) for f in fields] == [
         ("id", T.StringType()), ("counts", T.MapType(T.StringType(), T.LongType(), True))]  # fmt: skip
     with pytest.raises(ConfigError, match=r"messageType 'Missing' is not in the schema; it declares \['a.First', 'a.Second'\]"):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from icefloe.errors import ConfigError
-from icefloe.formats.decoding import DecoderSpec, build_key_decoder
+from icefloe.formats.base import DecoderSpec
+from icefloe.formats.registry import build_key_decoder
 from icefloe.formats.raw import value_fields
 from icefloe.materialize.read_paths import JVM
 from icefloe.operate.runner import run_table
@@ -65,11 +66,11 @@ def test_raw_and_string_values_end_to_end(spark, broker, state_dir, topic, make_
 
 
 def test_key_formats_raw_and_string_give_the_one_key_field():
-    raw = build_key_decoder(DecoderSpec("json", "t", key_fields=("id",), key_format="raw"))
+    raw = build_key_decoder(DecoderSpec("json", "inline", "t", key_fields=("id",), key_format="raw"))
     assert raw(b"\xff\x00") == {"id": b"\xff\x00"}
-    text = build_key_decoder(DecoderSpec("json", "t", key_fields=("id",), key_format="string"))
+    text = build_key_decoder(DecoderSpec("json", "inline", "t", key_fields=("id",), key_format="string"))
     assert text("ñ".encode()) == {"id": "ñ"}
     with pytest.raises(ValueError, match="key is not valid UTF-8"):
         text(b"\xff")
     with pytest.raises(ConfigError, match="keyFormat raw can only give one key field"):
-        build_key_decoder(DecoderSpec("json", "t", key_fields=("a", "b"), key_format="raw"))
+        build_key_decoder(DecoderSpec("json", "inline", "t", key_fields=("a", "b"), key_format="raw"))

@@ -7,7 +7,7 @@ import json
 import pyarrow as pa
 from pyspark.sql import types as T
 
-from icefloe.formats.decoding import DecoderSpec
+from icefloe.formats.base import DecoderSpec
 from icefloe.formats.schema_mapping import batch_struct, table_struct
 from icefloe.materialize.python_tasks import ReadPlan, redecode_rows
 
@@ -26,7 +26,7 @@ def rows_of_json(count: int, size: int) -> pa.RecordBatch:
 
 def plan(**limits) -> ReadPlan:
     struct = table_struct([T.StructField("s", T.StringType())])
-    return ReadPlan({}, DecoderSpec("json", "t"), batch_struct(struct).json(), ("s",), strict=True, **limits)
+    return ReadPlan({}, DecoderSpec("json", "inline", "t"), batch_struct(struct).json(), ("s",), strict=True, **limits)
 
 
 def test_large_records_are_flushed_by_bytes_not_only_by_rows():

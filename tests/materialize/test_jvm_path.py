@@ -21,7 +21,8 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from icefloe.errors import ConfigError
 from icefloe.formats.avro import jvm as avro_jvm
-from icefloe.formats.decoding import DecoderSpec, decoder_spec
+from icefloe.formats.base import DecoderSpec
+from icefloe.formats.registry import decoder_spec
 from icefloe.formats.schema_mapping import avro_value_fields, batch_struct, table_struct
 from icefloe.materialize import batch as materializer
 from icefloe.materialize.python_tasks import ReadPlan
@@ -405,7 +406,7 @@ def test_kafka_options_carry_the_cluster_security_settings():
 def test_an_avro_schema_java_refuses_keeps_the_table_on_python(spark):
     # A default that does not match its type: fastavro accepts it, Avro Java's parser refuses it.
     schema = {"type": "record", "name": "R", "fields": [{"name": "n", "type": "int", "default": "seven"}]}
-    path = choose_read_path(spark, DecoderSpec("avro-inline", "t", json.dumps(schema)))
+    path = choose_read_path(spark, DecoderSpec("avro", "inline", "t", json.dumps(schema)))
     assert path.name == PYTHON
 
 

@@ -330,3 +330,47 @@ def test_json_schema_poison_catalogue(spark, broker, registry, state_dir, topic,
         assert not [m for m in messages if "PERSONAL-DATA" in m], messages
         assert any("value.id: fails type \"integer\"" in m for m in messages), messages
         assert any("required property 'id' is missing" in m for m in messages), messages
+
+
+@pytest.mark.parametrize("bug", [KeyError, ValueError, TypeError])
+def test_a_decoder_bug_is_not_a_bad_record(spark, broker, state_dir, topic, make_config, monkeypatch, bug):
+    """Only what a decoder declares (`BadRecord`) is a bad record: any other exception in a decoder is a bug, which
+    fails the batch (nothing committed) under `errors: skip`, named by partition, offset and type, never its text."""
+    from icefloe.errors import DecoderFailure
+    from icefloe.materialize import batch as batch_module
+
+    broker.create_topic(topic, 1)
+    values = [good_json(0), b'{"id": 1, "secret": "hunter2"}', good_json(2)]
+    produce(broker.bootstrap_servers, topic, [{"key": b"k%d" % i, "value": v} for i, v in enumerate(values)])
+    real = batch_module.read_batches
+
+    def buggy_read_batches(plan, tasks):  # runs in the Python worker: the decoder fails on the second record
+        from icefloe.materialize import python_tasks
+
+        init = python_tasks._Records.__init__
+
+        def patched(self, plan):
+            init(self, plan)
+            decode = self.decode
+
+            def broken(data):
+                if b"hunter2" in data:
+                    raise bug("hunter2")  # a bug's text may quote the value
+                return decode(data)
+
+            self.decode = broken
+
+        python_tasks._Records.__init__ = patched
+        try:
+            yield from real(plan, tasks)
+        finally:  # Python workers are reused by later tests
+            python_tasks._Records.__init__ = init
+
+    monkeypatch.setattr(batch_module, "read_batches", buggy_read_batches)
+    config = make_config({"topic": topic, "format": "json", "schema": JSON_SCHEMA, "errors": "skip"})
+    with pytest.raises(DecoderFailure) as caught:
+        materialize_once(spark, config, config.tables[0])
+    message = str(caught.value)
+    assert f"{topic} partition 0 offset 1" in message and bug.__name__ in message, message
+    assert "hunter2" not in message, "a bug's text may quote the record"
+    assert read_pyiceberg(state_dir, config.identifier(config.tables[0])) == [], "nothing committed"

@@ -18,7 +18,7 @@ from decimal import Decimal
 import pytest
 
 from icefloe.errors import ConfigError
-from icefloe.formats.decoding import decoder_spec
+from icefloe.formats.registry import decoder_spec
 from icefloe.materialize.batch import materialize_once
 from icefloe.materialize.read_paths import JVM, PYTHON
 from icefloe.operate.runner import run_table
@@ -310,7 +310,7 @@ def test_a_glue_schema_of_another_data_format_than_the_table_reads_is_a_config_e
             decoder_spec(config.tables[0], config.source_clusters[0])
     config = parsed(f"{topic}-j", "json-schema")
     spec = decoder_spec(config.tables[0], config.source_clusters[0])
-    assert (spec.format, spec.registry_conf["data_format"], json.loads(spec.schema_str)) == ("glue", "JSON", J1)
+    assert (spec.schema_from, spec.registry_conf["data_format"], json.loads(spec.schema_str)) == ("glue", "JSON", J1)
     assert spec.key_conf is None
 
 

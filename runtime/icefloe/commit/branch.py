@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from icefloe.commit.checkpoint import Checkpoint, append_with_checkpoint
 from icefloe.errors import CommitConflict
-from icefloe.table.iceberg import IcebergTable, conformed
+from icefloe.table.iceberg import IcebergTable, NotAnAncestor, conformed
 
 # Run ids and branch names live with the table (its creation stages on a run branch); re-exported for the callers.
 from icefloe.table.refs import BRANCH_PREFIX, branch_name, run_started
@@ -157,13 +157,11 @@ def commit_on_branch(
             published = table.fast_forward("main", branch.name)
             log.info("%s: published branch %s: main is at snapshot %d", table.identifier, branch.name, published)
             return published, written
-        except Exception as error:
-            if "not an ancestor" in str(error):
-                raise CommitConflict(
-                    f"table {table.identifier}: another writer committed while this batch was written; "
-                    "nothing was committed, the batch will be re-planned"
-                ) from None
-            raise
+        except NotAnAncestor:
+            raise CommitConflict(
+                f"table {table.identifier}: another writer committed while this batch was written; "
+                "nothing was committed, the batch will be re-planned"
+            ) from None
     finally:
         try:
             table.drop_branch(branch.name)

@@ -23,7 +23,7 @@ from pyspark.sql import DataFrame
 
 from icefloe.errors import CheckpointLost, ConfigError
 from icefloe.source.kafka import LostRange
-from icefloe.table.iceberg import IcebergTable, append_with_properties
+from icefloe.table.iceberg import IcebergTable, NotAnAncestor, append_with_properties
 from icefloe.table.refs import BRANCH_PREFIX, new_run_id
 
 OFFSETS_KEY = "icefloe.offsets"
@@ -244,9 +244,7 @@ def carry_checkpoint(table: IcebergTable, topic: str) -> None:
             try:
                 table.fast_forward("main", branch)
                 return
-            except Exception as error:
-                if "not an ancestor" not in str(error):
-                    raise
+            except NotAnAncestor:
                 log.info("%s: a batch committed while the checkpoint was carried; carrying it again", table.identifier)
         finally:
             try:

@@ -24,9 +24,14 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from icefloe.errors import ConfigError
+from icefloe.errors import BadRecord, ConfigError
+from icefloe.formats import decoding, glue_framed
+from icefloe.formats.base import CONFLUENT, GLUE, Decoder, DecoderSpec, ValueRules
+from icefloe.formats.json import parse_json
+from icefloe.spec import SourceCluster, TableSpec
 
 EXTRA_COLUMN = "additional_properties"
 _STRING_FORMATS = {"date-time": T.TimestampType(), "date": T.DateType()}
@@ -213,7 +218,7 @@ class JsonSchemaDecoder:
 
     def __call__(self, data: bytes) -> dict[str, Any]:
         if len(data) < 5 or data[0] != 0:
-            raise ValueError("not Confluent wire format (magic byte 0 and a schema id expected)")
+            raise BadRecord("not Confluent wire format (magic byte 0 and a schema id expected)")
         schema_id = int.from_bytes(data[1:5], "big")
         value = _checked(data[5:], self._validator(schema_id), f"schema id {schema_id}", 5)
         return shaped(self.shape, value) if self.shape else value
@@ -228,17 +233,12 @@ class JsonSchemaDecoder:
 
 def _checked(payload: bytes, validator, writer: str, offset: int) -> dict[str, Any]:
     """A JSON payload parsed and validated against its writer's schema; `offset` is where it starts in the value."""
-    try:
-        value = json.loads(payload.decode("utf-8"), parse_constant=_reject_constant)
-    except UnicodeDecodeError as error:
-        raise ValueError(f"value is not valid UTF-8 ({error.reason} at byte {error.start + offset})") from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"value is not valid JSON: {error.msg} at position {error.pos}") from None
+    value = parse_json(payload, offset)
     failure = next(iter(sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))), None)
     if failure is not None:
-        raise ValueError(f"JSON Schema ({writer}) {failed_rule(failure)}")
+        raise BadRecord(f"JSON Schema ({writer}) {failed_rule(failure)}")
     if not isinstance(value, dict):
-        raise ValueError(f"JSON value must be an object, got {type(value).__name__}")
+        raise BadRecord(f"JSON value must be an object, got {type(value).__name__}")
     return value
 
 
@@ -287,5 +287,55 @@ def validator_for_bundle(bundle: dict, what: str = "the schema"):
     return cls(main, registry=Registry().with_resources(resources), format_checker=jsonschema.FormatChecker())
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+class JsonSchemaFormat:
+    """`format: json-schema`: through a Confluent-compatible registry (the subject's latest version, references
+    resolved) or the AWS Glue Schema Registry; read on the Python path, each record validated against its writer's
+    schema."""
+
+    name = "json-schema"
+
+    def resolve(self, table: TableSpec, cluster: SourceCluster, keys: dict) -> DecoderSpec:
+        if decoding.uses_glue(cluster):
+            return decoding.glue_spec(table, cluster, keys)
+
+        def build(client, latest, registry: dict[str, str]) -> DecoderSpec:
+            return DecoderSpec(
+                self.name, CONFLUENT, table.topic, resolve_schema(client, latest.schema), registry, **keys
+            )
+
+        return decoding.registry_spec(table, cluster, keys, "JSON", build)
+
+    def value_fields(self, spec: DecoderSpec, table: TableSpec, identifier: str) -> list[T.StructField] | None:
+        if spec.schema_from == GLUE:
+            return glue_value_fields(spec.schema, f"{identifier} (Glue schema {spec.registry['schema']})")
+        return value_fields(spec.schema, f"{identifier} (subject {table.topic}-value)")
+
+    def for_batch(self, spark, spec, batch):
+        raise NotImplementedError
+
+    def registry_schema(self, spec: DecoderSpec) -> bool:
+        return True
+
+    def rules(self, spec: DecoderSpec, table: TableSpec) -> ValueRules:
+        return ValueRules(strict=True, framed=spec.schema_from == CONFLUENT)
+
+    def jvm_codec(self, spark: SparkSession, spec: DecoderSpec) -> str:
+        return "JSON Schema values are validated against their writer's schema in Python"
+
+    def decoder(self, spec: DecoderSpec) -> Decoder:
+        if spec.schema_from == GLUE:
+            return glue_framed.decoder(spec.registry, _glue_payload, spec.schema, spec.message_type)
+        return decoding.registry_checked(spec, JsonSchemaDecoder(decoding._registry_client(spec.registry), spec.schema))
+
+    def key_decoder(self, spec: DecoderSpec) -> Decoder:
+        if spec.key_conf is not None:
+            return glue_framed.decoder(spec.key_conf, _glue_payload)
+        decoding.needs_registry(spec)
+        return decoding.registry_checked(spec, JsonSchemaDecoder(decoding._registry_client(spec.registry), None))
+
+
+def _glue_payload(writer: str, table: str | None, message_type: str | None) -> Decoder:
+    return glue_payload_decoder(writer, table)
+
+
+JSON_SCHEMA = JsonSchemaFormat()

@@ -14,24 +14,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import Column
+from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from icefloe.errors import ConfigError
+from icefloe.formats.base import NONE, Decoder, DecoderSpec, ValueRules
+from icefloe.formats.decoding import confluent_conf
+from icefloe.formats.json import utf8
+from icefloe.spec import SourceCluster, TableSpec
+
 COLUMN = "value"
-FORMATS = ("raw", "string")
 
 
 def value_fields(format: str) -> list[T.StructField]:
     """The table's value column for a raw or string topic."""
     return [T.StructField(COLUMN, T.BinaryType() if format == "raw" else T.StringType(), True)]
-
-
-def utf8(data: bytes, what: str = "value") -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{what} is not valid UTF-8 ({error.reason} at byte {error.start})") from None
 
 
 def decoder(format: str) -> Callable[[bytes], Any]:
@@ -47,18 +45,58 @@ class RawJvmPlan:
 
     format: str
 
+    @property
+    def reason(self) -> str:
+        return f"Kafka source, values kept as {self.format}"
 
-def decoded(value: Column, plan: RawJvmPlan) -> Column:
-    kept = value if plan.format == "raw" else value.cast("string")
-    return F.when(value.isNotNull(), F.struct(kept.alias(COLUMN)))
+    # The JVM codec (formats.base.JvmCodec)
+    def decoded(self, value: Column) -> Column:
+        kept = value if self.format == "raw" else value.cast("string")
+        return F.when(value.isNotNull(), F.struct(kept.alias(COLUMN)))
+
+    def exact(self, value: Column, struct: str) -> Column:
+        """Raw bytes are always exact; a string only when its bytes are valid UTF-8 (they survive a Java String)."""
+        if self.format == "raw":
+            return F.lit(True)
+        return F.expr(f"encode({struct}.{COLUMN}, 'UTF-8')") == value
+
+    def value_columns(self, struct: str) -> dict[str, Column]:
+        return {COLUMN: F.col(f"{struct}.{COLUMN}")}
 
 
-def exact(value: Column, struct: str, plan: RawJvmPlan) -> Column:
-    """Raw bytes are always exact; a string only when its bytes are valid UTF-8 (they survive a Java String)."""
-    if plan.format == "raw":
-        return F.lit(True)
-    return F.expr(f"encode({struct}.{COLUMN}, 'UTF-8')") == value
+class Raw:
+    """`format: raw` or `format: string` (`name`), read on the JVM path."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def resolve(self, table: TableSpec, cluster: SourceCluster, keys: dict) -> DecoderSpec:
+        return DecoderSpec(self.name, NONE, table.topic, registry_conf=confluent_conf(cluster), **keys)
+
+    def value_fields(self, spec: DecoderSpec, table: TableSpec, identifier: str) -> list[T.StructField] | None:
+        return value_fields(self.name)
+
+    def for_batch(self, spark, spec, batch):
+        raise NotImplementedError
+
+    def registry_schema(self, spec: DecoderSpec) -> bool:
+        return False
+
+    def rules(self, spec: DecoderSpec, table: TableSpec) -> ValueRules:
+        return ValueRules()
+
+    def jvm_codec(self, spark: SparkSession, spec: DecoderSpec) -> RawJvmPlan:
+        return RawJvmPlan(self.name)
+
+    def decoder(self, spec: DecoderSpec) -> Decoder:
+        return decoder(self.name)
+
+    def key_decoder(self, spec: DecoderSpec) -> Decoder:
+        """The key as the one key field: bytes (raw) or text (string)."""
+        if len(spec.key_fields) != 1:
+            raise ConfigError(f"{spec.topic}: keyFormat {self.name} can only give one key field, not {spec.key_fields}")
+        field_name, as_text = spec.key_fields[0], self.name == "string"
+        return lambda data: {field_name: utf8(data, "key") if as_text else data}
 
 
-def value_columns(struct: str, plan: RawJvmPlan) -> dict[str, Column]:
-    return {COLUMN: F.col(f"{struct}.{COLUMN}")}
+RAW, STRING = Raw("raw"), Raw("string")

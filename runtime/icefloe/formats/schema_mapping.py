@@ -151,18 +151,6 @@ def avro_value_fields(schema_str: str, subject: str) -> list[T.StructField]:
     return list(struct.fields)  # type: ignore[attr-defined]  # a record maps to a StructType
 
 
-def registry_value_fields(format: str, schema_str: str, message_type: str | None, subject: str) -> list[T.StructField]:
-    """The table columns for a Protobuf message type or a JSON schema, as resolved by `decoding.decoder_spec`."""
-    if format == "protobuf":
-        from icefloe.formats.protobuf.messages import value_fields
-        from icefloe.formats.protobuf.schemas import deserialize_file, find_message
-
-        return value_fields(find_message(deserialize_file(schema_str), message_type))
-    from icefloe.formats import json_schema as json_schema_format
-
-    return json_schema_format.value_fields(schema_str, subject)
-
-
 def inline_type(spec: InlineType, path: str) -> T.DataType:
     kind = spec.type
     if kind in _INLINE_PRIMITIVES:

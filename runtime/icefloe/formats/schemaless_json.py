@@ -31,8 +31,9 @@ from typing import Any
 import pyarrow as pa
 
 from icefloe.batch_columns import KAFKA_COLUMNS, UPSERT_COLUMNS
+from icefloe.errors import BadRecord
+from icefloe.formats.json import json_object
 
-FORMAT = "json-inferred"  # DecoderSpec.format of a schemaless JSON table once its batch's types are known
 # Inferred types: "null", "boolean", "int", "long", "double", "string", {"list": t}, {"struct": [[name, t], ...]}
 Inferred = Any
 _INT32, _INT64 = 2**31, 2**63
@@ -175,7 +176,6 @@ def value_struct(current_fields: list, batch: Inferred):
 def infer_ranges(kafka_conf: dict, max_record_bytes: int, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """`mapInArrow` function: the unified type of the JSON objects in each planned range (undecodable values are
     left to the read, which makes them bad records)."""
-    from icefloe.formats.decoding import _decode_json
     from icefloe.source.kafka import OffsetRange, read_range
 
     for task_batch in tasks:
@@ -188,8 +188,8 @@ def infer_ranges(kafka_conf: dict, max_record_bytes: int, tasks: Iterator[pa.Rec
                 if value is None or len(value) > max_record_bytes:
                     continue
                 try:
-                    kind = unify(kind, infer(_decode_json(value)))
-                except ValueError:
+                    kind = unify(kind, infer(json_object(value)))
+                except BadRecord:
                     continue
             yield pa.RecordBatch.from_pylist([{"type": json.dumps(kind)}], schema=pa.schema([("type", pa.string())]))
 
@@ -199,10 +199,8 @@ def decoder(struct_json: str) -> Callable[[bytes], Any]:
     their JSON text; a key with no column, or an integer a double column cannot hold exactly, is an error."""
     from pyspark.sql import types as T
 
-    from icefloe.formats.decoding import _decode_json
-
     shape = _shaper(T.StructType.fromJson(json.loads(struct_json)), "")
-    return lambda data: shape(_decode_json(data))
+    return lambda data: shape(json_object(data))
 
 
 def _shaper(dtype, path: str) -> Callable[[Any], Any]:
@@ -214,7 +212,7 @@ def _shaper(dtype, path: str) -> Callable[[Any], Any]:
 
         def double(v: Any) -> Any:
             if isinstance(v, int) and not isinstance(v, bool) and float(v) != v:
-                raise ValueError(f"{path}: an integer that cannot be held exactly by the double column")  # no value
+                raise BadRecord(f"{path}: an integer that cannot be held exactly by the double column")  # no value
             return v
 
         return double
@@ -232,7 +230,7 @@ def _shaper(dtype, path: str) -> Callable[[Any], Any]:
                 if item is None:
                     continue
                 if key not in fields:
-                    raise ValueError(f"{f'{path}.{key}'.lstrip('.')}: the table has no column for this key")
+                    raise BadRecord(f"{f'{path}.{key}'.lstrip('.')}: the table has no column for this key")
                 out[key] = fields[key](item)
             return out
 

@@ -23,31 +23,21 @@ from functools import partial
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import StructType
 
 from icefloe.batch_columns import ERROR_CLASS, ERROR_MESSAGE, TOMBSTONE
 from icefloe.commit.branch import Branch, commit_on_branch, drop_stale_branches
 from icefloe.commit.checkpoint import Checkpoint, CommittedState, Throughput, committed_state, lost_as_json
 from icefloe.errors import IcefloeError, RecordError
-from icefloe.formats import glue_framed
-from icefloe.formats import raw as raw_format
-from icefloe.formats import schemaless_json as json_inference
-from icefloe.formats.decoding import DecoderSpec, decoder_spec
-from icefloe.formats.schema_mapping import (
-    avro_value_fields,
-    batch_struct,
-    inline_value_fields,
-    registry_value_fields,
-    required_paths,
-    table_struct,
-)
+from icefloe.formats.base import BatchContext
+from icefloe.formats.registry import decoder_spec, format_of
+from icefloe.formats.schema_mapping import batch_struct, table_struct
 from icefloe.materialize import progress
 from icefloe.materialize.budget import Deadline, size_batch
 from icefloe.materialize.dead_letters import commit_dead_letters
 from icefloe.materialize.python_tasks import ReadPlan, read_batches, unmark
 from icefloe.materialize.read_paths import JVM, PYTHON, JvmBatch, ReadPath, choose_read_path
 from icefloe.materialize.upsert import key_columns, merge_batch, positioned
-from icefloe.registries import glue as glue_registry
 from icefloe.source.kafka import OffsetRange, client_config, plan_ranges
 from icefloe.source.spark_kafka import kafka_timestamp_overflow, source_failure
 from icefloe.spec import IcefloeConfig, TableSpec
@@ -158,16 +148,16 @@ def materialize_once(
     cluster = config.cluster(table.source_cluster)
     kafka_conf = client_config(cluster)
     decoder = decoder_spec(table, cluster)
-    schemaless = table.format == "json" and table.inline_schema is None  # columns inferred per batch
-    value_fields = _value_fields(decoder, table, identifier)
-    if table.mode == "upsert" and not schemaless:  # a key field the schema lacks fails before the table is created
-        key_columns(table.key, value_fields, f"table {identifier}")
+    values_format = format_of(decoder)
+    value_fields = values_format.value_fields(decoder, table, identifier)  # None: inferred per batch
+    if table.mode == "upsert" and value_fields is not None:  # a key field the schema lacks fails before the table
+        key_columns(table.key, value_fields, f"table {identifier}")  # is created
 
     iceberg = IcebergTable(spark, identifier)
     first = Checkpoint(table.topic).to_summary()  # a first, empty checkpoint: the base of the first commit
     upsert = table.mode == "upsert"
     if iceberg.ensure(
-        table_struct(value_fields, upsert), table.partitions, table.maintenance.target_file_size_mb, first
+        table_struct(value_fields or [], upsert), table.partitions, table.maintenance.target_file_size_mb, first
     ):
         log.info("%s: created table", identifier)
     branches = drop_stale_branches(iceberg, table.run_timeout_seconds)
@@ -197,14 +187,20 @@ def materialize_once(
             run_id=run_id,
             seconds=time.monotonic() - started,
         )
-    if decoder.format in _REGISTRY_FORMATS:
+    if values_format.registry_schema(decoder):
         # Fetched again now: every record of the planned ranges was written with a version registered before the
         # plan, so the reader schema is at least as new as each writer's (fetched before planning, a version
         # registered meanwhile would lose its new fields and enum symbols).
         decoder = decoder_spec(table, cluster)
-        value_fields = _value_fields(decoder, table, identifier)
-    if schemaless:
-        decoder, value_fields, struct = _infer_json(spark, iceberg, kafka_conf, table, batch, decoder)
+        value_fields = values_format.value_fields(decoder, table, identifier)
+    if value_fields is None:  # the batch's records give the columns (schemaless JSON)
+        context = BatchContext(
+            kafka_conf, batch.tasks(), table.max_record_bytes, spark.table(iceberg.full_name).schema.fields
+        )
+        decoder, value_fields = values_format.for_batch(spark, decoder, context)
+        struct = table_struct(value_fields)
+        for change in iceberg.evolve(table_struct(value_fields, upsert)):
+            log.info("%s: schema evolved from the records: %s", iceberg.identifier, change)
     else:
         struct = table_struct(value_fields)
         for change in iceberg.evolve(table_struct(value_fields, upsert)):
@@ -220,14 +216,15 @@ def materialize_once(
     )
     progress.reading(spark, identifier, sum(r.count for r in ranges))
 
+    rules = values_format.rules(decoder, table)
     plan = ReadPlan(
         kafka_conf=kafka_conf,
         decoder=decoder,
         batch_schema_json=batch_struct(struct).json(),
         value_fields=tuple(f.name for f in value_fields),
-        strict=decoder.format in ("json", "json-schema", json_inference.FORMAT)
-        or glue_registry.reads(decoder.registry_conf, "JSON"),
-        required=required_paths(table.inline_schema) if decoder.format == "json" else frozenset(),
+        strict=rules.strict,
+        required=rules.required,
+        framed=rules.framed,
         needs_key=table.mode == "upsert" and not table.key,
         max_record_bytes=table.max_record_bytes,
     )
@@ -274,39 +271,6 @@ def materialize_once(
         log.error("%s: committed up to the bad record: %s", identifier, result.describe())
         raise outcome.error_mode.error
     return result
-
-
-# The table's schema is the registry's latest version of the value schema.
-_REGISTRY_FORMATS = ("avro-registry", "protobuf", "json-schema", glue_registry.FORMAT)
-
-
-def _value_fields(decoder: DecoderSpec, table: TableSpec, identifier: str) -> list[StructField]:
-    subject = f"{identifier} (subject {table.topic}-value)"
-    if decoder.format == "avro-registry":
-        return avro_value_fields(decoder.schema, subject)
-    if decoder.format in ("protobuf", "json-schema"):
-        return registry_value_fields(decoder.format, decoder.schema, decoder.message_type, subject)
-    if decoder.format == glue_registry.FORMAT:
-        where = f"{identifier} (Glue schema {decoder.registry['schema']})"
-        return glue_framed.value_fields(decoder.registry["data_format"], decoder.schema, where, decoder.message_type)
-    if decoder.format in raw_format.FORMATS:
-        return raw_format.value_fields(decoder.format)
-    if table.format == "json" and table.inline_schema is None:  # schemaless: the columns come from each batch
-        return []
-    return inline_value_fields(table.inline_schema)  # type: ignore[arg-type]  # an avro-inline table has one
-
-
-def _infer_json(
-    spark: SparkSession, iceberg: IcebergTable, kafka_conf: dict, table: TableSpec, batch: Batch, decoder: DecoderSpec
-) -> tuple[DecoderSpec, list, StructType]:
-    """Schemaless JSON: the batch's types inferred from its records, the table evolved to hold them; returns the
-    decoder, value fields and table struct to read the batch with."""
-    inferred = json_inference.infer_batch(spark, kafka_conf, batch.tasks(), table.max_record_bytes)
-    values = json_inference.value_struct(spark.table(iceberg.full_name).schema.fields, inferred)
-    struct = table_struct(list(values.fields))
-    for change in iceberg.evolve(table_struct(list(values.fields), table.mode == "upsert")):
-        log.info("%s: schema evolved from the records: %s", iceberg.identifier, change)
-    return replace(decoder, format=json_inference.FORMAT, schema_str=values.json()), list(values.fields), struct
 
 
 def _commit(

@@ -2,24 +2,30 @@
 
 Runs inside Spark's `mapInArrow`; everything it needs travels in a picklable `ReadPlan`. A record that cannot be
 read is emitted as a failed row (no value; its raw bytes and the error), and the driver applies the table's error
-mode to those rows. An environment failure stops the task with a marked `SourceError` the driver recovers.
+mode to those rows. A bad record is what a decoder declares (`BadRecord`) or conversion refuses (`ValueError`); any
+other exception from a decoder is a bug and fails the task (`DecoderFailure`). An environment failure or a decoder
+bug stops the task with a marked error the driver recovers (`unmark`): Spark carries a Python task's failure to the
+driver only as text.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
 
-from icefloe.errors import SourceAuthError, SourceError
-from icefloe.formats.decoding import DecoderSpec, build_decoder, build_key_decoder
+from icefloe.errors import BadRecord, DecoderFailure, SourceAuthError, SourceError
+from icefloe.formats.base import DecoderSpec
+from icefloe.formats.registry import build_decoder, build_key_decoder
+from icefloe.inline_types import TIMESTAMP_MICROS
 from icefloe.source.kafka import OffsetRange, read_range
 
 _TIMESTAMP_TYPES = {0: None, 1: "CreateTime", 2: "LogAppendTime"}
-KAFKA_TIMESTAMP_MS = (-62135596800000, 253402300799999)  # 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59.999Z
+KAFKA_TIMESTAMP_MS = (TIMESTAMP_MICROS[0] // 1000, TIMESTAMP_MICROS[1] // 1000)  # the whole milliseconds of the range
 INVALID_TIMESTAMP = "InvalidTimestamp"
 _MARKER = "ICEFLOE-ERROR"
 _MARKED = re.compile(_MARKER + r'(\["\w+", "(?:[^"\\]|\\.)*"\])' + _MARKER)
@@ -33,6 +39,7 @@ class ReadPlan:
     value_fields: tuple[str, ...]
     strict: bool  # JSON values are checked field by field; Avro values are typed by the decoder
     required: frozenset[str] = frozenset()  # inline fields declared `optional: false`
+    framed: bool = False  # values in Confluent wire format: a failed row carries its schema id
     needs_key: bool = False  # upsert keyed by the Kafka key: a record without one cannot be placed
     max_record_bytes: int = 8 * 1024 * 1024
     batch_rows: int = 20_000  # an Arrow batch is emitted at this many rows or at `batch_bytes`, whichever is first
@@ -54,7 +61,7 @@ def read_batches(plan: ReadPlan, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa
     """`mapInArrow` function: input rows are (topic, partition, start, end) tasks."""
     try:
         yield from _read(plan, tasks)
-    except SourceError as error:
+    except (SourceError, DecoderFailure) as error:
         raise RuntimeError(_marked(error)) from None
 
 
@@ -63,7 +70,7 @@ def redecode_rows(plan: ReadPlan, rows: Iterator[pa.RecordBatch]) -> Iterator[pa
     columns (`kafka_timestamp_ms` for the timestamp) and `value`, decoded here for their value or exact error."""
     try:
         yield from _redecode(plan, rows)
-    except SourceError as error:
+    except (SourceError, DecoderFailure) as error:
         raise RuntimeError(_marked(error)) from None
 
 
@@ -120,8 +127,6 @@ class _Records:
         self.decode = build_decoder(plan.decoder)
         self.decode_key = _key_decoder(plan, values) if plan.decoder.key_fields else None
         self.builder = BatchBuilder(batch, list(plan.value_fields))
-        # values in Confluent wire format carry a schema id
-        self.framed = plan.decoder.format.startswith("avro") or plan.decoder.format in ("protobuf", "json-schema")
         self.bytes = 0  # raw bytes of the records in the builder
 
     def add(
@@ -140,9 +145,13 @@ class _Records:
             _check_timestamp(timestamp_ms)
             value = _value(self.plan, self.decode, self.decode_key, self.convert, payload, key)
         except _Bad as bad:
-            failure = (bad.kind, bad.message, payload, schema_id(payload) if self.framed else None)
+            failure = (bad.kind, bad.message, payload, schema_id(payload) if self.plan.framed else None)
             if bad.kind == INVALID_TIMESTAMP:  # the row's timestamp column cannot hold it
                 timestamp_ms = None
+        except SourceError:  # the environment's (a registry unreachable): the task fails, the run retries
+            raise
+        except Exception as error:  # not declared by the decoder: a bug, never a bad record
+            raise _bug(error, topic, partition, offset) from None
         self.builder.add(
             value,
             topic,
@@ -164,6 +173,17 @@ class _Records:
         if len(self.builder):
             self.bytes = 0
             yield _build(self.builder)
+
+
+def _bug(error: Exception, topic: str, partition: int, offset: int) -> DecoderFailure:
+    """A decoder's undeclared exception, named by the record's position, its type and the line that raised it;
+    never by its text, which may quote the value."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
+    return DecoderFailure(
+        f"{topic} partition {partition} offset {offset}: the decoder failed with {type(error).__name__}{where}; a "
+        "bug, not a bad record: nothing was committed"
+    )
 
 
 class _Bad(Exception):
@@ -192,7 +212,7 @@ def _value(plan: ReadPlan, decode, decode_key, convert, payload: bytes | None, k
             return None  # a tombstone
         try:  # a tombstone of a table keyed by value fields: its Kafka key names the row
             value = decode_key(key)
-        except ValueError as error:
+        except BadRecord as error:
             raise _Bad("InvalidKey", f"tombstone key: {error}") from None
     else:
         if len(payload) > plan.max_record_bytes:
@@ -201,8 +221,8 @@ def _value(plan: ReadPlan, decode, decode_key, convert, payload: bytes | None, k
             )
         try:
             decoded = decode(payload)
-        except ValueError as error:
-            raise _Bad("DecodeError", str(error)) from None
+        except BadRecord as error:
+            raise _Bad(error.kind, str(error)) from None
         try:
             value = convert(decoded)
         except ValueError as error:
@@ -231,9 +251,14 @@ def _key_decoder(plan: ReadPlan, values) -> Callable[[bytes], dict]:
     def decode_key(key: bytes) -> dict:
         fields = decode(key)
         decoded = {name: fields.get(name) for name in key_fields}
-        if parse is not None:
-            decoded = {name: parse(item) for name, item in decoded.items()}
-        return convert(decoded)
+        try:  # the key's conversion refuses it as the value's would: a bad key
+            if parse is not None:
+                decoded = {name: parse(item) for name, item in decoded.items()}
+            return convert(decoded)
+        except BadRecord:
+            raise
+        except ValueError as error:
+            raise BadRecord(str(error)) from None
 
     return decode_key
 
@@ -252,17 +277,22 @@ def _build(builder) -> pa.RecordBatch:
     return builder.build()
 
 
-def _marked(error: SourceError) -> str:
+def _marked(error: SourceError | DecoderFailure) -> str:
     """The failure as text the driver finds in Spark's (`unmark`), with its kind: an authentication failure is not
-    retried."""
-    kind = "auth" if isinstance(error, SourceAuthError) else "source"
+    retried, a decoder's bug is not a bad record."""
+    kind = (
+        "auth" if isinstance(error, SourceAuthError) else "decoder" if isinstance(error, DecoderFailure) else "source"
+    )
     return f"{_MARKER}{json.dumps([kind, str(error)])}{_MARKER}"
 
 
-def unmark(text: str) -> SourceError | None:
-    """The environment failure carried in a Spark failure's text, if any."""
+def unmark(text: str) -> SourceError | DecoderFailure | None:
+    """The environment failure or decoder bug a Python task carried in a Spark failure's text, if any (PySpark gives
+    the driver a Python task's exception only as text: the marker is that text's one structured part)."""
     match = _MARKED.search(text)
     if match is None:
         return None
     kind, message = json.loads(match.group(1))
+    if kind == "decoder":
+        return DecoderFailure(message)
     return SourceAuthError(message) if kind == "auth" else SourceError(message)

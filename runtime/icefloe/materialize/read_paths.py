@@ -5,7 +5,8 @@
           value or their exact error (executor_tasks.redecode_rows). No record of the happy path touches Python.
   python  the per-record path: confluent-kafka, the Python decoders, Arrow (executor_tasks.read_batches).
 
-The path is chosen per table and logged. Avro tables (a Confluent-compatible or AWS Glue registry, or an inline
+The path is chosen per table by its format (`Format.jvm_codec`: a codec, or why the values stay on Python) and
+logged. Avro tables (a Confluent-compatible or AWS Glue registry, or an inline
 schema) and raw or string tables (raw_format) take the JVM path. JSON and JSON Schema tables (also through Glue) stay
 on Python: their inline checks (strict types, `optional: false`, ints given as 1.0, ISO strings and epoch numbers for
 timestamps, base64 binary) have no exact `from_json` equivalent. An Avro table whose schema Avro Java refuses stays
@@ -32,12 +33,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from icefloe.batch_columns import ERROR_CLASS, ERROR_MESSAGE, KAFKA_COLUMNS, RAW_VALUE, SCHEMA_ID, TOMBSTONE
-from icefloe.formats import raw as raw_format
-from icefloe.formats.avro import jvm as avro_jvm
-from icefloe.formats.avro.jvm import AvroJvmPlan, plan_avro
-from icefloe.formats.decoding import DecoderSpec
+from icefloe.formats.base import DecoderSpec, JvmCodec
+from icefloe.formats.registry import format_of
 from icefloe.materialize.python_tasks import KAFKA_TIMESTAMP_MS, ReadPlan, redecode_rows
-from icefloe.registries import glue as glue_registry
 from icefloe.source.kafka import OffsetRange
 from icefloe.source.spark_kafka import read_ranges
 
@@ -51,28 +49,15 @@ _KAFKA = list(KAFKA_COLUMNS)
 class ReadPath:
     name: str  # jvm | python
     reason: str
-    avro: AvroJvmPlan | raw_format.RawJvmPlan | None = None  # how the JVM decodes the values
+    avro: JvmCodec | None = None  # how the JVM decodes the values (an Avro or a raw format's codec)
 
 
 def choose_read_path(spark: SparkSession, decoder: DecoderSpec) -> ReadPath:
-    """The JVM path where the JVM has a decoder for the table's format, else Python."""
-    if decoder.format in ("json", "json-inferred"):
-        return ReadPath(PYTHON, "JSON values are checked against the table's types in Python")
-    if decoder.format == "protobuf" or glue_registry.reads(decoder.registry_conf, "PROTOBUF"):
-        return ReadPath(PYTHON, "Protobuf has no JVM decoder here (no spark-protobuf for Spark 3.5 on Maven Central)")
-    if decoder.format == "json-schema" or glue_registry.reads(decoder.registry_conf, "JSON"):
-        return ReadPath(PYTHON, "JSON Schema values are validated against their writer's schema in Python")
-    if decoder.format in raw_format.FORMATS:
-        return ReadPath(JVM, f"Kafka source, values kept as {decoder.format}", raw_format.RawJvmPlan(decoder.format))
-    avro = plan_avro(spark, decoder)
-    if avro is None:
-        return ReadPath(PYTHON, "Avro Java cannot use the table's schema")
-    writers = (
-        "inline schema"
-        if avro.inline
-        else f"writer schemas {', '.join(str(i) for i in sorted(avro.writers)) or 'none'}"
-    )
-    return ReadPath(JVM, f"Kafka source and from_avro ({writers})", avro)
+    """The JVM path where the table's format has a JVM codec for the table, else Python."""
+    codec = format_of(decoder).jvm_codec(spark, decoder)
+    if isinstance(codec, str):
+        return ReadPath(PYTHON, codec)
+    return ReadPath(JVM, codec.reason, codec)
 
 
 class JvmBatch:
@@ -82,19 +67,16 @@ class JvmBatch:
         self,
         spark: SparkSession,
         plan: ReadPlan,
-        avro: AvroJvmPlan | raw_format.RawJvmPlan,
+        avro: JvmCodec,
         ranges: list[OffsetRange],
         tasks: int,
     ):
         self.spark, self.plan, self.avro, self.ranges, self.tasks = spark, plan, avro, ranges, tasks
-        self.codec = (
-            raw_format if isinstance(avro, raw_format.RawJvmPlan) else avro_jvm
-        )  # decoded, exact, value_columns
 
     def _decoded(self) -> DataFrame:
         """Kafka columns, the raw value, the decoded struct and whether the JVM's result is exact."""
         raw = read_ranges(self.spark, self.plan.kafka_conf, self.ranges, self.tasks)
-        frame = raw.select("*", self.codec.decoded(F.col("value"), self.avro).alias(_STRUCT))
+        frame = raw.select("*", self.avro.decoded(F.col("value")).alias(_STRUCT))
         return frame.select("*", self._exact(frame).alias(_EXACT))
 
     def _exact(self, frame: DataFrame) -> Column:
@@ -102,7 +84,7 @@ class JvmBatch:
         value, key, plan = F.col("value"), F.col("kafka_key"), self.plan
         key_fields = plan.decoder.key_fields
         fields = [F.col(_STRUCT)[name].isNotNull() for name in key_fields]
-        decoded_ok = (F.length(value) <= plan.max_record_bytes) & self.codec.exact(value, _STRUCT, self.avro)
+        decoded_ok = (F.length(value) <= plan.max_record_bytes) & self.avro.exact(value, _STRUCT)
         low, high = (F.expr(f"timestamp_millis({ms})") for ms in KAFKA_TIMESTAMP_MS)  # else Python names it bad
         decoded_ok = decoded_ok & (F.col("kafka_timestamp").isNull() | F.col("kafka_timestamp").between(low, high))
         for present in fields:  # a key field of the value must not be null
@@ -115,7 +97,7 @@ class JvmBatch:
 
     def _values(self) -> list[Column]:
         batch_schema = StructType.fromJson(json.loads(self.plan.batch_schema_json))
-        columns = self.codec.value_columns(_STRUCT, self.avro)
+        columns = self.avro.value_columns(_STRUCT)
         return [columns[name].cast(batch_schema[name].dataType).alias(name) for name in self.plan.value_fields]
 
     def exact_rows(self, run_id: str) -> tuple[DataFrame, Observation]:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from icefloe.commit.checkpoint import carry_checkpoint, committed_state
+from icefloe.errors import COMMIT_FAILED, VALIDATION_FAILED, java_classes
 from icefloe.jvm_gateway import jvm_gateway
 from icefloe.materialize.dead_letters import dead_letter_identifier
 from icefloe.materialize.upsert import delete_markers_identifier
@@ -44,6 +45,8 @@ CLAIM_ATTEMPTS = 5
 # Compaction commits at most this many times (partial progress): file groups that lose a race fail alone.
 COMPACTION_MAX_COMMITS = 10
 # Iceberg's refusals of a commit that lost a race: a rewrite whose files another commit replaced or deleted from.
+_LOST_RACE = {COMMIT_FAILED, VALIDATION_FAILED}
+# Where those refusals say why, in the error's text (only to pick the line the log names; classified by type).
 _LOST_RACE_MARKS = (
     "CommitFailedException",
     "ValidationException",
@@ -192,7 +195,7 @@ def claim(table: IcebergTable, claimant: str, lease_s: float, interval_ms: float
         try:
             operations.commit(base, jvm.org.apache.iceberg.TableMetadata.buildFrom(base).setProperties(updated).build())
         except Exception as error:
-            if "CommitFailedException" not in str(error):
+            if COMMIT_FAILED not in java_classes(error):
                 raise
             log.info(
                 "%s: claiming maintenance lost a race with another commit (attempt %d of %d); reading the table again",
@@ -231,7 +234,7 @@ def release(table: IcebergTable, claimant: str) -> None:
                 )
                 return
             except Exception as error:
-                if "CommitFailedException" not in str(error):
+                if COMMIT_FAILED not in java_classes(error):
                     raise
     except Exception as error:
         cause = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -249,9 +252,9 @@ def _step(table: IcebergTable, result: MaintenanceResult, name: str, action: Cal
     try:
         action()
     except Exception as error:
-        text = str(error)
-        if not any(mark in text for mark in _LOST_RACE_MARKS):
+        if not java_classes(error) & _LOST_RACE:
             raise
+        text = str(error)
         cause = next((line.strip() for line in text.splitlines() if any(m in line for m in _LOST_RACE_MARKS)), "")
         log.warning(
             "%s: maintenance step %s lost a race with another writer's commit and was skipped (tried again at "

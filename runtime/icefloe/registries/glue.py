@@ -26,9 +26,8 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
-from icefloe.errors import ConfigError, SourceError
+from icefloe.errors import BadRecord, ConfigError, SourceError
 
-FORMAT = "glue"  # DecoderSpec.format of a table whose values are framed for the Glue Schema Registry
 HEADER = 0x03
 COMPRESSION = {0x00: None, 0x05: "zlib"}
 PREFIX = 18  # header, compression, UUID
@@ -62,11 +61,6 @@ def checked_conf(registry, topic: str, fmt: str, where: str, key: bool = False) 
             f"{DATA_FORMATS[fmt]} ({'keyFormat' if key else 'format'} {fmt})"
         )
     return conf | {"data_format": data_format}, definition
-
-
-def reads(conf: dict[str, str] | None, data_format: str) -> bool:
-    """Whether a table reads values of `data_format` (AVRO, JSON, PROTOBUF) through Glue."""
-    return bool(conf and conf.get("type") == "glue" and conf.get("data_format") == data_format)
 
 
 def glue_client(conf: dict[str, str]):
@@ -152,28 +146,28 @@ def frame(version: UUID) -> bytes:
 def split(data: bytes) -> tuple[UUID, bytes]:
     """The schema version id and the (decompressed) payload of a Glue-framed value."""
     if len(data) < PREFIX or data[0] != HEADER:
-        raise ValueError("not AWS Glue Schema Registry wire format (header byte 3, compression byte, version UUID)")
+        raise BadRecord("not AWS Glue Schema Registry wire format (header byte 3, compression byte, version UUID)")
     if data[1] not in COMPRESSION:
-        raise ValueError(f"unknown Glue compression byte {data[1]} (0 none or 5 zlib expected)")
+        raise BadRecord(f"unknown Glue compression byte {data[1]} (0 none or 5 zlib expected)")
     payload = data[PREFIX:]
     if COMPRESSION[data[1]] == "zlib":
         try:
             payload = zlib.decompress(payload)
         except zlib.error as error:
-            raise ValueError(f"zlib-compressed payload does not decompress: {error}") from None
+            raise BadRecord(f"zlib-compressed payload does not decompress: {error}") from None
     return UUID(bytes=bytes(data[2:PREFIX])), payload
 
 
 def writer_version(client, conf: dict[str, str], version: UUID) -> dict:
     """The writer schema version `version` (fetched once per process once available), checked to be of the data
-    format the table reads; a ValueError (a bad record's) when the registry does not have it or it is another's."""
+    format the table reads; a BadRecord when the registry does not have it or it is another's."""
     found = _VERSIONS.get(version) or _schema_version(
         client, conf, ("EntityNotFoundException", "InvalidInputException"), SchemaVersionId=str(version)
     )
     if found is None:
-        raise ValueError(f"schema version {version} is not in the {_where(conf)}")
+        raise BadRecord(f"schema version {version} is not in the {_where(conf)}")
     if found["Status"] == "AVAILABLE":
         _VERSIONS[version] = found
     if found["DataFormat"] != conf["data_format"]:  # the table's columns (or key) come from a schema of another format
-        raise ValueError(f"schema version {version} is {found['DataFormat']}; the table reads {conf['data_format']}")
+        raise BadRecord(f"schema version {version} is {found['DataFormat']}; the table reads {conf['data_format']}")
     return found

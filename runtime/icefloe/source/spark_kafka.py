@@ -153,7 +153,9 @@ def kafka_columns() -> list[Column]:
 
 def kafka_timestamp_overflow(error: Exception) -> bool:
     """Whether the Kafka source failed on a record timestamp it cannot turn into microseconds (a producer that set
-    nanoseconds where Kafka wants milliseconds): Spark fails the task, it has no per-record way out."""
+    nanoseconds where Kafka wants milliseconds): Spark fails the task, it has no per-record way out.
+    By text: a task's failure reaches the driver as a SparkException whose cause is the executor's stack trace as
+    text (the ArithmeticException is not a Java object here), and its frame (the converter) is what tells it."""
     text = str(error)
     return "ArithmeticException: long overflow" in text and "KafkaRecordToRowConverter" in text
 
@@ -167,7 +169,9 @@ _AUTH_EXCEPTIONS = {
 
 def source_failure(error: Exception, topic: str, cluster: str | None = None) -> SourceError | None:
     """A Kafka source failure as a short `SourceError` (Spark's own text is a page of stack trace), else None. An
-    authentication or TLS failure is a `SourceAuthError` naming the cluster (not retried)."""
+    authentication or TLS failure is a `SourceAuthError` naming the cluster (not retried). By text, as
+    `kafka_timestamp_overflow`: the executor's exception arrives as text inside Spark's task failure, and Spark's
+    data-loss check is an IllegalStateException told apart only by its message."""
     text = str(error)
     for line in text.splitlines():
         for name, what in _AUTH_EXCEPTIONS.items():

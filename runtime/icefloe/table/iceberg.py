@@ -16,7 +16,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from icefloe.errors import ConfigError
+from icefloe.errors import COMMIT_FAILED, ConfigError, java_classes
 from icefloe.jvm_gateway import jvm_gateway
 from icefloe.partitioning import PartitionField
 from icefloe.table.catalog import CATALOG
@@ -60,6 +60,10 @@ def append_with_properties(frame: DataFrame, target: str, properties: Mapping[st
     for key, value in properties.items():
         writer = writer.option(f"snapshot-property.{key}", value)
     writer.append()
+
+
+class NotAnAncestor(Exception):
+    """A fast-forward Iceberg refused: the target branch moved (another writer committed) since the source left it."""
 
 
 class IcebergTable:
@@ -203,7 +207,14 @@ class IcebergTable:
     def fast_forward(self, target: str, source: str) -> int:
         """Move branch `target` to `source`'s head, which must descend from it: Iceberg refuses otherwise ("not an
         ancestor"), also when another writer moved `target` meanwhile; returns `target`'s new head."""
-        table = self._change_refs(lambda table: table.manageSnapshots().fastForwardBranch(target, source))
+        try:
+            table = self._change_refs(lambda table: table.manageSnapshots().fastForwardBranch(target, source))
+        except Exception as error:
+            # Iceberg says "not an ancestor" only as a Preconditions IllegalArgumentException, one type for every
+            # refused argument: its text is the one thing that tells, read here only.
+            if "java.lang.IllegalArgumentException" in java_classes(error) and "not an ancestor" in str(error):
+                raise NotAnAncestor(f"{self.identifier}: {target} is not an ancestor of {source}") from None
+            raise
         return _ref_snapshot_id(table, target)  # type: ignore[return-value]  # the branch was just moved, so it exists
 
     def _change_refs(self, change: Callable[[Any], Any]) -> Any:
@@ -223,7 +234,7 @@ class IcebergTable:
                 update.commit()
                 return table
             except Exception as error:
-                if "CommitFailedException" not in str(error) or attempt == REF_COMMIT_ATTEMPTS:
+                if COMMIT_FAILED not in java_classes(error) or attempt == REF_COMMIT_ATTEMPTS:
                     raise
             delay = REF_RETRY_DELAY_S * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)
             log.info(

@@ -18,6 +18,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from icefloe.errors import BadRecord
+
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _LOCAL_EPOCH = dt.datetime(1970, 1, 1)
 SENTINEL = "icefloe.UnionBranchIndexOutOfRange"  # a named type no Avro schema of a table can hold (a reserved name)
@@ -26,7 +28,7 @@ _SENTINEL_TYPE = {"type": "fixed", "name": SENTINEL, "size": 0, "logicalType": _
 _GUARDED = "__icefloe_guarded"  # marks a parsed record schema already guarded (fastavro marks its own the same way)
 
 
-class UnionIndexError(ValueError):
+class UnionIndexError(BadRecord):
     def __init__(self) -> None:
         super().__init__(
             "Avro union branch index out of range (negative, or past the union's branches): a corrupt payload"

@@ -39,7 +39,9 @@ from pyspark.sql.avro.functions import from_avro, to_avro
 from icefloe.formats.avro.unions import branches as union_branches
 from icefloe.formats.avro.unions import collapsed as collapsed_union
 from icefloe.formats.avro.unions import member_name
-from icefloe.formats.decoding import DecoderSpec, subject_for, subject_schemas
+from icefloe.formats.base import GLUE, INLINE, DecoderSpec
+from icefloe.formats.decoding import subject_for, subject_schemas
+from icefloe.inline_types import TIMESTAMP_MICROS
 from icefloe.jvm_gateway import jvm_gateway
 from icefloe.registries import glue as glue_registry
 
@@ -47,7 +49,7 @@ log = logging.getLogger(__name__)
 MARKER = "__icefloe_decoded"
 MAX_WRITER_VERSIONS = 100  # the subject's newest versions the JVM decodes; older ids go to Python
 _FROM_AVRO = {"mode": "PERMISSIVE", "datetimeRebaseMode": "CORRECTED"}
-_TS_MICROS = (-62135596800000000, 253402300799999999)  # 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59.999999Z
+_TS_MICROS = TIMESTAMP_MICROS
 _RANGES = {
     "timestamp-millis": f"timestamp_micros({_TS_MICROS[0]}) AND timestamp_micros({_TS_MICROS[1]})",
     "timestamp-micros": f"timestamp_micros({_TS_MICROS[0]}) AND timestamp_micros({_TS_MICROS[1]})",
@@ -74,6 +76,55 @@ class AvroJvmPlan:
     routed: dict[int | UUID, str] = field(default_factory=dict)  # ids left to Python, and why
 
     @property
+    def reason(self) -> str:
+        writers = (
+            "inline schema"
+            if self.inline
+            else f"writer schemas {', '.join(str(i) for i in sorted(self.writers)) or 'none'}"
+        )
+        return f"Kafka source and from_avro ({writers})"
+
+    # The JVM codec (formats.base.JvmCodec)
+    def decoded(self, value: Column) -> Column:
+        """The value decoded to the reader's struct plus the marker field; null for a null value, an unframed value or
+        an id without writer schema; a struct of nulls (marker included) where `from_avro` fails."""
+        options = {**_FROM_AVRO, "avroSchema": self.reader_with_marker}
+        if self.inline:
+            writer = json.dumps(self.reader)
+            framed = (F.length(value) > 5) & (value.substr(1, 1) == F.lit(bytearray(b"\x00")))
+            return F.when(framed, from_avro(value.substr(6, 2**31 - 1), writer, options))
+        result = None
+        for schema_id, writer in sorted(self.writers.items()):
+            prefix = _frame(schema_id)
+            match = (F.length(value) > len(prefix)) & (value.substr(1, len(prefix)) == F.lit(bytearray(prefix)))
+            body = from_avro(value.substr(len(prefix) + 1, 2**31 - 1), writer, options)
+            result = F.when(match, body) if result is None else result.when(match, body)
+        return result if result is not None else F.lit(None)
+
+    def exact(self, value: Column, struct: str) -> Column:
+        """True where the JVM's decoding of a non-null `value` (column `struct`, from `decoded`) is the Python one."""
+        checks = _checks(self.reader, struct, _Names(), count())
+        strings = _strings(self.reader, struct, _Names(), count())
+        condition = F.col(f"{struct}.{MARKER}").isNotNull()
+        for check in [checks, _utf8(strings) if strings else None]:
+            if check:
+                condition = condition & F.expr(check)
+        if self.inline:  # Python refuses trailing bytes after the record; Avro's encoding of a value is canonical
+            plain = F.struct(*[F.col(struct)[f["name"]] for f in self.reader["fields"]])
+            condition = condition & (F.length(to_avro(plain, json.dumps(self.reader))) == F.length(value) - 5)
+        return condition
+
+    def value_columns(self, struct: str) -> dict[str, Column]:
+        """The table's value columns by name, from the decoded struct (time-millis widened to microseconds)."""
+        names = _Names()
+        columns = {}
+        for item in self.reader["fields"]:
+            source = f"{struct}.`{item['name']}`"
+            converted = _conform(item["type"], source, names, count(), self.reader.get("namespace", ""))
+            columns[item["name"]] = F.expr(converted) if converted else F.col(source)
+        return columns
+
+    @property
     def reader_with_marker(self) -> str:
         marked = {
             **self.reader,
@@ -95,10 +146,10 @@ def plan_avro(spark: SparkSession, decoder: DecoderSpec) -> AvroJvmPlan | None:
             _first_line(error),
         )
         return None
-    if decoder.format == "avro-inline":
+    if decoder.schema_from == INLINE:
         return AvroJvmPlan(reader, {}, inline=True)
     versions: dict[Any, tuple[str, list]]  # by schema id (Confluent) or version UUID (Glue)
-    if decoder.format == glue_registry.FORMAT:  # Glue schemas have no references
+    if decoder.schema_from == GLUE:  # Glue schemas have no references
         versions = {
             v: (text, []) for v, text in glue_registry.avro_versions(decoder.registry, MAX_WRITER_VERSIONS).items()
         }
@@ -134,52 +185,10 @@ def _first_line(error: Exception) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[-1][:200]
 
 
-def decoded(value: Column, plan: AvroJvmPlan) -> Column:
-    """The value decoded to the reader's struct plus the marker field; null for a null value, an unframed value or
-    an id without writer schema; a struct of nulls (marker included) where `from_avro` fails."""
-    options = {**_FROM_AVRO, "avroSchema": plan.reader_with_marker}
-    if plan.inline:
-        writer = json.dumps(plan.reader)
-        framed = (F.length(value) > 5) & (value.substr(1, 1) == F.lit(bytearray(b"\x00")))
-        return F.when(framed, from_avro(value.substr(6, 2**31 - 1), writer, options))
-    result = None
-    for schema_id, writer in sorted(plan.writers.items()):
-        prefix = _frame(schema_id)
-        match = (F.length(value) > len(prefix)) & (value.substr(1, len(prefix)) == F.lit(bytearray(prefix)))
-        body = from_avro(value.substr(len(prefix) + 1, 2**31 - 1), writer, options)
-        result = F.when(match, body) if result is None else result.when(match, body)
-    return result if result is not None else F.lit(None)
-
-
 def _frame(schema_id: int | UUID) -> bytes:
     """The bytes before the body of a record written with `schema_id`: Confluent's magic byte and schema id, or the
     Glue header of an uncompressed payload."""
     return glue_registry.frame(schema_id) if isinstance(schema_id, UUID) else b"\x00" + schema_id.to_bytes(4, "big")
-
-
-def exact(value: Column, struct: str, plan: AvroJvmPlan) -> Column:
-    """True where the JVM's decoding of a non-null `value` (column `struct`, from `decoded`) is the Python one."""
-    checks = _checks(plan.reader, struct, _Names(), count())
-    strings = _strings(plan.reader, struct, _Names(), count())
-    condition = F.col(f"{struct}.{MARKER}").isNotNull()
-    for check in [checks, _utf8(strings) if strings else None]:
-        if check:
-            condition = condition & F.expr(check)
-    if plan.inline:  # Python refuses trailing bytes after the record; Avro's encoding of a value is canonical
-        plain = F.struct(*[F.col(struct)[f["name"]] for f in plan.reader["fields"]])
-        condition = condition & (F.length(to_avro(plain, json.dumps(plan.reader))) == F.length(value) - 5)
-    return condition
-
-
-def value_columns(struct: str, plan: AvroJvmPlan) -> dict[str, Column]:
-    """The table's value columns by name, from the decoded struct (time-millis widened to microseconds)."""
-    names = _Names()
-    columns = {}
-    for item in plan.reader["fields"]:
-        source = f"{struct}.`{item['name']}`"
-        converted = _conform(item["type"], source, names, count(), plan.reader.get("namespace", ""))
-        columns[item["name"]] = F.expr(converted) if converted else F.col(source)
-    return columns
 
 
 class _Names:

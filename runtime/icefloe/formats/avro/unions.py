@@ -20,7 +20,7 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-from icefloe.errors import ConfigError
+from icefloe.errors import BadRecord, ConfigError
 
 Rewrite = Callable[[Any], Any]
 _PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
@@ -205,7 +205,7 @@ class _Compiler:
                 if index is None and kind == "dict" and not names:
                     index = next((i for k, i in kinds.items() if k.startswith("record:")), None)
             if index is None:
-                raise ValueError(f"{path}: a {type(value).__name__} value matches no branch of the union")
+                raise BadRecord(f"{path}: a {type(value).__name__} value matches no branch of the union")
             out = dict.fromkeys((member_name(i) for i in range(size)), None)
             out[member_name(index)] = inners[index](value)
             return out

@@ -26,7 +26,7 @@ from google.protobuf.descriptor import Descriptor, FileDescriptor
 from google.protobuf.message import DecodeError
 from google.protobuf.message_factory import GetMessageClass
 
-from icefloe.errors import ConfigError
+from icefloe.errors import BadRecord, ConfigError
 from icefloe.formats.protobuf.messages import message_values
 from icefloe.formats.protobuf.messages import value_fields as message_fields
 from icefloe.formats.protobuf.schemas import builtin_files, compile_text, find_message, in_pool
@@ -87,7 +87,7 @@ def _index(payload: bytes) -> tuple[int, int]:
         if not byte & 0x80:
             return index, pos + 1
         shift += 7
-    raise ValueError("Glue Protobuf message index is truncated or longer than 5 bytes")
+    raise BadRecord("Glue Protobuf message index is truncated or longer than 5 bytes")
 
 
 def payload_decoder(writer: str, table: str, message_type: str | None) -> Callable[[bytes], dict[str, Any]]:
@@ -97,19 +97,19 @@ def payload_decoder(writer: str, table: str, message_type: str | None) -> Callab
     try:
         types = by_index(compile_definition(writer))
     except ValueError as error:
-        raise ValueError(f"writer version: {error}") from None
+        raise BadRecord(f"writer version: {error}") from None
     classes: dict[int, Any] = {}
 
     def decode(payload: bytes) -> dict[str, Any]:
         index, start = _index(payload)
         if index not in classes:
             if index >= len(types):
-                raise ValueError(
+                raise BadRecord(
                     f"Glue Protobuf message index {index} does not exist: the writer version has "
                     f"{len(types)} message type(s)"
                 )
             if message_type is not None and types[index].full_name != message_type:
-                raise ValueError(
+                raise BadRecord(
                     f"record is a {types[index].full_name} (message index {index}), the table reads {message_type}"
                 )
             classes[index] = GetMessageClass(types[index])
@@ -117,7 +117,7 @@ def payload_decoder(writer: str, table: str, message_type: str | None) -> Callab
         try:
             message.ParseFromString(payload[start:])
         except DecodeError as error:
-            raise ValueError(f"Protobuf payload cannot be decoded: {error}") from None
+            raise BadRecord(f"Protobuf payload cannot be decoded: {error}") from None
         return message_values(message)
 
     return decode

@@ -30,7 +30,7 @@ from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 from pyspark.sql import types as T
 
-from icefloe.errors import ConfigError
+from icefloe.errors import BadRecord, ConfigError
 from icefloe.formats.protobuf.schemas import ProtobufSchemas, message_at
 
 _F = FieldDescriptor
@@ -165,7 +165,7 @@ def _single(field: FieldDescriptor, value: Any) -> Any:
         try:
             return _EPOCH + dt.timedelta(seconds=value.seconds, microseconds=value.nanos // 1000)
         except OverflowError:
-            raise ValueError(f"{field.full_name}: timestamp out of range (beyond year 1 to 9999)") from None  # no value
+            raise BadRecord(f"{field.full_name}: timestamp out of range (beyond year 1 to 9999)") from None  # no value
     if name == _DURATION:
         return value.seconds * 1_000_000 + int(value.nanos / 1000)
     if name in _WRAPPERS:
@@ -182,7 +182,7 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
     result, shift = 0, 0
     while True:
         if pos >= len(data):
-            raise ValueError("Protobuf message indexes are truncated")
+            raise BadRecord("Protobuf message indexes are truncated")
         byte = data[pos]
         pos += 1
         result |= (byte & 0x7F) << shift
@@ -190,17 +190,17 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
             return (result >> 1) ^ -(result & 1), pos  # zigzag
         shift += 7
         if shift > 63:
-            raise ValueError("Protobuf message indexes are malformed (varint too long)")
+            raise BadRecord("Protobuf message indexes are malformed (varint too long)")
 
 
 def parse_frame(data: bytes) -> tuple[int, list[int], bytes]:
     """(schema id, message indexes, message bytes) of a Confluent-framed Protobuf value."""
     if len(data) < 6 or data[0] != 0:
-        raise ValueError("not Confluent wire format (magic byte 0, a schema id and message indexes expected)")
+        raise BadRecord("not Confluent wire format (magic byte 0, a schema id and message indexes expected)")
     schema_id = int.from_bytes(data[1:5], "big")
     count, pos = _varint(data, 5)
     if not 0 <= count <= 100:
-        raise ValueError(f"Protobuf message indexes are malformed (count {count})")
+        raise BadRecord(f"Protobuf message indexes are malformed (count {count})")
     indexes = []
     for _ in range(count):
         index, pos = _varint(data, pos)
@@ -211,7 +211,7 @@ def parse_frame(data: bytes) -> tuple[int, list[int], bytes]:
 class ProtobufDecoder:
     """Decodes framed values with their writer's schema (by id) into row values of the table's message type.
 
-    Registry errors are the client's own (the caller classifies them); a bad record raises ValueError."""
+    Registry errors are the client's own (the caller classifies them); a bad record raises BadRecord."""
 
     def __init__(self, client, message_type: str | None):  # None: any type (keys)
         self.schemas = ProtobufSchemas(client)
@@ -225,7 +225,7 @@ class ProtobufDecoder:
         try:
             message.ParseFromString(body)
         except DecodeError as error:
-            raise ValueError(f"Protobuf payload cannot be decoded with schema id {schema_id}: {error}") from None
+            raise BadRecord(f"Protobuf payload cannot be decoded with schema id {schema_id}: {error}") from None
         return message_values(message)
 
     def _class(self, schema_id: int, indexes: list[int]) -> type[Message]:
@@ -234,9 +234,9 @@ class ProtobufDecoder:
             try:
                 descriptor = message_at(self.schemas.file(schema_id), indexes)
             except ValueError as error:
-                raise ValueError(f"schema id {schema_id}: {error}") from None
+                raise BadRecord(f"schema id {schema_id}: {error}") from None
             if self.message_type is not None and descriptor.full_name != self.message_type:
-                raise ValueError(
+                raise BadRecord(
                     f"record is a {descriptor.full_name} (schema id {schema_id}, message indexes {indexes}), "
                     f"the table reads {self.message_type}"
                 )
