@@ -256,3 +256,38 @@ def test_bad_events_are_bad_records_named_by_partition_and_offset(spark, broker,
     result = run_table(spark, config, config.tables[0], state_dir)
     assert result.records_failed == 4
     assert state(read_pyiceberg(state_dir, result.identifier)) == {1: ("a", "n", "19000"), 4: ("d", "n", "19000")}
+
+
+def test_changelog_keeps_every_event(spark, broker, registry, state_dir, topic, make_config):
+    """`mode: append`: one row per event with op, source position and time, the after columns, before as a struct."""
+    broker.create_topic(topic, 1)
+    events = Events(topic, "avro-referenced", registry.url)
+    records = [events.upsert("c", 1, "a"), events.event("u", {"id": 1}, before={"id": 1, "name": "a", "notes": "n", "born": 1},
+               after={"id": 1, "name": "b", "notes": PLACEHOLDER, "born": 1}), *events.delete(1), events.event("t", None)]  # fmt: skip
+    produce(broker.bootstrap_servers, topic, records)
+    config = make_config({"topic": topic, "format": "avro", "envelope": "debezium", "mode": "append"})
+    result = run_table(spark, config, config.tables[0], state_dir)
+    for rows in (read_pyiceberg(state_dir, result.identifier), read_duckdb(result.metadata_location)):
+        rows = sorted(rows, key=lambda r: r["kafka_offset"])
+        assert [r["cdc_op"] for r in rows] == ["c", "u", "d", None, "t"]  # the tombstone: a row, as append keeps it
+        assert [(r["id"], r["name"], r["notes"]) for r in rows] == [(1, "a", "n"), (1, "b", None), (None, None, None),
+                                                                    (None, None, None), (None, None, None)]  # fmt: skip
+        assert rows[1]["cdc_unavailable"] == ["notes"]
+        assert rows[1]["cdc_before"]["name"] == "a" and rows[2]["cdc_before"]["id"] == 1
+        assert [bytes(r["cdc_position"]) for r in rows if r["cdc_op"]] == sorted(bytes(r["cdc_position"]) for r in rows if r["cdc_op"])
+        assert rows[0]["cdc_ts"] is not None
+
+
+def test_soft_deletes_keep_the_row_flagged(spark, broker, registry, state_dir, topic, make_config):
+    broker.create_topic(topic, 1)
+    events = Events(topic, "json-schema")
+    config = table_config(make_config, topic, "json-schema", deletes="soft")
+    produce(broker.bootstrap_servers, topic, [events.upsert("c", 1, "a"), events.upsert("c", 2, "b"), *events.delete(1)])
+    result = run_table(spark, config, config.tables[0], state_dir)
+    rows = {r["id"]: r for r in read_pyiceberg(state_dir, result.identifier)}
+    assert (rows[1]["name"], rows[1]["cdc_deleted"], rows[2]["cdc_deleted"]) == ("a", True, False)
+    assert rows[1]["cdc_deleted_at"] is not None and rows[2]["cdc_deleted_at"] is None
+    produce(broker.bootstrap_servers, topic, [events.upsert("c", 1, "again")])  # re-inserted: no longer deleted
+    result = run_table(spark, config, config.tables[0], state_dir)
+    rows = {r["id"]: r for r in read_pyiceberg(state_dir, result.identifier)}
+    assert (rows[1]["name"], rows[1]["cdc_deleted"]) == ("again", False)

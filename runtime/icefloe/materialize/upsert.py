@@ -166,6 +166,12 @@ def merge_batch(
         frame = frame.where(F.col(CHANGE) != "truncate")
         if truncate is not None:  # the batch's changes before its truncate are gone with it
             frame = frame.where(F.expr(_after(_position("", sourced), _literal(truncate, sourced))))
+        if soft_deletes and CHANGE_UNCHANGED in frame.columns:  # a deleted row keeps the values the key had
+            meta = {*key_columns, *KAFKA_COLUMNS, KAFKA_CLOCK, SOURCE_POSITION, SOFT_DELETED, SOFT_DELETED_AT}
+            kept_values = F.array(*[F.lit(c) for c in columns if c not in meta])
+            frame = frame.withColumn(
+                CHANGE_UNCHANGED, F.when(F.col(TOMBSTONE), kept_values).otherwise(F.col(CHANGE_UNCHANGED))
+            )
         if CHANGE_UNCHANGED in frame.columns:
             frame = _resolve_unchanged(frame, branch, key_columns, sourced)
     if soft_deletes:
@@ -185,7 +191,8 @@ def merge_batch(
         markers = _commit_delete_markers(changes, branch, struct, key_columns, run_timeout_s, truncate)
         view = f"icefloe_changes_{branch.name}"
         changes.createOrReplaceTempView(view)
-        source, insert_when = view, f"NOT s.{TOMBSTONE}"
+        # soft deletes: a delete of a key the table lacks (inserted and deleted in one batch) is a flagged row too
+        source, insert_when = view, "true" if soft_deletes else f"NOT s.{TOMBSTONE}"
         if markers is not None:  # the key's marker, if any, beside each change; the latest truncate's
             on = " AND ".join(f"c.{quoted(k)} = m.{quoted(k)}" for k in key_columns)
             marker_source = f", m.{SOURCE_POSITION} AS icefloe_marker_source" if sourced else ""
@@ -195,7 +202,10 @@ def merge_batch(
             )
             marker: Position = ("s.icefloe_marker_clock", "s.icefloe_marker_partition", "s.icefloe_marker_offset")
             marker = ("s.icefloe_marker_source", *marker) if sourced else marker
-            insert_when += f" AND (s.icefloe_marker_partition IS NULL OR {_after(_position('s', sourced), marker)})"
+            after_marker = _after(_position("s", sourced), marker)
+            if soft_deletes:  # the delete itself is the key's marker (committed first): at it is enough
+                after_marker = f"NOT {_after(marker, _position('s', sourced))}"
+            insert_when += f" AND (s.icefloe_marker_partition IS NULL OR {after_marker})"
             truncated = _truncate_marker(spark, markers, key_columns, sourced)
             if truncated is not None:  # changes older than the last truncate stay out
                 insert_when += f" AND {_after(_position('s', sourced), _literal(truncated, sourced))}"
