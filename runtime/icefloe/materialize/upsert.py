@@ -178,6 +178,10 @@ def merge_batch(
         frame = frame.withColumn(SOFT_DELETED, F.col(TOMBSTONE)).withColumn(
             SOFT_DELETED_AT, F.when(F.col(TOMBSTONE), F.col(CHANGE_TIME))
         )
+    if not key_columns:  # no key known yet (a JSON topic's batch of truncates only): nothing but the truncate
+        if truncate is not None:
+            _truncate(branch, truncate, sourced, soft_deletes)
+        return 0
     keys = [F.col(quoted(k)) for k in key_columns]
     changes = (
         frame.withColumn(

@@ -181,13 +181,15 @@ def infer_ranges(kafka_conf: dict, max_record_bytes: int, tasks: Iterator[pa.Rec
                 kafka_conf, OffsetRange(task["topic"], task["partition"], task["start"], task["end"])
             ):
                 value = msg.value()
-                if value is None or len(value) > max_record_bytes:
+                if value is not None and len(value) > max_record_bytes:
                     continue
                 try:
-                    payload, schema = parse_json(value)
-                    if keys is None and msg.key():
+                    if keys is None and msg.key():  # tombstones name the key columns too
                         key, _ = parse_json(msg.key())  # type: ignore[arg-type]  # checked above
                         keys = list(key) if isinstance(key, dict) else None
+                    if value is None:
+                        continue
+                    payload, schema = parse_json(value)
                 except ValueError:
                     continue  # the read makes it a bad record
                 if not isinstance(payload, dict):
