@@ -97,7 +97,7 @@ def test_every_table_format_and_key_format_has_one_format_object():
     from icefloe.spec import TableSpec
 
     formats = set(get_args(TableSpec.model_fields["format"].annotation))
-    key_formats = {a for a in get_args(get_args(TableSpec.model_fields["key_format"].annotation)[0])}
+    key_formats = set(get_args(get_args(TableSpec.model_fields["key_format"].annotation)[0]))
     assert formats == key_formats == set(FORMATS), (formats, key_formats, set(FORMATS))
     assert all(f.name == name for name, f in FORMATS.items())
 

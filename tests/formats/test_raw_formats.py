@@ -7,8 +7,8 @@ import pytest
 
 from icefloe.errors import ConfigError
 from icefloe.formats.base import DecoderSpec
-from icefloe.formats.registry import build_key_decoder
 from icefloe.formats.raw import value_fields
+from icefloe.formats.registry import build_key_decoder
 from icefloe.materialize.read_paths import JVM
 from icefloe.operate.runner import run_table
 from icefloe.spec import parse_config

@@ -39,6 +39,8 @@ class DecoderSpec:
     key_format: str | None = None  # a FORMATS key too
     message_type: str | None = None  # protobuf: the full name of the message type the table reads
     key_conf: dict[str, str] | None = None  # keys framed for the AWS Glue Schema Registry (glue_framed)
+    # An envelope's decoding plan (JSON; `formats.debezium.tables`): its decoder reads the key and headers too.
+    envelope_plan: str | None = None
 
     def __repr__(self) -> str:
         return f"DecoderSpec(data_format={self.data_format!r}, schema_from={self.schema_from!r}, topic={self.topic!r})"

@@ -9,7 +9,7 @@ from typing import Any
 
 from icefloe.errors import BadRecord
 from icefloe.formats.avro.format import AVRO
-from icefloe.formats.base import Decoder, DecoderSpec, Envelope, Format
+from icefloe.formats.base import ChangeDecoder, Decoder, DecoderSpec, Envelope, Format
 from icefloe.formats.json_schema import JSON_SCHEMA
 from icefloe.formats.plain_json import JSON
 from icefloe.formats.protobuf.format import PROTOBUF
@@ -39,11 +39,23 @@ def decoder_spec(table: TableSpec, cluster: SourceCluster) -> DecoderSpec:
         keys["key_conf"], _ = glue_registry.checked_conf(
             cluster.schema_registry, table.topic, keys["key_format"], f"table {table.table_name}", key=True
         )
+    if table.envelope == "debezium":  # change events: the envelope resolves its columns and key itself
+        from icefloe.formats.debezium import tables
+        from icefloe.formats.decoding import confluent_conf
+
+        return tables.decoder_spec(table, confluent_conf(cluster), f"table {table.table_name}")
     return FORMATS[table.format].resolve(table, cluster, keys)
 
 
 def build_decoder(spec: DecoderSpec) -> Decoder:
     return format_of(spec).decoder(spec)
+
+
+def build_change_decoder(spec: DecoderSpec) -> ChangeDecoder:
+    """An envelope's decoder: (value, key, headers) -> the row and its change columns."""
+    from icefloe.formats.debezium import tables
+
+    return tables.change_decoder(spec)
 
 
 def build_key_decoder(spec: DecoderSpec) -> Callable[[bytes], dict]:

@@ -29,7 +29,8 @@ from icefloe.batch_columns import ERROR_CLASS, ERROR_MESSAGE, TOMBSTONE
 from icefloe.commit.branch import Branch, commit_on_branch, drop_stale_branches
 from icefloe.commit.checkpoint import Checkpoint, CommittedState, Throughput, committed_state, lost_as_json
 from icefloe.errors import IcefloeError, RecordError
-from icefloe.formats.base import BatchContext
+from icefloe.formats.base import BatchContext, DecoderSpec, Format
+from icefloe.formats.debezium import tables as debezium_tables
 from icefloe.formats.registry import decoder_spec, format_of
 from icefloe.formats.schema_mapping import batch_struct, table_struct
 from icefloe.materialize import progress
@@ -149,9 +150,9 @@ def materialize_once(
     kafka_conf = client_config(cluster)
     decoder = decoder_spec(table, cluster)
     values_format = format_of(decoder)
-    value_fields = values_format.value_fields(decoder, table, identifier)  # None: inferred per batch
-    if table.mode == "upsert" and value_fields is not None:  # a key field the schema lacks fails before the table
-        key_columns(table.key, value_fields, f"table {identifier}")  # is created
+    value_fields = _value_fields(values_format, decoder, table, identifier)  # None: inferred per batch
+    if table.mode == "upsert" and value_fields is not None and not decoder.envelope_plan:  # a key field the schema
+        key_columns(table.key, value_fields, f"table {identifier}")  # lacks fails before the table is created
 
     iceberg = IcebergTable(spark, identifier)
     first = Checkpoint(table.topic).to_summary()  # a first, empty checkpoint: the base of the first commit
@@ -192,7 +193,7 @@ def materialize_once(
         # plan, so the reader schema is at least as new as each writer's (fetched before planning, a version
         # registered meanwhile would lose its new fields and enum symbols).
         decoder = decoder_spec(table, cluster)
-        value_fields = values_format.value_fields(decoder, table, identifier)
+        value_fields = _value_fields(values_format, decoder, table, identifier)
     if value_fields is None:  # the batch's records give the columns (schemaless JSON)
         context = BatchContext(
             kafka_conf, batch.tasks(), table.max_record_bytes, spark.table(iceberg.full_name).schema.fields
@@ -201,6 +202,15 @@ def materialize_once(
         struct = table_struct(value_fields)
         for change in iceberg.evolve(table_struct(value_fields, upsert)):
             log.info("%s: schema evolved from the records: %s", iceberg.identifier, change)
+    elif decoder.envelope_plan and decoder.data_format == "json":  # the columns the batch's change events give
+        layout = debezium_tables.json_layout(
+            spark, kafka_conf, batch.tasks(), table.max_record_bytes, list(iceberg.schema().fields), table.mode,
+            table.deletes == "soft", f"table {identifier}",
+        )  # fmt: skip
+        decoder = debezium_tables.with_layout(decoder, layout, debezium_tables.placeholder_of(decoder))
+        value_fields, struct = layout.value_fields(), table_struct(layout.value_fields())
+        for change in iceberg.evolve(table_struct(value_fields, upsert)):
+            log.info("%s: schema evolved from the change events: %s", identifier, change)
     else:
         struct = table_struct(value_fields)
         for change in iceberg.evolve(table_struct(value_fields, upsert)):
@@ -217,11 +227,15 @@ def materialize_once(
     progress.reading(spark, identifier, sum(r.count for r in ranges))
 
     rules = values_format.rules(decoder, table)
+    if decoder.envelope_plan:  # change events are checked field by field, whatever their encoding
+        rules = replace(rules, strict=True, required=frozenset())
+    # An envelope's batch carries its change columns after the value fields (the upsert writer consumes them).
+    change_fields = debezium_tables.layout_of(decoder).change_fields() if decoder.envelope_plan else []
     plan = ReadPlan(
         kafka_conf=kafka_conf,
         decoder=decoder,
-        batch_schema_json=batch_struct(struct).json(),
-        value_fields=tuple(f.name for f in value_fields),
+        batch_schema_json=batch_struct(table_struct([*value_fields, *change_fields])).json(),
+        value_fields=tuple(f.name for f in [*value_fields, *change_fields]),
         strict=rules.strict,
         required=rules.required,
         framed=rules.framed,
@@ -229,8 +243,14 @@ def materialize_once(
         max_record_bytes=table.max_record_bytes,
     )
     if upsert:
-        keys = key_columns(table.key, value_fields, f"table {identifier}")
-        write = _upsert_writer(iceberg.schema(), keys, table.run_timeout_seconds)
+        if decoder.envelope_plan:  # the row key is the envelope's (the source's primary key)
+            keys = debezium_tables.layout_of(decoder).keys
+        else:
+            keys = key_columns(table.key, value_fields, f"table {identifier}")
+        soft = table.deletes == "soft"
+        write = _upsert_writer(
+            iceberg.schema(), keys, table.run_timeout_seconds, tuple(f.name for f in change_fields), soft
+        )
     else:
         write = _append_writer(struct)
 
@@ -271,6 +291,14 @@ def materialize_once(
         log.error("%s: committed up to the bad record: %s", identifier, result.describe())
         raise outcome.error_mode.error
     return result
+
+
+def _value_fields(values_format: Format, decoder: DecoderSpec, table: TableSpec, identifier: str) -> list | None:
+    """The table's value columns (None: only a batch knows them). Change events: the envelope's (a JSON topic's:
+    the change columns until a batch is read)."""
+    if decoder.envelope_plan:
+        return debezium_tables.layout_of(decoder).value_fields()
+    return values_format.value_fields(decoder, table, identifier)
 
 
 def _commit(
@@ -465,10 +493,18 @@ def _append_writer(struct: StructType) -> Writer:
     return append
 
 
-def _upsert_writer(columns: StructType, keys: list[str], run_timeout_s: float) -> Writer:
-    """`columns`: the table's, which may hold fields the batch's schema removed (they are set to null)."""
+def _upsert_writer(
+    columns: StructType,
+    keys: list[str],
+    run_timeout_s: float,
+    changes: tuple[str, ...] = (),
+    soft: bool = False,
+) -> Writer:
+    """`columns`: the table's, which may hold fields the batch's schema removed (they are set to null); `changes`:
+    an envelope's change columns, which the writer consumes (`upsert`)."""
 
     def upsert(frame: DataFrame, branch: Branch) -> int:
-        return merge_batch(conformed(frame, columns, keep=(TOMBSTONE,)), branch, columns, keys, run_timeout_s)
+        kept = conformed(frame, columns, keep=(TOMBSTONE, *changes))
+        return merge_batch(kept, branch, columns, keys, run_timeout_s, soft)
 
     return upsert

@@ -54,6 +54,8 @@ class ReadPath:
 
 def choose_read_path(spark: SparkSession, decoder: DecoderSpec) -> ReadPath:
     """The JVM path where the table's format has a JVM codec for the table, else Python."""
+    if decoder.envelope_plan:
+        return ReadPath(PYTHON, "change events (envelope) are unwrapped in Python with their keys and headers")
     codec = format_of(decoder).jvm_codec(spark, decoder)
     if isinstance(codec, str):
         return ReadPath(PYTHON, codec)

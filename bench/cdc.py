@@ -1,0 +1,158 @@
+"""CDC benchmark: a Debezium mirror table's change rate vs plain upserts, in one process on the same broker.
+
+N Debezium-shaped Avro change events (self-contained schema, PostgreSQL source positions) over K keys: mostly
+updates, some leaving a TOAST column unchanged (the placeholder), creates, deletes with their tombstones; and N plain
+Avro upserts over the same K keys (`mode: upsert` on the Kafka key). Each round produces N of each, then runs one
+batch of each table (icefloe's `run_table`, the Python read path for CDC, as it is chosen for envelopes), timed.
+Round 1 builds the tables; later rounds merge into K existing rows.
+Results: bench/results/cdc.{json,md}. Run: `.venv/bin/python bench/cdc.py [--changes 100000 --keys 20000 --rounds 3]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+from confluent_kafka import Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from icefloe.operate.runner import run_table
+from icefloe.session import spark_session
+from icefloe.spec import parse_config
+from icefloe_dev.kafka_broker import KafkaBroker
+from icefloe_dev.processes import start_together
+from icefloe_dev.schema_registry import SchemaRegistry
+
+RESULTS = Path(__file__).parent / "results"
+PARTITIONS = 4
+PLACEHOLDER = "__debezium_unavailable_value"
+ROW = {"type": "record", "name": "Value", "namespace": "pg.public.accounts", "fields": [
+    {"name": "id", "type": "long"}, {"name": "name", "type": ["null", "string"]}, {"name": "balance", "type": "long"},
+    {"name": "notes", "type": ["null", "string"]}]}  # fmt: skip
+SOURCE = {"type": "record", "name": "Source", "namespace": "io.debezium.connector.postgresql", "fields": [
+    {"name": "connector", "type": "string"}, {"name": "ts_ms", "type": "long"}, {"name": "lsn", "type": ["null", "long"]},
+    {"name": "sequence", "type": ["null", "string"]}]}  # fmt: skip
+ENVELOPE = {"type": "record", "name": "Envelope", "namespace": "pg.public.accounts", "fields": [
+    {"name": "before", "type": ["null", ROW]}, {"name": "after", "type": ["null", "Value"]}, {"name": "source", "type": SOURCE},
+    {"name": "op", "type": "string"}, {"name": "ts_ms", "type": ["null", "long"]}]}  # fmt: skip
+KEY = {"type": "record", "name": "Key", "namespace": "pg.public.accounts", "fields": [{"name": "id", "type": "long"}]}
+
+
+def produce(
+    bootstrap: str, registry_url: str, cdc: str, plain: str, count: int, keys: int, rng: random.Random, lsn: list[int]
+) -> None:
+    client = SchemaRegistryClient({"url": registry_url})
+    value, key = AvroSerializer(client, json.dumps(ENVELOPE)), AvroSerializer(client, json.dumps(KEY))
+    row = AvroSerializer(client, json.dumps(ROW))
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000, "enable.idempotence": True}
+    )
+    vctx, kctx = SerializationContext(cdc, MessageField.VALUE), SerializationContext(cdc, MessageField.KEY)
+    pctx = SerializationContext(plain, MessageField.VALUE)
+    notes = "x" * 300
+    for _ in range(count):
+        lsn[0] += 8
+        ident = rng.randrange(keys)
+        partition = zlib.crc32(str(ident).encode()) % PARTITIONS
+        pick = rng.random()
+        after = {"id": ident, "name": f"name-{ident}", "balance": rng.randrange(10**6),
+                 "notes": PLACEHOLDER if pick < 0.3 else notes}  # fmt: skip
+        op = "d" if pick > 0.9 else "c" if pick > 0.8 else "u"
+        envelope = {"before": {**after, "notes": None} if op == "d" else None, "after": None if op == "d" else after,
+                    "source": {"connector": "postgresql", "ts_ms": int(time.time() * 1000), "lsn": lsn[0],
+                               "sequence": json.dumps([str(lsn[0] - 4), str(lsn[0])])}, "op": op, "ts_ms": None}  # fmt: skip
+        kbytes = key({"id": ident}, kctx)
+        producer.produce(cdc, key=kbytes, value=value(envelope, vctx), partition=partition)
+        if op == "d":
+            producer.produce(cdc, key=kbytes, value=None, partition=partition)
+        plain_value = None if op == "d" else row({**after, "notes": notes}, pctx)
+        producer.produce(plain, key=str(ident).encode(), value=plain_value, partition=partition)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--changes", type=int, default=100_000)
+    parser.add_argument("--keys", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="icefloe-bench-cdc-"))
+    rounds = []
+    try:
+        broker, registry = KafkaBroker(work / "kafka", heap="1g"), SchemaRegistry(work / "registry")
+        start_together(broker, registry)
+        try:
+            for name in ("pg.public.accounts", "accounts_plain"):
+                broker.create_topic(name, PARTITIONS)
+            cluster = {
+                "name": "local",
+                "bootstrapServers": broker.bootstrap_servers,
+                "schemaRegistry": {"url": registry.url},
+            }
+            config = parse_config({"sourceClusters": [cluster], "catalog": {"type": "local"}, "tables": [
+                {"sourceCluster": "local", "topic": "pg.public.accounts", "format": "avro", "envelope": "debezium", "mode": "upsert"},
+                {"sourceCluster": "local", "topic": "accounts_plain", "format": "avro", "mode": "upsert"}]})  # fmt: skip
+            spark = spark_session(config.catalog, work / "state")
+            rng, lsn = random.Random(29), [1000]
+            for number in range(1, args.rounds + 1):
+                produce(
+                    broker.bootstrap_servers,
+                    registry.url,
+                    "pg.public.accounts",
+                    "accounts_plain",
+                    args.changes,
+                    args.keys,
+                    rng,
+                    lsn,
+                )
+                measured = {"round": number}
+                for label, table in (("plain_upsert", config.tables[1]), ("cdc_mirror", config.tables[0])):
+                    started = time.monotonic()
+                    result = run_table(spark, config, table, work / "state")
+                    seconds = time.monotonic() - started
+                    records = sum(result.offsets.values())
+                    measured[label] = {
+                        "seconds": round(seconds, 1),
+                        "records_to_date": records,
+                        "read_path": result.read_path,
+                    }
+                rounds.append(measured)
+                print(json.dumps(measured), flush=True)
+            spark.stop()
+        finally:
+            registry.stop()
+            broker.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for measured in rounds:  # events per second of each batch (the CDC topic also holds the deletes' tombstones)
+        for label in ("plain_upsert", "cdc_mirror"):
+            measured[label]["changes_per_s"] = round(args.changes / measured[label]["seconds"])
+    report = {"machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} cores, shared",
+              "changes_per_round": args.changes, "keys": args.keys, "partitions": PARTITIONS, "rounds": rounds}  # fmt: skip
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "cdc.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = ["# CDC benchmark (bench/cdc.py)", "", f"{report['machine']}; {args.changes} changes per round over {args.keys} keys, "
+             f"{PARTITIONS} partitions; one batch per table per round, same process.", "",
+             "| round | plain upsert s | plain changes/s | CDC mirror s | CDC changes/s |", "|---|---|---|---|---|"]  # fmt: skip
+    for m in rounds:
+        p, c = m["plain_upsert"], m["cdc_mirror"]
+        lines.append(
+            f"| {m['round']} | {p['seconds']} | {p['changes_per_s']} | {c['seconds']} | {c['changes_per_s']} |"
+        )
+    (RESULTS / "cdc.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
