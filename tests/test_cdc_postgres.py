@@ -1,0 +1,215 @@
+"""Change data end to end: PostgreSQL -> Debezium (Kafka Connect standalone) -> the broker -> icefloe -> Iceberg.
+
+One module-scoped run makes the topics: a private database on the session's PostgreSQL, one Connect worker (one JVM
+for the module) with four Debezium connectors on the same `customers` table, one per converter (Apicurio's Avro with
+referenced and with dereferenced schemas, the JsonConverter with and without schemas), a seeded random workload
+(icefloe_dev.cdc_workload) over an initial snapshot, the connectors restarted cleanly once (their offsets
+committed), then the worker SIGKILLed and restarted: it replays every change since the clean restart (the truncate
+included) with their original positions, so every topic holds duplicates. Then:
+- platform checks (cheap, no icefloe): each topic holds what ../shared/PLATFORM.md describes;
+- the mirror table (`envelope: debezium, mode: upsert`) per converter, read by pyiceberg and DuckDB, equals
+  `SELECT * FROM customers` row for row, with the database's types;
+- the changelog (`mode: append`): one row per change event.
+Select them with `-m cdc`. ICEFLOE_CDC_SEED replays a workload (the seed is in every failure).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from icefloe.runner import run_table
+from icefloe_dev.cdc_workload import (
+    DDL,
+    MARKER_TABLE,
+    PLACEHOLDER,
+    TABLE,
+    Event,
+    Workload,
+    mark,
+    read_events,
+    typed_rows,
+    wait_for_marker,
+)
+from icefloe_dev.kafka_connect import CONVERTERS, KafkaConnect, debezium_postgres
+from support import read_duckdb, read_pyiceberg
+
+pytestmark = [pytest.mark.cdc, pytest.mark.broker]
+SEED = int(os.environ.get("ICEFLOE_CDC_SEED", "29"))
+PARTITIONS = 3
+COLUMNS = ["id", "name", "notes", "balance", "updated_at", "birthday", "active", "tags", "profile", "ref"]
+TABLE_FORMAT = {"avro": "avro", "avro-dereferenced": "avro", "json": "json", "json-schemaless": "json"}
+
+
+@dataclass
+class CdcRun:
+    seed: int
+    database: str
+    topics: dict[str, str]  # converter -> customers topic
+    events: dict[str, list[Event]]  # converter -> every message of its topic
+    expected: list[dict[str, Any]]  # SELECT * FROM customers, typed
+    counts: dict[str, int]  # what the workload did
+
+
+def connector_name(converter: str) -> str:
+    return f"cdc_{converter.replace('-', '_')}"
+
+
+@pytest.fixture(scope="module")
+def cdc(postgres, broker, registry, state_dir) -> CdcRun:
+    database = postgres.create_database("cdc_e2e")
+    workload = Workload(SEED)
+    postgres.sql(DDL + workload.initial_rows(60), database=database)
+    captured = [f"public.{TABLE}", f"public.{MARKER_TABLE}"]
+    connectors = [
+        debezium_postgres(connector_name(c), postgres, captured, c, registry.url, PARTITIONS, database=database)
+        for c in CONVERTERS
+    ]
+    markers = {f"{connector_name(c)}.public.{MARKER_TABLE}": c for c in CONVERTERS}
+
+    def step(marker: int, sql: str) -> None:
+        postgres.sql(sql, database=database)
+        mark(postgres, marker, database)
+        wait_for_marker(broker.bootstrap_servers, markers, marker, registry.url)
+
+    # Offsets are flushed only by the clean connector restart below (the 60 s interval outlasts the run): the
+    # SIGKILL then deterministically re-emits everything since that restart.
+    worker = KafkaConnect(state_dir / "connect-cdc", broker.bootstrap_servers, connectors, offset_flush_ms=60_000)
+    try:
+        worker.start()
+        worker.wait_streaming()  # the snapshot (`r`) is over
+        step(1, workload.changes(80))
+        worker.restart_connectors()  # offsets committed here
+        step(2, workload.changes(80, truncate_after=50))  # replayed after the kill, truncate included
+        worker.kill()
+        postgres.sql(workload.changes(40), database=database)  # while the connectors are down
+        worker.start()
+        worker.wait_streaming()
+        step(3, workload.changes(60))
+    finally:
+        worker.stop()
+    topics = {c: f"{connector_name(c)}.public.{TABLE}" for c in CONVERTERS}
+    events = {c: read_events(broker.bootstrap_servers, topics[c], c, registry.url) for c in CONVERTERS}
+    expected = typed_rows(postgres.rows(f"SELECT * FROM {TABLE}", database=database))
+    return CdcRun(SEED, database, topics, events, expected, dict(workload.counts))
+
+
+# -- (a) the platform: what Debezium wrote, as PLATFORM.md says (no icefloe involved)
+@pytest.mark.parametrize("converter", CONVERTERS)
+def test_the_topics_hold_debeziums_envelope_with_duplicates_after_the_kill(cdc, converter):
+    events = cdc.events[converter]
+    ops = Counter(e.op for e in events)
+    assert {"r", "c", "u", "d", "t"} <= set(ops), (cdc.seed, ops)
+    assert ops["t"] >= 1 and all(e.key is None for e in events if e.op == "t"), "a truncate has no key"
+    # every delete is followed by its tombstone in its partition
+    by_partition: dict[int, list[Event]] = {}
+    for event in events:
+        by_partition.setdefault(event.partition, []).append(event)
+    for series in by_partition.values():
+        for event, after in zip(series, series[1:]):
+            if event.op == "d":
+                assert after.value is None and after.key == event.key, (cdc.seed, event.partition, event.offset)
+    # an update that left notes alone carries the placeholder, not the value
+    assert any(e.op == "u" and e.value["after"]["notes"] == PLACEHOLDER for e in events), cdc.seed
+    # a key change: `d` on the old key naming the new one, `c` on the new key naming the old one, one lsn
+    moved_from = {e.lsn: e for e in events if e.op == "c" and "__debezium.oldkey" in e.headers}
+    moved_to = [e for e in events if e.op == "d" and "__debezium.newkey" in e.headers]
+    assert moved_to and all(e.lsn in moved_from for e in moved_to), cdc.seed
+    for removed in moved_to:
+        added = moved_from[removed.lsn]
+        assert json.loads(added.headers["__debezium.oldkey"]) == removed.key, cdc.seed
+        assert json.loads(removed.headers["__debezium.newkey"]) == added.key, cdc.seed
+    # the SIGKILL: events re-emitted with their positions (streamed and snapshot alike)
+    seen = Counter((e.op, e.lsn, json.dumps(e.key, sort_keys=True)) for e in events if e.value is not None)
+    assert any(n > 1 and op in ("c", "u", "d") for (op, _, _), n in seen.items()), f"no replayed change ({cdc.seed})"
+    assert ops["t"] == 2, f"the truncate, and its replay ({cdc.seed})"
+
+
+# -- (b) icefloe: the mirror table equals the source table
+def _json_value(value: Any) -> Any:
+    return json.loads(value, parse_float=Decimal) if isinstance(value, str) else value
+
+
+def normalized(row: dict[str, Any], converter: str) -> dict[str, Any]:
+    """A table row in the database's terms: instants in UTC, UUIDs as text, JSON as its value. Schemaless JSON
+    carries no semantic types, so there a date may arrive as its days since 1970, an instant as its ISO text."""
+    out = {column: row.get(column) for column in COLUMNS}
+    if isinstance(out["updated_at"], dt.datetime):
+        out["updated_at"] = out["updated_at"].astimezone(dt.UTC)
+    if isinstance(out["ref"], uuid.UUID | bytes):
+        out["ref"] = str(out["ref"] if isinstance(out["ref"], uuid.UUID) else uuid.UUID(bytes=out["ref"]))
+    out["profile"] = _json_value(out["profile"])
+    if isinstance(out["tags"], tuple):
+        out["tags"] = list(out["tags"])
+    if converter == "json-schemaless":
+        if isinstance(out["birthday"], int):
+            out["birthday"] = dt.date(1970, 1, 1) + dt.timedelta(days=out["birthday"])
+        if isinstance(out["updated_at"], str):
+            out["updated_at"] = dt.datetime.fromisoformat(out["updated_at"]).astimezone(dt.UTC)
+        if isinstance(out["balance"], float):
+            out["balance"] = Decimal(str(out["balance"]))
+    return out
+
+
+def differences(expected: list[dict], got: list[dict]) -> list[str]:
+    """Per key: missing, unexpected, or the columns that differ (expected vs got)."""
+    want, have = {r["id"]: r for r in expected}, {r["id"]: r for r in got}
+    out = [f"id {k}: missing" for k in sorted(want.keys() - have.keys())]
+    out += [f"id {k}: not in the source" for k in sorted(have.keys() - want.keys())]
+    for key in sorted(want.keys() & have.keys()):
+        for column in COLUMNS:
+            if want[key][column] != have[key][column]:
+                shown = [str(v)[:60] for v in (want[key][column], have[key][column])]
+                out.append(f"id {key} {column}: expected {shown[0]!r}, got {shown[1]!r}")
+    return out
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("converter", CONVERTERS)
+def test_the_mirror_table_equals_the_source_table(cdc, converter, spark, make_config, state_dir):
+    config = make_config({
+        "topic": cdc.topics[converter], "table": f"mirror_{converter.replace('-', '_')}",
+        "format": TABLE_FORMAT[converter], "envelope": "debezium", "mode": "upsert", "errors": "fail",
+    })  # fmt: skip
+    result = run_table(spark, config, config.tables[0], state_dir)
+    assert result.status == "committed", result.describe()
+    for reader, rows in (
+        ("pyiceberg", read_pyiceberg(state_dir, result.identifier)),
+        ("duckdb", read_duckdb(result.metadata_location)),
+    ):
+        got = sorted((normalized(r, converter) for r in rows), key=lambda r: r["id"])
+        problems = differences(cdc.expected, got)
+        assert not problems, f"{reader}, seed {cdc.seed}, {len(problems)} differences:\n" + "\n".join(problems[:40])
+        assert len(got) == len(cdc.expected)
+    again = run_table(spark, config, config.tables[0], state_dir)
+    assert again.status != "committed" or again.rows_written == 0, again.describe()
+
+
+@pytest.mark.spark
+def test_the_changelog_keeps_one_row_per_change_event(cdc, spark, make_config, state_dir):
+    config = make_config({
+        "topic": cdc.topics["avro"], "table": "changelog_avro", "format": "avro", "envelope": "debezium",
+        "mode": "append", "errors": "fail",
+    })  # fmt: skip
+    result = run_table(spark, config, config.tables[0], state_dir)
+    assert result.status == "committed", result.describe()
+    rows = read_pyiceberg(state_dir, result.identifier)
+    changes = [e for e in cdc.events["avro"] if e.value is not None]  # tombstones change nothing
+    assert Counter(r["cdc_op"] for r in rows) == Counter(e.op for e in changes), cdc.seed
+    assert sorted((r["kafka_partition"], r["kafka_offset"]) for r in rows) == [(e.partition, e.offset) for e in changes]
+    by_position = {(e.partition, e.offset): e for e in changes}
+    for row in rows:
+        event = by_position[(row["kafka_partition"], row["kafka_offset"])]
+        where = (cdc.seed, row["kafka_partition"], row["kafka_offset"], event.op)
+        after = event.value["after"] or {}
+        # a delete's row names the deleted key (from the event's key); a truncate's has no key
+        assert row["id"] == (event.key or {}).get("id") if event.op in ("d", "t") else after["id"], where
+        assert row["name"] == after.get("name"), where
