@@ -15,18 +15,18 @@ Select them with `-m cdc`. ICEFLOE_CDC_SEED replays a workload (the seed is in e
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
-import uuid
 from collections import Counter
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 import pytest
 
+from icefloe import cli
 from icefloe.runner import run_table
+from icefloe_dev import cdc_demo
 from icefloe_dev.cdc_workload import (
     DDL,
     MARKER_TABLE,
@@ -35,6 +35,7 @@ from icefloe_dev.cdc_workload import (
     Event,
     Workload,
     mark,
+    mirror_differences,
     read_events,
     typed_rows,
     wait_for_marker,
@@ -45,7 +46,6 @@ from support import read_duckdb, read_pyiceberg
 pytestmark = [pytest.mark.cdc, pytest.mark.broker]
 SEED = int(os.environ.get("ICEFLOE_CDC_SEED", "29"))
 PARTITIONS = 3
-COLUMNS = ["id", "name", "notes", "balance", "updated_at", "birthday", "active", "tags", "profile", "ref"]
 TABLE_FORMAT = {"avro": "avro", "avro-dereferenced": "avro", "json": "json", "json-schemaless": "json"}
 
 
@@ -134,44 +134,6 @@ def test_the_topics_hold_debeziums_envelope_with_duplicates_after_the_kill(cdc, 
 
 
 # -- (b) icefloe: the mirror table equals the source table
-def _json_value(value: Any) -> Any:
-    return json.loads(value, parse_float=Decimal) if isinstance(value, str) else value
-
-
-def normalized(row: dict[str, Any], converter: str) -> dict[str, Any]:
-    """A table row in the database's terms: instants in UTC, UUIDs as text, JSON as its value. Schemaless JSON
-    carries no semantic types, so there a date may arrive as its days since 1970, an instant as its ISO text."""
-    out = {column: row.get(column) for column in COLUMNS}
-    if isinstance(out["updated_at"], dt.datetime):
-        out["updated_at"] = out["updated_at"].astimezone(dt.UTC)
-    if isinstance(out["ref"], uuid.UUID | bytes):
-        out["ref"] = str(out["ref"] if isinstance(out["ref"], uuid.UUID) else uuid.UUID(bytes=out["ref"]))
-    out["profile"] = _json_value(out["profile"])
-    if isinstance(out["tags"], tuple):
-        out["tags"] = list(out["tags"])
-    if converter == "json-schemaless":
-        if isinstance(out["birthday"], int):
-            out["birthday"] = dt.date(1970, 1, 1) + dt.timedelta(days=out["birthday"])
-        if isinstance(out["updated_at"], str):
-            out["updated_at"] = dt.datetime.fromisoformat(out["updated_at"]).astimezone(dt.UTC)
-        if isinstance(out["balance"], float):
-            out["balance"] = Decimal(str(out["balance"]))
-    return out
-
-
-def differences(expected: list[dict], got: list[dict]) -> list[str]:
-    """Per key: missing, unexpected, or the columns that differ (expected vs got)."""
-    want, have = {r["id"]: r for r in expected}, {r["id"]: r for r in got}
-    out = [f"id {k}: missing" for k in sorted(want.keys() - have.keys())]
-    out += [f"id {k}: not in the source" for k in sorted(have.keys() - want.keys())]
-    for key in sorted(want.keys() & have.keys()):
-        for column in COLUMNS:
-            if want[key][column] != have[key][column]:
-                shown = [str(v)[:60] for v in (want[key][column], have[key][column])]
-                out.append(f"id {key} {column}: expected {shown[0]!r}, got {shown[1]!r}")
-    return out
-
-
 @pytest.mark.spark
 @pytest.mark.parametrize("converter", CONVERTERS)
 def test_the_mirror_table_equals_the_source_table(cdc, converter, spark, make_config, state_dir):
@@ -185,10 +147,9 @@ def test_the_mirror_table_equals_the_source_table(cdc, converter, spark, make_co
         ("pyiceberg", read_pyiceberg(state_dir, result.identifier)),
         ("duckdb", read_duckdb(result.metadata_location)),
     ):
-        got = sorted((normalized(r, converter) for r in rows), key=lambda r: r["id"])
-        problems = differences(cdc.expected, got)
+        problems = mirror_differences(cdc.expected, rows, converter)
         assert not problems, f"{reader}, seed {cdc.seed}, {len(problems)} differences:\n" + "\n".join(problems[:40])
-        assert len(got) == len(cdc.expected)
+        assert len(rows) == len(cdc.expected)
     again = run_table(spark, config, config.tables[0], state_dir)
     assert again.status != "committed" or again.rows_written == 0, again.describe()
 
@@ -213,3 +174,27 @@ def test_the_changelog_keeps_one_row_per_change_event(cdc, spark, make_config, s
         # a delete's row names the deleted key (from the event's key); a truncate's has no key
         assert row["id"] == (event.key or {}).get("id") if event.op in ("d", "t") else after["id"], where
         assert row["name"] == after.get("name"), where
+
+
+# -- `icefloe demo --cdc`
+@pytest.mark.spark
+def test_the_cdc_demo_prints_a_mirror_equal_to_its_database(postgres, broker, registry, spark, tmp_path, monkeypatch, capsys):
+    """`icefloe demo --cdc --json` as a user runs it, on the session's broker, registry, PostgreSQL and Spark (the
+    demo's own Kafka Connect worker): every kind of change made, the mirror equal to the database, both printed."""
+
+    @contextmanager
+    def running(demo_state):
+        yield broker, registry
+
+    monkeypatch.setattr(cdc_demo, "local_services", running)
+    monkeypatch.setattr(cdc_demo, "local_postgres", lambda demo_state: nullcontext(postgres))
+    monkeypatch.setattr(cdc_demo, "local_spark", lambda catalog, demo_state: nullcontext(spark))
+    code = cli.main(["demo", "--cdc", "--json", "--state-dir", str(tmp_path)])
+    out = capsys.readouterr()
+    assert out.out.strip(), f"exit {code}, no summary:\n{out.err[-4000:]}"
+    summary = json.loads(out.out.strip().splitlines()[-1])
+    assert code == 0 and summary["equal"], out.err[-4000:]
+    assert summary["table_rows"] == summary["source_rows"] > 0 and summary["differences"] == 0
+    assert {"insert", "update leaving notes", "delete", "key change"} <= set(summary["changes"]), summary["changes"]
+    assert "PostgreSQL: SELECT * FROM customers" in out.err and f"Iceberg: {summary['table']}" in out.err
+    assert "the mirror equals the source: yes" in out.err

@@ -224,6 +224,52 @@ def typed_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(typed, key=lambda r: r["id"])
 
 
+# -- comparing a mirror table with the source
+COLUMNS = ["id", "name", "notes", "balance", "updated_at", "birthday", "active", "tags", "profile", "ref"]
+
+
+def _json_value(value: Any) -> Any:
+    return json.loads(value, parse_float=Decimal) if isinstance(value, str) else value
+
+
+def as_source_row(row: dict[str, Any], converter: str) -> dict[str, Any]:
+    """A table row in the database's terms: instants in UTC, UUIDs as text, JSON as its value. Schemaless JSON
+    carries no semantic types, so there a date may arrive as its days since 1970, an instant as its ISO text."""
+    out = {column: row.get(column) for column in COLUMNS}
+    if isinstance(out["updated_at"], dt.datetime):
+        out["updated_at"] = out["updated_at"].astimezone(dt.UTC)
+    if isinstance(out["ref"], uuid.UUID | bytes):
+        out["ref"] = str(out["ref"] if isinstance(out["ref"], uuid.UUID) else uuid.UUID(bytes=out["ref"]))
+    out["profile"] = _json_value(out["profile"])
+    if isinstance(out["tags"], tuple):
+        out["tags"] = list(out["tags"])
+    if converter == "json-schemaless":
+        if isinstance(out["birthday"], int):
+            out["birthday"] = dt.date(1970, 1, 1) + dt.timedelta(days=out["birthday"])
+        if isinstance(out["updated_at"], str):
+            out["updated_at"] = dt.datetime.fromisoformat(out["updated_at"]).astimezone(dt.UTC)
+        if isinstance(out["balance"], float):
+            out["balance"] = Decimal(str(out["balance"]))
+    return out
+
+
+def mirror_differences(expected: list[dict], rows: list[dict], converter: str = "avro") -> list[str]:
+    """How a mirror table's rows (pyiceberg's or DuckDB's) differ from the source's (`typed_rows`): per key,
+    missing, not in the source, or each column that differs (expected vs got, cut short). Empty: equal."""
+    got = [as_source_row(row, converter) for row in rows]
+    want, have = {r["id"]: r for r in expected}, {r["id"]: r for r in got}
+    if len(have) < len(got):
+        return [f"{len(got) - len(have)} rows share a key with another row"]
+    out = [f"id {k}: missing" for k in sorted(want.keys() - have.keys())]
+    out += [f"id {k}: not in the source" for k in sorted(have.keys() - want.keys())]
+    for key in sorted(want.keys() & have.keys()):
+        for column in COLUMNS:
+            if want[key][column] != have[key][column]:
+                shown = [str(v)[:60] for v in (want[key][column], have[key][column])]
+                out.append(f"id {key} {column}: expected {shown[0]!r}, got {shown[1]!r}")
+    return out
+
+
 # -- reading what Debezium wrote
 @dataclass(frozen=True)
 class Event:
