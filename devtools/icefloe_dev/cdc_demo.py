@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from icefloe.runner import run_table
+from icefloe.operate.runner import run_table
 from icefloe.spec import load_config
 
 from .cdc_workload import DDL, MARKER_TABLE, TABLE, Workload, mark, mirror_differences, typed_rows, wait_for_marker
