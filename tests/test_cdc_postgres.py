@@ -16,7 +16,9 @@ Select them with `-m cdc`. ICEFLOE_CDC_SEED replays a workload (the seed is in e
 from __future__ import annotations
 
 import json
+import logging
 import os
+import time
 from collections import Counter
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -44,6 +46,7 @@ from icefloe_dev.kafka_connect import CONVERTERS, KafkaConnect, debezium_postgre
 from support import read_duckdb, read_pyiceberg
 
 pytestmark = [pytest.mark.cdc, pytest.mark.broker]
+log = logging.getLogger(__name__)
 SEED = int(os.environ.get("ICEFLOE_CDC_SEED", "29"))
 PARTITIONS = 3
 TABLE_FORMAT = {"avro": "avro", "avro-dereferenced": "avro", "json": "json", "json-schemaless": "json"}
@@ -74,31 +77,44 @@ def cdc(postgres, broker, registry, state_dir) -> CdcRun:
         for c in CONVERTERS
     ]
     markers = {f"{connector_name(c)}.public.{MARKER_TABLE}": c for c in CONVERTERS}
+    topics = {c: f"{connector_name(c)}.public.{TABLE}" for c in CONVERTERS}
+    for topic in topics.values():  # made up front: Connect would create them at the first event, and wait
+        broker.create_topic(topic, PARTITIONS)
+    for topic in markers:
+        broker.create_topic(topic, 1)
+    started = time.monotonic()
+
+    def took(what: str) -> None:  # the phases' times, shown with --log-cli-level=INFO
+        log.info("cdc fixture: %s at %.1fs", what, time.monotonic() - started)
 
     def step(marker: int, sql: str) -> None:
         postgres.sql(sql, database=database)
         mark(postgres, marker, database)
         wait_for_marker(broker.bootstrap_servers, markers, marker, registry.url)
+        took(f"step {marker} sent")
 
-    # Offsets are flushed only by the clean connector restart below (the 60 s interval outlasts the run): the
+    # Offsets are flushed only by the clean connector restart below (the 10 min interval outlasts the run): the
     # SIGKILL then deterministically re-emits everything since that restart.
-    worker = KafkaConnect(state_dir / "connect-cdc", broker.bootstrap_servers, connectors, offset_flush_ms=60_000)
+    worker = KafkaConnect(state_dir / "connect-cdc", broker.bootstrap_servers, connectors, offset_flush_ms=600_000)
     try:
         worker.start()
         worker.wait_streaming()  # the snapshot (`r`) is over
+        took("snapshot")
         step(1, workload.changes(80))
         worker.restart_connectors()  # offsets committed here
+        took("clean restart")
         step(2, workload.changes(80, truncate_after=50))  # replayed after the kill, truncate included
         worker.kill()
         postgres.sql(workload.changes(40), database=database)  # while the connectors are down
         worker.start()
         worker.wait_streaming()
+        took("restart after SIGKILL")
         step(3, workload.changes(60))
     finally:
-        worker.stop()
-    topics = {c: f"{connector_name(c)}.public.{TABLE}" for c in CONVERTERS}
+        worker.kill()  # nothing more to flush
     events = {c: read_events(broker.bootstrap_servers, topics[c], c, registry.url) for c in CONVERTERS}
     expected = typed_rows(postgres.rows(f"SELECT * FROM {TABLE}", database=database))
+    took("topics read")
     return CdcRun(SEED, database, topics, events, expected, dict(workload.counts))
 
 

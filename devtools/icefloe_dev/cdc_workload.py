@@ -303,11 +303,16 @@ def decoder(converter: str, registry_url: str | None):
     return lambda data: None if data is None else json.loads(data, parse_float=Decimal)
 
 
+_decoders: dict[tuple[str, str | None], Any] = {}  # one per converter and registry: their schema caches live on
+
+
 def read_events(
     bootstrap: str, topic: str, converter: str, registry_url: str | None, timeout: float = 30.0
 ) -> list[Event]:
     """Every message of `topic` up to its current end, decoded, in (partition, offset) order."""
-    decode = decoder(converter, registry_url)
+    if (converter, registry_url) not in _decoders:
+        _decoders[converter, registry_url] = decoder(converter, registry_url)
+    decode = _decoders[converter, registry_url]
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,

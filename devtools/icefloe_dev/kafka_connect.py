@@ -174,6 +174,7 @@ class KafkaConnect(LocalService):
             java(),
             f"-Xmx{self.heap}",
             "-XX:+UseSerialGC",  # a small heap on a shared machine: no parallel GC threads
+            "-XX:TieredStopAtLevel=1",  # starts faster; a few thousand events need no optimizing compiler
             f"-Dlog4j2.configurationFile={log4j}",
             "-cp",
             f"{connect}/*",
