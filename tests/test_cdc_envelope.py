@@ -162,3 +162,89 @@ def test_mirror_table_applies_creates_updates_deletes(spark, broker, registry, s
     result = run_table(spark, config, config.tables[0], state_dir)
     expected[1] = ("upd-1", "n", born)
     assert state(read_pyiceberg(state_dir, result.identifier)) == expected
+
+
+def test_toast_placeholders_key_changes_and_truncates(spark, broker, registry, state_dir, topic, make_config):
+    """An unchanged TOAST column keeps the row's value (within a batch and across batches); a primary-key change
+    moves the row, the new key's `c` taking the placeholder's value from the old key's row (also when the old row
+    was written by an earlier batch); a truncate empties the table and older events after it change nothing."""
+    broker.create_topic(topic, 3)
+    events = Events(topic, "avro-inline", registry.url)
+    config = table_config(make_config, topic, "avro-inline")
+
+    def run():
+        result = run_table(spark, config, config.tables[0], state_dir)
+        assert result.status == "committed" and result.records_failed == 0
+        return state(read_pyiceberg(state_dir, result.identifier))
+
+    def moved(old: int, new: int, name: str, partition_old: int, partition_new: int) -> list[dict]:
+        """A primary-key change: `d` on the old key, its tombstone, `c` on the new key at the same lsn."""
+        events.lsn += 10
+        lsn = events.lsn
+        header = [("__debezium.oldkey", json.dumps({"id": old}).encode())]
+        return [*events.delete(old, lsn=lsn, partition=partition_old),
+                events.upsert("c", new, name, notes=PLACEHOLDER, lsn=lsn, headers=header, partition=partition_new)]  # fmt: skip
+
+    produce(broker.bootstrap_servers, topic, [
+        events.upsert("c", 1, "a", notes="long-1"), events.upsert("c", 2, "b", notes="long-2", partition=1),
+        events.upsert("u", 1, "a2", notes=PLACEHOLDER),  # same batch: from the batch's earlier change
+    ])  # fmt: skip
+    assert run() == {1: ("a2", "long-1", "2022-01-08"), 2: ("b", "long-2", "2022-01-08")}
+    events.commit()
+    produce(broker.bootstrap_servers, topic, [
+        events.upsert("u", 2, "b2", notes=PLACEHOLDER, partition=1),  # across batches: from the table's row
+        *moved(1, 10, "moved", 0, 2),  # the old row is in the table, the new key on another partition
+        events.upsert("c", 3, "c", notes="long-3"),
+        *moved(3, 30, "moved-3", 0, 1),  # the old row is in the same batch
+        events.upsert("u", 30, "moved-3b", notes=PLACEHOLDER, partition=1),  # after the move, in the batch
+    ])  # fmt: skip
+    assert run() == {2: ("b2", "long-2", "2022-01-08"), 10: ("moved", "long-1", "2022-01-08"),
+                     30: ("moved-3b", "long-3", "2022-01-08")}  # fmt: skip
+    events.commit()
+    before_truncate = events.upsert("u", 2, "before-truncate", partition=1)  # older than the truncate, read after it
+    inserted = events.upsert("c", 4, "d")
+    truncate = events.event("t", None, partition=2)
+    produce(broker.bootstrap_servers, topic, [inserted, truncate])
+    assert run() == {}
+    events.commit()
+    produce(broker.bootstrap_servers, topic, [before_truncate, events.upsert("c", 5, "after-truncate")])
+    assert run() == {5: ("after-truncate", "n", "2022-01-08")}
+
+
+def test_order_never_regresses_across_partitions(spark, broker, registry, state_dir, topic, make_config):
+    """A key's changes on two partitions, read in batches where the newer arrives first: the source position
+    decides, so the older change (a late partition, a replay) neither overwrites nor resurrects the row."""
+    broker.create_topic(topic, 2)
+    events = Events(topic, "json-schema")
+    config = table_config(make_config, topic, "json-schema")
+    old = events.upsert("u", 1, "old", partition=1)
+    old_2 = events.upsert("c", 2, "old-2", partition=1)
+    events.commit()
+    produce(broker.bootstrap_servers, topic, [events.upsert("u", 1, "new", partition=0), *events.delete(2, partition=0)])
+    result = run_table(spark, config, config.tables[0], state_dir)
+    assert state(read_pyiceberg(state_dir, result.identifier)) == {1: ("new", "n", "2022-01-08")}
+    produce(broker.bootstrap_servers, topic, [old, old_2])  # older positions, read later
+    result = run_table(spark, config, config.tables[0], state_dir)
+    assert state(read_pyiceberg(state_dir, result.identifier)) == {1: ("new", "n", "2022-01-08")}
+
+
+@pytest.mark.parametrize("errors", ["skip", "fail"])
+def test_bad_events_are_bad_records_named_by_partition_and_offset(spark, broker, registry, state_dir, topic, make_config, errors):
+    broker.create_topic(topic, 1)
+    events = Events(topic, "json-plain")
+    good = events.upsert("c", 1, "a")
+    no_op = {"key": b'{"id": 2}', "value": json.dumps({"before": None, "after": {"id": 2}, "source": {}}).encode()}
+    unknown_op = {"key": b'{"id": 2}', "value": json.dumps({"before": None, "after": {"id": 2}, "op": "x"}).encode()}
+    wrong_key = {"key": b'{"id": 3}', "value": json.dumps({"before": None, "after": {"id": 2, "name": "z"}, "op": "c"}).encode()}
+    not_fitting = {"key": b'{"id": 2}', "value": json.dumps({"before": None, "after": {"id": "two"}, "op": "c"}).encode()}
+    positions = produce(broker.bootstrap_servers, topic, [good, no_op, unknown_op, wrong_key, not_fitting, events.upsert("c", 4, "d")])
+    config = table_config(make_config, topic, "json-plain", errors=errors)
+    if errors == "fail":
+        with pytest.raises(RecordError) as caught:
+            run_table(spark, config, config.tables[0], state_dir)
+        assert (caught.value.partition, caught.value.offset, caught.value.kind) == (*positions[1], "InvalidChange")
+        assert "without op" in caught.value.cause
+        return
+    result = run_table(spark, config, config.tables[0], state_dir)
+    assert result.records_failed == 4
+    assert state(read_pyiceberg(state_dir, result.identifier)) == {1: ("a", "n", "19000"), 4: ("d", "n", "19000")}

@@ -302,9 +302,11 @@ def _resolve_unchanged(frame: DataFrame, branch: Branch, key_columns: list[str],
         "icefloe_chain", F.sum(F.when(F.col(CHANGE_MOVED_FROM).isNotNull(), 1).otherwise(0)).over(running)
     )
     chain = Window.partitionBy(*keys, "icefloe_chain").orderBy(*earliest_first)
-    chained = chained.withColumn(
-        "icefloe_from", F.first(CHANGE_MOVED_FROM).over(chain.rowsBetween(Window.unboundedPreceding, 0))
-    )
+    from_start = chain.rowsBetween(Window.unboundedPreceding, 0)
+    chained = chained.withColumn("icefloe_from", F.first(CHANGE_MOVED_FROM).over(from_start))
+    start = ("icefloe_s_src", "icefloe_s_clock", "icefloe_s_part", "icefloe_s_off")[0 if sourced else 1 :]
+    for column, value in zip(start, _position_columns(sourced)):  # where the chain starts
+        chained = chained.withColumn(column, F.first(value).over(from_start))
     unchanged = F.coalesce(F.col(CHANGE_UNCHANGED), F.array().cast("array<string>"))
     for name in names:
         missing = F.array_contains(unchanged, name)
@@ -313,7 +315,7 @@ def _resolve_unchanged(frame: DataFrame, branch: Branch, key_columns: list[str],
         )
         chained = chained.withColumn("icefloe_known", known)
         chained = chained.withColumn(
-            quoted(name),
+            name,
             F.when(missing & F.col("icefloe_known").isNotNull(), F.col("icefloe_known.v")).otherwise(
                 F.col(quoted(name))
             ),
@@ -323,11 +325,54 @@ def _resolve_unchanged(frame: DataFrame, branch: Branch, key_columns: list[str],
                 F.col(CHANGE_UNCHANGED)
             ),
         )
-    chained = chained.drop("icefloe_known").persist()
+    chained = chained.drop("icefloe_known").withColumn("icefloe_row", F.monotonically_increasing_id()).persist()
     frame.unpersist()
     left = chained.where(F.size(unchanged) > 0)
     if left.isEmpty():
-        return chained.drop("icefloe_chain", "icefloe_from")
+        return chained.drop("icefloe_chain", "icefloe_from", "icefloe_row", *start)
+    # A row that moved in takes the rest from the batch's latest change of the key it moved from, before the move.
+    old = chained.where(F.col(CHANGE) == "upsert").select(
+        *[F.col(quoted(k)).alias(f"icefloe_ok_{i}") for i, k in enumerate(key_columns)],
+        *[
+            c.alias(n)
+            for c, n in zip(
+                _position_columns(sourced),
+                ("icefloe_o_src", "icefloe_o_clock", "icefloe_o_part", "icefloe_o_off")[0 if sourced else 1 :],
+            )
+        ],
+        *[F.col(quoted(n)).alias(f"icefloe_ov_{i}") for i, n in enumerate(names)],
+        F.coalesce(F.col(CHANGE_UNCHANGED), F.array().cast("array<string>")).alias("icefloe_ou"),
+    )
+    moved = left.where(F.col("icefloe_from").isNotNull()).select(
+        "icefloe_row",
+        *[F.col(f"icefloe_from.{quoted(k)}").alias(f"icefloe_mk_{i}") for i, k in enumerate(key_columns)],
+        *start,
+    )
+    before = ("icefloe_o_src", "icefloe_o_clock", "icefloe_o_part", "icefloe_o_off")[0 if sourced else 1 :]
+    on = [moved[f"icefloe_mk_{i}"] == old[f"icefloe_ok_{i}"] for i in range(len(key_columns))]
+    latest = Window.partitionBy("icefloe_row").orderBy(*[F.col(c).desc() for c in before])
+    found = (
+        moved.join(old, on + [F.expr(_after(start, before))])
+        .withColumn("icefloe_rank", F.row_number().over(latest))
+        .where("icefloe_rank = 1")
+        .select(
+            "icefloe_row",
+            *[f"icefloe_ov_{i}" for i in range(len(names))],
+            "icefloe_ou",
+            F.lit(True).alias("icefloe_found"),
+        )
+    )
+    chained = chained.join(found, "icefloe_row", "left")
+    for i, name in enumerate(names):
+        missing = F.array_contains(unchanged, name)
+        taken = missing & F.col("icefloe_found").isNotNull() & ~F.array_contains(F.col("icefloe_ou"), name)
+        chained = chained.withColumn(name, F.when(taken, F.col(f"icefloe_ov_{i}")).otherwise(F.col(quoted(name))))
+        chained = chained.withColumn(
+            CHANGE_UNCHANGED, F.when(taken, F.array_remove(unchanged, name)).otherwise(F.col(CHANGE_UNCHANGED))
+        )
+    chained = chained.drop(
+        "icefloe_found", "icefloe_ou", "icefloe_row", *start, *[f"icefloe_ov_{i}" for i in range(len(names))]
+    )
     # The rest from the table as it was before the batch: the row of the key, or of the key the row moved from.
     current = branch.spark.table(branch.identifier).select(
         *[F.col(quoted(k)).alias(f"icefloe_k_{i}") for i, k in enumerate(key_columns)],
@@ -345,9 +390,7 @@ def _resolve_unchanged(frame: DataFrame, branch: Branch, key_columns: list[str],
     )
     for i, name in enumerate(names):
         missing = F.array_contains(unchanged, name)
-        joined = joined.withColumn(
-            quoted(name), F.when(missing, F.col(f"icefloe_v_{i}")).otherwise(F.col(quoted(name)))
-        )
+        joined = joined.withColumn(name, F.when(missing, F.col(f"icefloe_v_{i}")).otherwise(F.col(quoted(name))))
     drop = [
         "icefloe_chain",
         "icefloe_from",
@@ -356,6 +399,12 @@ def _resolve_unchanged(frame: DataFrame, branch: Branch, key_columns: list[str],
         *[f"icefloe_v_{i}" for i in range(len(names))],
     ]
     return joined.drop(*drop).withColumn(CHANGE_UNCHANGED, F.lit(None).cast("array<string>"))
+
+
+def _position_columns(sourced: bool) -> list:
+    """A position's columns, comparable in SQL: (source position,) clock ms (never null), partition, offset."""
+    kafka = [F.coalesce(F.unix_millis(KAFKA_CLOCK), F.lit(NO_CLOCK)), F.col("kafka_partition"), F.col("kafka_offset")]
+    return [F.col(SOURCE_POSITION), *kafka] if sourced else kafka
 
 
 def _earliest_first(sourced: bool) -> list:
