@@ -230,19 +230,27 @@ def test_order_never_regresses_across_partitions(spark, broker, registry, state_
 
 @pytest.mark.parametrize("errors", ["skip", "fail"])
 def test_bad_events_are_bad_records_named_by_partition_and_offset(spark, broker, registry, state_dir, topic, make_config, errors):
+    """No op, an unknown op, a key that does not match the row, an `after` that does not fit the table's columns."""
     broker.create_topic(topic, 1)
     events = Events(topic, "json-plain")
-    good = events.upsert("c", 1, "a")
-    no_op = {"key": b'{"id": 2}', "value": json.dumps({"before": None, "after": {"id": 2}, "source": {}}).encode()}
-    unknown_op = {"key": b'{"id": 2}', "value": json.dumps({"before": None, "after": {"id": 2}, "op": "x"}).encode()}
-    wrong_key = {"key": b'{"id": 3}', "value": json.dumps({"before": None, "after": {"id": 2, "name": "z"}, "op": "c"}).encode()}
-    not_fitting = {"key": b'{"id": 2}', "value": json.dumps({"before": None, "after": {"id": "two"}, "op": "c"}).encode()}
-    positions = produce(broker.bootstrap_servers, topic, [good, no_op, unknown_op, wrong_key, not_fitting, events.upsert("c", 4, "d")])
     config = table_config(make_config, topic, "json-plain", errors=errors)
+    produce(broker.bootstrap_servers, topic, [events.upsert("c", 1, "a")])
+    assert run_table(spark, config, config.tables[0], state_dir).status == "committed"  # the columns: born is int
+
+    def change(key: int, **value) -> dict:
+        return {"key": json.dumps({"id": key}).encode(), "value": json.dumps({"before": None, **value}).encode()}
+
+    bad = [
+        change(2, after={"id": 2}, source={}),
+        change(2, after={"id": 2}, op="x"),
+        change(3, after={"id": 2, "name": "z"}, op="c"),
+        change(2, after={"id": 2, "born": {"x": 1}}, op="c"),
+    ]
+    positions = produce(broker.bootstrap_servers, topic, [*bad, events.upsert("c", 4, "d")])
     if errors == "fail":
         with pytest.raises(RecordError) as caught:
             run_table(spark, config, config.tables[0], state_dir)
-        assert (caught.value.partition, caught.value.offset, caught.value.kind) == (*positions[1], "InvalidChange")
+        assert (caught.value.partition, caught.value.offset, caught.value.kind) == (*positions[0], "InvalidChange")
         assert "without op" in caught.value.cause
         return
     result = run_table(spark, config, config.tables[0], state_dir)
