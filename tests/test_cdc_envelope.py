@@ -12,7 +12,7 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from icefloe.errors import RecordError
-from icefloe.runner import run_table
+from icefloe.operate.runner import run_table
 from support import produce, read_duckdb, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
