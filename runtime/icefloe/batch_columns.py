@@ -39,6 +39,19 @@ KAFKA_COLUMNS: dict[str, SparkTypeJson] = {
 KAFKA_CLOCK = "kafka_clock"
 # The clock of the change a row holds (the running max of its partition's timestamps, `upsert`): its position.
 UPSERT_COLUMNS: dict[str, SparkTypeJson] = {KAFKA_CLOCK: "timestamp"}
+# A change-data table's rows keep the position of their change in the source database (bytes that compare bytewise
+# in the source's order; null: none, Kafka order decides): the upsert order's first component (`upsert`).
+SOURCE_POSITION = "cdc_position"
+# Columns an envelope (a change-data format) gives a batch beside the value fields, consumed by the upsert writer and
+# never written: what the record changes ("upsert", "delete", "truncate", or "none": consumed without effect; a
+# batch without the column: every record is an upsert or, as a tombstone, a delete), the columns the source did not
+# send (the row keeps their value), the key a row moved from (a primary-key change), and when the change happened.
+CHANGE = "icefloe_change"
+CHANGE_UNCHANGED = "icefloe_unchanged"
+CHANGE_MOVED_FROM = "icefloe_moved_from"
+CHANGE_TIME = "icefloe_change_time"
+# `deletes: soft`: a deleted row stays, flagged, with its delete's time (table columns).
+SOFT_DELETED, SOFT_DELETED_AT = "cdc_deleted", "cdc_deleted_at"
 TOMBSTONE = "icefloe_tombstone"
 ERROR_CLASS = "icefloe_error_class"
 ERROR_MESSAGE = "icefloe_error_message"

@@ -143,3 +143,8 @@ def is_transient(error: BaseException) -> bool:
         return True
     text = f"{type(error).__name__}: {error}".lower()
     return any(mark in text for mark in _TRANSIENT_MARKS)
+
+
+class InvalidChange(ValueError):
+    """A change event that decodes but cannot be applied (no or an unknown op, a key that does not match its row):
+    a bad record (`InvalidChange`) under the table's error mode."""

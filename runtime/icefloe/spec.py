@@ -334,6 +334,11 @@ class TableSpec(Model):
     format: Literal["avro", "json", "json-schema", "protobuf", "raw", "string"] = "avro"
     schema_: InlineSchema | None = Field(default=None, alias="schema")
     mode: Literal["append", "upsert"] = "append"
+    # A change-data envelope: `debezium` (README "Change data"): upsert = the mirror table, append = the changelog.
+    envelope: Literal["debezium"] | None = None
+    deletes: Literal["hard", "soft"] = "hard"  # soft: a mirror table keeps deleted rows, flagged (cdc_deleted)
+    # What Debezium sends for a value it does not have (PostgreSQL's unchanged TOAST): the row's value is kept.
+    unavailable_value_placeholder: Annotated[str, StringConstraints(min_length=1)] = "__debezium_unavailable_value"
     key: tuple[str, ...] | None = None
     key_format: Literal["json", "avro", "string", "raw", "protobuf", "json-schema"] | None = None
     # protobuf: the message type the table reads (full or package-relative name); default the schema's first message
@@ -381,6 +386,27 @@ class TableSpec(Model):
         for value in values:
             parse_partition_field(value)
         return values
+
+    @model_validator(mode="after")
+    def _change_data(self) -> TableSpec:
+        if self.envelope is not None:
+            if self.format not in ("avro", "json"):
+                raise ValueError(f"envelope {self.envelope} applies to format avro or json, not {self.format}")
+            if self.schema_ is not None:
+                raise ValueError(f"envelope {self.envelope} takes its columns from the change events; remove schema")
+            if self.key or self.key_format:
+                raise ValueError(
+                    f"envelope {self.envelope}: the row key is the Debezium key (the source's primary key columns); "
+                    "remove key and keyFormat"
+                )
+        elif "unavailable_value_placeholder" in self.model_fields_set:
+            raise ValueError("unavailableValuePlaceholder only applies with envelope: debezium")
+        if self.deletes == "soft":
+            if self.envelope is None:
+                raise ValueError("deletes: soft needs envelope: debezium (its deletes carry their time)")
+            if self.mode != "upsert":
+                raise ValueError("deletes: soft needs mode: upsert (a changelog keeps every delete as a row)")
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> TableSpec:

@@ -37,6 +37,8 @@ class DecoderSpec:
     key_format: str | None = None
     message_type: str | None = None  # protobuf: the full name of the message type the table reads
     key_conf: dict[str, str] | None = None  # keys framed for the AWS Glue Schema Registry (glue_registry)
+    # An envelope's decoding plan (JSON; e.g. `debezium.tables`): its decoder reads the key and headers too.
+    envelope_plan: str | None = None
 
     def __repr__(self) -> str:
         return f"DecoderSpec(format={self.format!r}, topic={self.topic!r})"
@@ -81,6 +83,10 @@ def decoder_spec(table: TableSpec, cluster: SourceCluster) -> DecoderSpec:
     if glue and table.format in glue_registry.DATA_FORMATS:
         return _glue_spec(table, cluster, keys)
     registry = registry_config(cluster.schema_registry, cluster.name) if _confluent(cluster) else None  # type: ignore[arg-type]  # _confluent(cluster) means it has one
+    if table.envelope == "debezium":
+        from icefloe.formats.debezium import tables
+
+        return tables.decoder_spec(table, registry, f"table {table.table_name}")
     if table.format in ("json", "raw", "string"):
         return DecoderSpec(table.format, table.topic, registry_conf=registry, **keys)
     if table.format in ("protobuf", "json-schema"):
@@ -208,6 +214,13 @@ def _registry_errors(conf: dict[str, str], subject: str) -> Iterator[None]:
         raise SourceError(f"schema registry {conf['url']}: {error}") from None
     except Exception as error:  # connection failures surface as the HTTP library's own types
         raise SourceError(f"schema registry {conf['url']} unreachable: {error}") from None
+
+
+def build_change_decoder(spec: DecoderSpec) -> Callable[[bytes | None, bytes | None, list | None], dict]:
+    """An envelope's decoder: (value, key, headers) -> the row and its change columns."""
+    from icefloe.formats.debezium import tables
+
+    return tables.change_decoder(spec)
 
 
 def build_decoder(spec: DecoderSpec) -> Decoder:

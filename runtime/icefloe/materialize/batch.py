@@ -32,6 +32,7 @@ from icefloe.errors import IcefloeError, RecordError
 from icefloe.formats import glue_framed
 from icefloe.formats import raw as raw_format
 from icefloe.formats import schemaless_json as json_inference
+from icefloe.formats.debezium import tables as debezium_tables
 from icefloe.formats.decoding import DecoderSpec, decoder_spec
 from icefloe.formats.schema_mapping import (
     avro_value_fields,
@@ -158,9 +159,10 @@ def materialize_once(
     cluster = config.cluster(table.source_cluster)
     kafka_conf = client_config(cluster)
     decoder = decoder_spec(table, cluster)
-    schemaless = table.format == "json" and table.inline_schema is None  # columns inferred per batch
+    # columns inferred per batch
+    schemaless = table.format == "json" and table.inline_schema is None and table.envelope is None
     value_fields = _value_fields(decoder, table, identifier)
-    if table.mode == "upsert" and not schemaless:  # a key field the schema lacks fails before the table is created
+    if table.mode == "upsert" and not schemaless and table.envelope is None:  # fails before the table is created
         key_columns(table.key, value_fields, f"table {identifier}")
 
     iceberg = IcebergTable(spark, identifier)
@@ -205,6 +207,15 @@ def materialize_once(
         value_fields = _value_fields(decoder, table, identifier)
     if schemaless:
         decoder, value_fields, struct = _infer_json(spark, iceberg, kafka_conf, table, batch, decoder)
+    elif decoder.format == "debezium-json":  # the columns the batch's change events give
+        layout = debezium_tables.json_layout(
+            spark, kafka_conf, batch.tasks(), table.max_record_bytes, list(iceberg.schema().fields), table.mode,
+            table.deletes == "soft", f"table {identifier}",
+        )  # fmt: skip
+        decoder = debezium_tables.with_layout(decoder, layout, debezium_tables.placeholder_of(decoder))
+        value_fields, struct = layout.value_fields(), table_struct(layout.value_fields())
+        for change in iceberg.evolve(table_struct(value_fields, upsert)):
+            log.info("%s: schema evolved from the change events: %s", identifier, change)
     else:
         struct = table_struct(value_fields)
         for change in iceberg.evolve(table_struct(value_fields, upsert)):
@@ -220,20 +231,28 @@ def materialize_once(
     )
     progress.reading(spark, identifier, sum(r.count for r in ranges))
 
+    # An envelope's batch carries its change columns after the value fields (the upsert writer consumes them).
+    change_fields = debezium_tables.layout_of(decoder).change_fields() if decoder.envelope_plan else []
     plan = ReadPlan(
         kafka_conf=kafka_conf,
         decoder=decoder,
-        batch_schema_json=batch_struct(struct).json(),
-        value_fields=tuple(f.name for f in value_fields),
-        strict=decoder.format in ("json", "json-schema", json_inference.FORMAT)
+        batch_schema_json=batch_struct(table_struct([*value_fields, *change_fields])).json(),
+        value_fields=tuple(f.name for f in [*value_fields, *change_fields]),
+        strict=decoder.format in ("json", "json-schema", json_inference.FORMAT, *debezium_tables.FORMATS)
         or glue_registry.reads(decoder.registry_conf, "JSON"),
         required=required_paths(table.inline_schema) if decoder.format == "json" else frozenset(),
         needs_key=table.mode == "upsert" and not table.key,
         max_record_bytes=table.max_record_bytes,
     )
     if upsert:
-        keys = key_columns(table.key, value_fields, f"table {identifier}")
-        write = _upsert_writer(iceberg.schema(), keys, table.run_timeout_seconds)
+        if decoder.envelope_plan:  # the row key is the envelope's (the source's primary key)
+            keys = debezium_tables.layout_of(decoder).keys
+        else:
+            keys = key_columns(table.key, value_fields, f"table {identifier}")
+        soft = table.deletes == "soft"
+        write = _upsert_writer(
+            iceberg.schema(), keys, table.run_timeout_seconds, tuple(f.name for f in change_fields), soft
+        )
     else:
         write = _append_writer(struct)
 
@@ -277,7 +296,7 @@ def materialize_once(
 
 
 # The table's schema is the registry's latest version of the value schema.
-_REGISTRY_FORMATS = ("avro-registry", "protobuf", "json-schema", glue_registry.FORMAT)
+_REGISTRY_FORMATS = ("avro-registry", "protobuf", "json-schema", glue_registry.FORMAT, "debezium-avro")
 
 
 def _value_fields(decoder: DecoderSpec, table: TableSpec, identifier: str) -> list[StructField]:
@@ -291,6 +310,8 @@ def _value_fields(decoder: DecoderSpec, table: TableSpec, identifier: str) -> li
         return glue_framed.value_fields(decoder.registry["data_format"], decoder.schema, where, decoder.message_type)
     if decoder.format in raw_format.FORMATS:
         return raw_format.value_fields(decoder.format)
+    if decoder.envelope_plan:  # a change-data envelope's (JSON's: known once a batch is read)
+        return debezium_tables.layout_of(decoder).value_fields()
     if table.format == "json" and table.inline_schema is None:  # schemaless: the columns come from each batch
         return []
     return inline_value_fields(table.inline_schema)  # type: ignore[arg-type]  # an avro-inline table has one
@@ -501,10 +522,18 @@ def _append_writer(struct: StructType) -> Writer:
     return append
 
 
-def _upsert_writer(columns: StructType, keys: list[str], run_timeout_s: float) -> Writer:
-    """`columns`: the table's, which may hold fields the batch's schema removed (they are set to null)."""
+def _upsert_writer(
+    columns: StructType,
+    keys: list[str],
+    run_timeout_s: float,
+    changes: tuple[str, ...] = (),
+    soft: bool = False,
+) -> Writer:
+    """`columns`: the table's, which may hold fields the batch's schema removed (they are set to null); `changes`:
+    an envelope's change columns, which the writer consumes (`upsert`)."""
 
     def upsert(frame: DataFrame, branch: Branch) -> int:
-        return merge_batch(conformed(frame, columns, keep=(TOMBSTONE,)), branch, columns, keys, run_timeout_s)
+        kept = conformed(frame, columns, keep=(TOMBSTONE, *changes))
+        return merge_batch(kept, branch, columns, keys, run_timeout_s, soft)
 
     return upsert

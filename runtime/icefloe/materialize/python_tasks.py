@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from icefloe.errors import SourceError
-from icefloe.formats.decoding import DecoderSpec, build_decoder, build_key_decoder
+from icefloe.errors import InvalidChange, SourceError
+from icefloe.formats.decoding import DecoderSpec, build_change_decoder, build_decoder, build_key_decoder
 from icefloe.source.kafka import OffsetRange, read_range
 
 _TIMESTAMP_TYPES = {0: None, 1: "CreateTime", 2: "LogAppendTime"}
@@ -117,7 +117,9 @@ class _Records:
         values = T.StructType([batch[name] for name in plan.value_fields])
         self.plan = plan
         self.convert = ValueConverter(values, strict=plan.strict, required=plan.required)
-        self.decode = build_decoder(plan.decoder)
+        # An envelope (change data) reads the key and headers too; its rows carry the change columns.
+        self.change = build_change_decoder(plan.decoder) if plan.decoder.envelope_plan else None
+        self.decode = build_decoder(plan.decoder) if self.change is None else None
         self.decode_key = _key_decoder(plan, values) if plan.decoder.key_fields else None
         self.builder = BatchBuilder(batch, list(plan.value_fields))
         # values in Confluent wire format carry a schema id
@@ -138,7 +140,10 @@ class _Records:
         value, failure = None, None
         try:
             _check_timestamp(timestamp_ms)
-            value = _value(self.plan, self.decode, self.decode_key, self.convert, payload, key)
+            if self.change is not None:
+                value = _change(self.plan, self.change, self.convert, payload, key, headers)
+            else:
+                value = _value(self.plan, self.decode, self.decode_key, self.convert, payload, key)
         except _Bad as bad:
             failure = (bad.kind, bad.message, payload, schema_id(payload) if self.framed else None)
             if bad.kind == INVALID_TIMESTAMP:  # the row's timestamp column cannot hold it
@@ -211,6 +216,22 @@ def _value(plan: ReadPlan, decode, decode_key, convert, payload: bytes | None, k
     if missing:
         raise _Bad("InvalidKey", f"key field(s) {missing} are null")
     return value
+
+
+def _change(plan: ReadPlan, change, convert, payload: bytes | None, key: bytes | None, headers) -> dict:
+    """A change event's row (an envelope's): its value, key and headers decoded together."""
+    if payload is not None and len(payload) > plan.max_record_bytes:
+        raise _Bad("RecordTooLarge", f"value of {len(payload)} bytes exceeds maxRecordBytes {plan.max_record_bytes}")
+    try:
+        decoded = change(payload, key, headers)
+    except InvalidChange as error:
+        raise _Bad("InvalidChange", str(error)) from None
+    except ValueError as error:
+        raise _Bad("DecodeError", str(error)) from None
+    try:
+        return convert(decoded)
+    except ValueError as error:
+        raise _Bad("ConversionError", str(error)) from None
 
 
 def _key_decoder(plan: ReadPlan, values) -> Callable[[bytes], dict]:

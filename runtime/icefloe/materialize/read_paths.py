@@ -56,6 +56,8 @@ class ReadPath:
 
 def choose_read_path(spark: SparkSession, decoder: DecoderSpec) -> ReadPath:
     """The JVM path where the JVM has a decoder for the table's format, else Python."""
+    if decoder.envelope_plan:
+        return ReadPath(PYTHON, "change events (envelope) are unwrapped in Python with their keys and headers")
     if decoder.format in ("json", "json-inferred"):
         return ReadPath(PYTHON, "JSON values are checked against the table's types in Python")
     if decoder.format == "protobuf" or glue_registry.reads(decoder.registry_conf, "PROTOBUF"):

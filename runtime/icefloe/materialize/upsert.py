@@ -22,15 +22,38 @@ The rule does not depend on where batches end:
 - a delete keeps its key and position as a marker in `<table>_deletes`, so an older change of the key read later
   (from a lagging partition) does not bring the row back: an insert is dropped when the key's marker is at or after
   it. Markers are kept `deleteMarkerRetention` (default 7d, on the marker's clock; maintenance expires them).
+
+Change data (an envelope's batch, with the change columns of `batch_columns`) follows the same rule, generalized:
+- a position may start with the change's position in its source database (`cdc_position`, bytes ordered bytewise;
+  a Debezium table's rows keep it): where both positions have one, it alone decides, and equal source positions are
+  the same change (a connector's replay after a restart): not newer, so a replay never applies again; without
+  one, the Kafka position above decides;
+- a change is an upsert, a delete (a marker, as a tombstone), a truncate (every row before it goes, and its marker,
+  a row of null keys in `<table>_deletes`, keeps older changes out as a delete's does) or nothing;
+- columns a change did not send (`icefloe_unchanged`: PostgreSQL's unchanged TOAST values) keep the value the key
+  had before it: from the batch's earlier changes of the key, else the table's row; a change that moved the row
+  from another key (a primary-key change, `icefloe_moved_from`) takes them from that key as it was before;
+- `deletes: soft`: a delete keeps the row, flagged `cdc_deleted` with its time, and the delete's position.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from icefloe.batch_columns import KAFKA_CLOCK, TOMBSTONE
+from icefloe.batch_columns import (
+    CHANGE,
+    CHANGE_MOVED_FROM,
+    CHANGE_TIME,
+    CHANGE_UNCHANGED,
+    KAFKA_CLOCK,
+    KAFKA_COLUMNS,
+    SOFT_DELETED,
+    SOFT_DELETED_AT,
+    SOURCE_POSITION,
+    TOMBSTONE,
+)
 from icefloe.commit.branch import Branch, commit_on_branch, drop_stale_branches
 from icefloe.commit.checkpoint import Checkpoint, committed_state
 from icefloe.errors import ConfigError
@@ -99,74 +122,319 @@ def positioned(frame: DataFrame, carried: dict[int, int]) -> tuple[DataFrame, di
 
 
 def _clock(alias: str, fallback: str | None = None) -> str:
-    """SQL: the clock (epoch ms) of the position `alias` holds; `fallback`: a column standing in for a null clock."""
-    columns = [f"unix_millis({alias}.{KAFKA_CLOCK})", *([f"unix_millis({alias}.{fallback})"] if fallback else [])]
+    """SQL: the clock (epoch ms) of the position `alias` holds (""; the frame's own columns); `fallback`: a column
+    standing in for a null clock."""
+    at = f"{alias}." if alias else ""
+    columns = [f"unix_millis({at}{KAFKA_CLOCK})", *([f"unix_millis({at}{fallback})"] if fallback else [])]
     return f"coalesce({', '.join(columns)}, {NO_CLOCK}L)"
 
 
-def _after(a: tuple[str, str, str], b: tuple[str, str, str]) -> str:
-    """SQL: position `a` (clock, partition, offset) is after position `b`."""
-    (ac, ap, ao), (bc, bp, bo) = a, b
-    return f"({ac} > {bc} OR ({ac} = {bc} AND ({ap} > {bp} OR ({ap} = {bp} AND {ao} > {bo}))))"
+Position = tuple[str, ...]  # SQL: (clock, partition, offset) or (source position, clock, partition, offset)
+
+
+def _after(a: Position, b: Position) -> str:
+    """SQL: position `a` is after position `b`: by their source positions where both have one (equal ones are the
+    same change: not after), else by (clock, partition, offset)."""
+    (ac, ap, ao), (bc, bp, bo) = a[-3:], b[-3:]
+    kafka = f"({ac} > {bc} OR ({ac} = {bc} AND ({ap} > {bp} OR ({ap} = {bp} AND {ao} > {bo}))))"
+    if len(a) == 3 or len(b) == 3:
+        return kafka
+    return f"(CASE WHEN {a[0]} IS NOT NULL AND {b[0]} IS NOT NULL THEN {a[0]} > {b[0]} ELSE {kafka} END)"
 
 
 def merge_batch(
-    frame: DataFrame, branch: Branch, struct: T.StructType, key_columns: list[str], run_timeout_s: float
+    frame: DataFrame,
+    branch: Branch,
+    struct: T.StructType,
+    key_columns: list[str],
+    run_timeout_s: float,
+    soft_deletes: bool = False,
 ) -> int:
     """Merge one batch (with `kafka_clock`, see `positioned`) into the run's branch; returns the number of changes
     the batch holds after its reduction to one per key (a change older than the row it meets counts, though it
-    changes nothing)."""
+    changes nothing). A batch with change columns (an envelope's) may also truncate, leave columns unchanged and
+    move rows between keys (module doc)."""
     spark = branch.spark
     columns = [f.name for f in struct.fields]
+    sourced = SOURCE_POSITION in columns
+    truncate = None
+    if CHANGE in frame.columns:
+        frame = frame.where(F.col(CHANGE).isin("upsert", "delete", "truncate")).withColumn(
+            TOMBSTONE, F.col(CHANGE) == "delete"
+        )
+        truncate = _latest_truncate(frame.where(F.col(CHANGE) == "truncate"), sourced)
+        frame = frame.where(F.col(CHANGE) != "truncate")
+        if truncate is not None:  # the batch's changes before its truncate are gone with it
+            frame = frame.where(F.expr(_after(_position("", sourced), _literal(truncate, sourced))))
+        if CHANGE_UNCHANGED in frame.columns:
+            frame = _resolve_unchanged(frame, branch, key_columns, sourced)
+    if soft_deletes:
+        frame = frame.withColumn(SOFT_DELETED, F.col(TOMBSTONE)).withColumn(
+            SOFT_DELETED_AT, F.when(F.col(TOMBSTONE), F.col(CHANGE_TIME))
+        )
     keys = [F.col(quoted(k)) for k in key_columns]
-    latest_first = Window.partitionBy(*keys).orderBy(
-        F.coalesce(F.unix_millis(KAFKA_CLOCK), F.lit(NO_CLOCK)).desc(),
-        F.col("kafka_partition").desc(),
-        F.col("kafka_offset").desc(),
-    )
     changes = (
-        frame.withColumn("icefloe_rank", F.row_number().over(latest_first))
+        frame.withColumn(
+            "icefloe_rank", F.row_number().over(Window.partitionBy(*keys).orderBy(*_latest_first(sourced)))
+        )
         .where("icefloe_rank = 1")
         .select(*[F.col(quoted(c)) for c in columns], TOMBSTONE)
         .persist()
     )
     try:
-        markers = _commit_delete_markers(changes, branch, struct, key_columns, run_timeout_s)
+        markers = _commit_delete_markers(changes, branch, struct, key_columns, run_timeout_s, truncate)
         view = f"icefloe_changes_{branch.name}"
         changes.createOrReplaceTempView(view)
         source, insert_when = view, f"NOT s.{TOMBSTONE}"
-        if markers is not None:  # the key's marker, if any, beside each change
+        if markers is not None:  # the key's marker, if any, beside each change; the latest truncate's
             on = " AND ".join(f"c.{quoted(k)} = m.{quoted(k)}" for k in key_columns)
+            marker_source = f", m.{SOURCE_POSITION} AS icefloe_marker_source" if sourced else ""
             source = (
                 f"(SELECT c.*, {_clock('m')} AS icefloe_marker_clock, m.kafka_partition AS icefloe_marker_partition, "
-                f"m.kafka_offset AS icefloe_marker_offset FROM {view} c LEFT JOIN {markers} m ON {on})"
+                f"m.kafka_offset AS icefloe_marker_offset{marker_source} FROM {view} c LEFT JOIN {markers} m ON {on})"
             )
-            marker = ("s.icefloe_marker_clock", "s.icefloe_marker_partition", "s.icefloe_marker_offset")
-            insert_when += f" AND (s.icefloe_marker_partition IS NULL OR {_after(_position('s'), marker)})"
-        newer = _after(_position("s"), (_clock("t", fallback="kafka_timestamp"), "t.kafka_partition", "t.kafka_offset"))
+            marker: Position = ("s.icefloe_marker_clock", "s.icefloe_marker_partition", "s.icefloe_marker_offset")
+            marker = ("s.icefloe_marker_source", *marker) if sourced else marker
+            insert_when += f" AND (s.icefloe_marker_partition IS NULL OR {_after(_position('s', sourced), marker)})"
+            truncated = _truncate_marker(spark, markers, key_columns, sourced)
+            if truncated is not None:  # changes older than the last truncate stay out
+                insert_when += f" AND {_after(_position('s', sourced), _literal(truncated, sourced))}"
+        if truncate is not None:
+            _truncate(branch, truncate, sourced, soft_deletes)
+        row = (_clock("t", fallback="kafka_timestamp"), "t.kafka_partition", "t.kafka_offset")
+        newer = _after(_position("s", sourced), (f"t.{SOURCE_POSITION}", *row) if sourced else row)
         matches = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in key_columns)
         updates = ", ".join(f"t.{quoted(c)} = s.{quoted(c)}" for c in columns)
         names = ", ".join(quoted(c) for c in columns)
         values = ", ".join(f"s.{quoted(c)}" for c in columns)
-        spark.sql(
-            f"MERGE INTO {branch.identifier} t USING {source} s ON {matches} "
-            f"WHEN MATCHED AND s.{TOMBSTONE} AND {newer} THEN DELETE "
-            f"WHEN MATCHED AND {newer} THEN UPDATE SET {updates} "
-            f"WHEN NOT MATCHED AND {insert_when} THEN INSERT ({names}) VALUES ({values})"
-        )
-        branch.wrote()
+        on_delete = "DELETE"
+        if soft_deletes:  # the row stays, flagged, and holds the delete's position
+            kept = [
+                c for c in columns if c in (*KAFKA_COLUMNS, KAFKA_CLOCK, SOURCE_POSITION, SOFT_DELETED, SOFT_DELETED_AT)
+            ]
+            on_delete = "UPDATE SET " + ", ".join(f"t.{quoted(c)} = s.{quoted(c)}" for c in kept)
+        if key_columns:
+            spark.sql(
+                f"MERGE INTO {branch.identifier} t USING {source} s ON {matches} "
+                f"WHEN MATCHED AND s.{TOMBSTONE} AND {newer} THEN {on_delete} "
+                f"WHEN MATCHED AND {newer} THEN UPDATE SET {updates} "
+                f"WHEN NOT MATCHED AND {insert_when} THEN INSERT ({names}) VALUES ({values})"
+            )
+            branch.wrote()
         spark.catalog.dropTempView(view)
         return changes.count()
     finally:
         changes.unpersist()
 
 
-def _position(alias: str) -> tuple[str, str, str]:
-    return _clock(alias), f"{alias}.kafka_partition", f"{alias}.kafka_offset"
+def _literal(position: tuple, sourced: bool) -> Position:
+    """A position read on the driver (source bytes, clock ms, partition, offset) as SQL literals."""
+    source, clock, partition, offset = position[:4]
+    kafka = (f"{NO_CLOCK if clock is None else clock}L", str(partition), f"{offset}L")
+    if not sourced:
+        return kafka
+    return ("NULL" if source is None else f"X'{bytes(source).hex()}'", *kafka)
+
+
+def _latest_truncate(truncates: DataFrame, sourced: bool) -> tuple | None:
+    """The batch's latest truncate: (source position, clock ms, partition, offset), or None."""
+    first = (
+        truncates.orderBy(*_latest_first(sourced))
+        .select(
+            (F.col(SOURCE_POSITION) if sourced else F.lit(None).cast("binary")).alias("source"),
+            F.unix_millis(KAFKA_CLOCK).alias("clock"),
+            "kafka_partition",
+            "kafka_offset",
+            F.col(CHANGE_TIME).alias("at") if CHANGE_TIME in truncates.columns else F.lit(None).alias("at"),
+        )
+        .first()
+    )
+    return None if first is None else (first.source, first.clock, first.kafka_partition, first.kafka_offset, first.at)
+
+
+def _truncate(branch: Branch, truncate: tuple, sourced: bool, soft_deletes: bool) -> None:
+    """Every row whose change is before the truncate goes (soft: is flagged deleted at the truncate's time)."""
+    row = (_clock("t", fallback="kafka_timestamp"), "t.kafka_partition", "t.kafka_offset")
+    older = _after(_literal(truncate[:4], sourced), (f"t.{SOURCE_POSITION}", *row) if sourced else row)
+    if soft_deletes:
+        at = "NULL" if truncate[4] is None else f"TIMESTAMP '{truncate[4].isoformat()}'"
+        branch.spark.sql(
+            f"UPDATE {branch.identifier} t SET {SOFT_DELETED} = true, {SOFT_DELETED_AT} = {at} "
+            f"WHERE {older} AND NOT coalesce({SOFT_DELETED}, false)"
+        )
+    else:
+        branch.spark.sql(f"DELETE FROM {branch.identifier} t WHERE {older}")
+    branch.wrote()
+
+
+def _truncate_marker(spark: SparkSession, markers: str, key_columns: list[str], sourced: bool) -> tuple | None:
+    """The latest truncate recorded in `<table>_deletes` (its row of null keys)."""
+    if not key_columns:
+        return None
+    nulls = " AND ".join(f"{quoted(k)} IS NULL" for k in key_columns)
+    frame = spark.table(markers).where(nulls)
+    found = (
+        frame.orderBy(*_latest_first(sourced))
+        .select(
+            (F.col(SOURCE_POSITION) if sourced else F.lit(None).cast("binary")).alias("source"),
+            F.unix_millis(KAFKA_CLOCK).alias("clock"),
+            "kafka_partition",
+            "kafka_offset",
+        )
+        .first()
+    )
+    return None if found is None else tuple(found)
+
+
+def _resolve_unchanged(frame: DataFrame, branch: Branch, key_columns: list[str], sourced: bool) -> DataFrame:
+    """Fill the columns changes did not send with the value the key had before each change: from the batch's
+    earlier changes of the key, else (the first change of the key in the batch, or the first after the key moved
+    in) from the table's row of the key, or of the key the row moved from, as it was before (module doc)."""
+    names = [r[0] for r in frame.select(F.explode(CHANGE_UNCHANGED)).distinct().collect()]
+    if not names or not key_columns:
+        return frame.withColumn(CHANGE_UNCHANGED, F.lit(None).cast("array<string>"))
+    frame = frame.persist()
+    keys = [F.col(quoted(k)) for k in key_columns]
+    earliest_first = [c.asc_nulls_first() if i == 0 and sourced else c for i, c in enumerate(_earliest_first(sourced))]
+    running = Window.partitionBy(*keys).orderBy(*earliest_first).rowsBetween(Window.unboundedPreceding, 0)
+    # A change that moved the row in starts a chain of its own: the key's earlier changes (a former row) do not count.
+    chained = frame.withColumn(
+        "icefloe_chain", F.sum(F.when(F.col(CHANGE_MOVED_FROM).isNotNull(), 1).otherwise(0)).over(running)
+    )
+    chain = Window.partitionBy(*keys, "icefloe_chain").orderBy(*earliest_first)
+    from_start = chain.rowsBetween(Window.unboundedPreceding, 0)
+    chained = chained.withColumn("icefloe_from", F.first(CHANGE_MOVED_FROM).over(from_start))
+    start = ("icefloe_s_src", "icefloe_s_clock", "icefloe_s_part", "icefloe_s_off")[0 if sourced else 1 :]
+    for column, value in zip(start, _position_columns(sourced)):  # where the chain starts
+        chained = chained.withColumn(column, F.first(value).over(from_start))
+    unchanged = F.coalesce(F.col(CHANGE_UNCHANGED), F.array().cast("array<string>"))
+    for name in names:
+        missing = F.array_contains(unchanged, name)
+        known = F.last(F.when(~missing, F.struct(F.col(quoted(name)).alias("v"))), ignorenulls=True).over(
+            chain.rowsBetween(Window.unboundedPreceding, 0)
+        )
+        chained = chained.withColumn("icefloe_known", known)
+        chained = chained.withColumn(
+            name,
+            F.when(missing & F.col("icefloe_known").isNotNull(), F.col("icefloe_known.v")).otherwise(
+                F.col(quoted(name))
+            ),
+        ).withColumn(
+            CHANGE_UNCHANGED,
+            F.when(missing & F.col("icefloe_known").isNotNull(), F.array_remove(unchanged, name)).otherwise(
+                F.col(CHANGE_UNCHANGED)
+            ),
+        )
+    chained = chained.drop("icefloe_known").withColumn("icefloe_row", F.monotonically_increasing_id()).persist()
+    frame.unpersist()
+    left = chained.where(F.size(unchanged) > 0)
+    if left.isEmpty():
+        return chained.drop("icefloe_chain", "icefloe_from", "icefloe_row", *start)
+    # A row that moved in takes the rest from the batch's latest change of the key it moved from, before the move.
+    old = chained.where(F.col(CHANGE) == "upsert").select(
+        *[F.col(quoted(k)).alias(f"icefloe_ok_{i}") for i, k in enumerate(key_columns)],
+        *[
+            c.alias(n)
+            for c, n in zip(
+                _position_columns(sourced),
+                ("icefloe_o_src", "icefloe_o_clock", "icefloe_o_part", "icefloe_o_off")[0 if sourced else 1 :],
+            )
+        ],
+        *[F.col(quoted(n)).alias(f"icefloe_ov_{i}") for i, n in enumerate(names)],
+        F.coalesce(F.col(CHANGE_UNCHANGED), F.array().cast("array<string>")).alias("icefloe_ou"),
+    )
+    moved = left.where(F.col("icefloe_from").isNotNull()).select(
+        "icefloe_row",
+        *[F.col(f"icefloe_from.{quoted(k)}").alias(f"icefloe_mk_{i}") for i, k in enumerate(key_columns)],
+        *start,
+    )
+    before = ("icefloe_o_src", "icefloe_o_clock", "icefloe_o_part", "icefloe_o_off")[0 if sourced else 1 :]
+    on = [moved[f"icefloe_mk_{i}"] == old[f"icefloe_ok_{i}"] for i in range(len(key_columns))]
+    latest = Window.partitionBy("icefloe_row").orderBy(*[F.col(c).desc() for c in before])
+    found = (
+        moved.join(old, on + [F.expr(_after(start, before))])
+        .withColumn("icefloe_rank", F.row_number().over(latest))
+        .where("icefloe_rank = 1")
+        .select(
+            "icefloe_row",
+            *[f"icefloe_ov_{i}" for i in range(len(names))],
+            "icefloe_ou",
+            F.lit(True).alias("icefloe_found"),
+        )
+    )
+    chained = chained.join(found, "icefloe_row", "left")
+    for i, name in enumerate(names):
+        missing = F.array_contains(unchanged, name)
+        taken = missing & F.col("icefloe_found").isNotNull() & ~F.array_contains(F.col("icefloe_ou"), name)
+        chained = chained.withColumn(name, F.when(taken, F.col(f"icefloe_ov_{i}")).otherwise(F.col(quoted(name))))
+        chained = chained.withColumn(
+            CHANGE_UNCHANGED, F.when(taken, F.array_remove(unchanged, name)).otherwise(F.col(CHANGE_UNCHANGED))
+        )
+    chained = chained.drop(
+        "icefloe_found", "icefloe_ou", "icefloe_row", *start, *[f"icefloe_ov_{i}" for i in range(len(names))]
+    )
+    # The rest from the table as it was before the batch: the row of the key, or of the key the row moved from.
+    current = branch.spark.table(branch.identifier).select(
+        *[F.col(quoted(k)).alias(f"icefloe_k_{i}") for i, k in enumerate(key_columns)],
+        *[F.col(quoted(n)).alias(f"icefloe_v_{i}") for i, n in enumerate(names)],
+    )
+    lookup = [
+        F.when(F.col("icefloe_from").isNotNull(), F.col(f"icefloe_from.{quoted(k)}")).otherwise(F.col(quoted(k)))
+        for k in key_columns
+    ]
+    chained = chained.withColumn("icefloe_lookup", F.struct(*[c.alias(f"icefloe_k_{i}") for i, c in enumerate(lookup)]))
+    joined = chained.join(
+        current,
+        [chained[f"icefloe_lookup.icefloe_k_{i}"] == current[f"icefloe_k_{i}"] for i in range(len(key_columns))],
+        "left",
+    )
+    for i, name in enumerate(names):
+        missing = F.array_contains(unchanged, name)
+        joined = joined.withColumn(name, F.when(missing, F.col(f"icefloe_v_{i}")).otherwise(F.col(quoted(name))))
+    drop = [
+        "icefloe_chain",
+        "icefloe_from",
+        "icefloe_lookup",
+        *[f"icefloe_k_{i}" for i in range(len(key_columns))],
+        *[f"icefloe_v_{i}" for i in range(len(names))],
+    ]
+    return joined.drop(*drop).withColumn(CHANGE_UNCHANGED, F.lit(None).cast("array<string>"))
+
+
+def _position_columns(sourced: bool) -> list:
+    """A position's columns, comparable in SQL: (source position,) clock ms (never null), partition, offset."""
+    kafka = [F.coalesce(F.unix_millis(KAFKA_CLOCK), F.lit(NO_CLOCK)), F.col("kafka_partition"), F.col("kafka_offset")]
+    return [F.col(SOURCE_POSITION), *kafka] if sourced else kafka
+
+
+def _earliest_first(sourced: bool) -> list:
+    kafka = [F.coalesce(F.unix_millis(KAFKA_CLOCK), F.lit(NO_CLOCK)), F.col("kafka_partition"), F.col("kafka_offset")]
+    return [F.col(SOURCE_POSITION), *kafka] if sourced else kafka
+
+
+def _position(alias: str, sourced: bool = False) -> Position:
+    at = f"{alias}." if alias else ""
+    kafka = (_clock(alias), f"{at}kafka_partition", f"{at}kafka_offset")
+    return (f"{at}{SOURCE_POSITION}", *kafka) if sourced else kafka
+
+
+def _latest_first(sourced: bool) -> list:
+    """The order of positions, latest first (a source position first where the table keeps them)."""
+    kafka = [
+        F.coalesce(F.unix_millis(KAFKA_CLOCK), F.lit(NO_CLOCK)).desc(),
+        F.col("kafka_partition").desc(),
+        F.col("kafka_offset").desc(),
+    ]
+    return [F.col(SOURCE_POSITION).desc_nulls_last(), *kafka] if sourced else kafka
 
 
 def _commit_delete_markers(
-    changes: DataFrame, branch: Branch, struct: T.StructType, key_columns: list[str], run_timeout_s: float
+    changes: DataFrame,
+    branch: Branch,
+    struct: T.StructType,
+    key_columns: list[str],
+    run_timeout_s: float,
+    truncate: tuple | None = None,
 ) -> str | None:
     """Record the batch's deletes (key and position) in `<table>_deletes`, each key's marker moving only forward;
     returns that table's name, or None while the table has none (never had a delete).
@@ -177,13 +445,29 @@ def _commit_delete_markers(
     the table will apply anyway when it reads it, so the table ends as it would have."""
     spark, table = branch.spark, branch.table
     markers = IcebergTable(spark, delete_markers_identifier(table.identifier))
+    sourced = SOURCE_POSITION in struct.fieldNames()
+    position_fields = [*([T.StructField(SOURCE_POSITION, T.BinaryType())] if sourced else []), *_POSITION_FIELDS]
     deletes = changes.where(F.col(TOMBSTONE)).select(
-        *[F.col(quoted(k)) for k in key_columns], *[f.name for f in _POSITION_FIELDS]
+        *[F.col(quoted(k)) for k in key_columns], *[f.name for f in position_fields]
     )
+    if truncate is not None:  # a row of null keys: the table's truncate
+        source, clock, partition, offset = truncate[:4]
+        marker = branch.spark.range(1).select(
+            *[F.lit(None).cast(struct[k].dataType).alias(k) for k in key_columns],
+            *(
+                [F.lit(None if source is None else bytearray(source)).cast("binary").alias(SOURCE_POSITION)]
+                if sourced
+                else []
+            ),
+            F.timestamp_millis(F.lit(clock).cast("long")).alias(KAFKA_CLOCK),
+            F.lit(partition).cast("int").alias("kafka_partition"),
+            F.lit(offset).cast("long").alias("kafka_offset"),
+        )
+        deletes = deletes.unionByName(marker)
     if deletes.isEmpty():
         return markers.full_name if markers.exists() else None
     topic, marks = branch.checkpoint.topic, branch.checkpoint.offsets
-    marker_struct = T.StructType([*[f for f in struct.fields if f.name in key_columns], *_POSITION_FIELDS])
+    marker_struct = T.StructType([*[f for f in struct.fields if f.name in key_columns], *position_fields])
     markers.ensure(marker_struct, (), 128, Checkpoint(topic).to_summary())
     markers.evolve(marker_struct)
     drop_stale_branches(markers, run_timeout_s)
@@ -196,13 +480,13 @@ def _commit_delete_markers(
     def write(marker_branch: Branch) -> None:
         view = f"icefloe_deletes_{marker_branch.name}"
         deletes.createOrReplaceTempView(view)
-        matches = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in key_columns)
-        position = ", ".join(f"t.{f.name} = s.{f.name}" for f in _POSITION_FIELDS)
+        matches = " AND ".join(f"t.{quoted(k)} <=> s.{quoted(k)}" for k in key_columns)  # <=>: a truncate's row
+        position = ", ".join(f"t.{f.name} = s.{f.name}" for f in position_fields)
         names = ", ".join(quoted(f.name) for f in marker_struct.fields)
         values = ", ".join(f"s.{quoted(f.name)}" for f in marker_struct.fields)
         spark.sql(
             f"MERGE INTO {marker_branch.identifier} t USING {view} s ON {matches} "
-            f"WHEN MATCHED AND {_after(_position('s'), _position('t'))} THEN UPDATE SET {position} "
+            f"WHEN MATCHED AND {_after(_position('s', sourced), _position('t', sourced))} THEN UPDATE SET {position} "
             f"WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})"
         )
         marker_branch.wrote()

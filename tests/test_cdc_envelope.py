@@ -1,0 +1,258 @@
+"""Debezium change events (`envelope: debezium`) through the real broker and registry: mirror tables equal the
+source table, whatever the encoding (Avro with referenced or self-contained schemas, JSON with or without the
+JsonConverter's wrapper), and never regress (replays, truncates, deletes), read back with pyiceberg and DuckDB."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from icefloe.errors import RecordError
+from icefloe.operate.runner import run_table
+from support import produce, read_duckdb, read_pyiceberg
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+PLACEHOLDER = "__debezium_unavailable_value"
+
+
+def value_record(topic: str) -> dict:
+    return {"type": "record", "name": "Value", "namespace": topic, "connect.name": f"{topic}.Value", "fields": [
+        {"name": "id", "type": "int"},
+        {"name": "name", "type": ["null", "string"], "default": None},
+        {"name": "notes", "type": ["null", "string"], "default": None},
+        {"name": "born", "type": ["null", {"type": "int", "connect.version": 1, "connect.name": "io.debezium.time.Date"}], "default": None},
+    ]}  # fmt: skip
+
+
+def source_record() -> dict:
+    return {"type": "record", "name": "Source", "namespace": "io.debezium.connector.postgresql", "fields": [
+        {"name": "connector", "type": "string"}, {"name": "ts_ms", "type": "long"},
+        {"name": "lsn", "type": ["null", "long"], "default": None}, {"name": "sequence", "type": ["null", "string"], "default": None},
+        {"name": "txId", "type": ["null", "long"], "default": None},
+    ]}  # fmt: skip
+
+
+def envelope(topic: str, value: object, source: object) -> dict:
+    return {"type": "record", "name": "Envelope", "namespace": topic, "fields": [
+        {"name": "before", "type": ["null", value], "default": None},
+        {"name": "after", "type": ["null", f"{topic}.Value" if value == f"{topic}.Value" else "Value"], "default": None},
+        {"name": "source", "type": source}, {"name": "op", "type": "string"}, {"name": "ts_ms", "type": ["null", "long"], "default": None},
+    ]}  # fmt: skip
+
+
+class Events:
+    """Debezium-shaped events of a PostgreSQL table `(id int primary key, name, notes, born date)`."""
+
+    def __init__(self, topic: str, encoding: str, registry_url: str | None = None):
+        self.topic, self.encoding, self.lsn = topic, encoding, 1000
+        self.last_commit = 0
+        if encoding.startswith("avro"):
+            client = SchemaRegistryClient({"url": registry_url})
+            value = value_record(topic)
+            if encoding == "avro-referenced":  # as Apicurio's converter registers them: nested records as subjects
+                client.register_schema(f"{topic}.Value", Schema(json.dumps(value), "AVRO"))
+                client.register_schema("io.debezium.connector.postgresql.Source", Schema(json.dumps(source_record()), "AVRO"))
+                refs = [SchemaReference(f"{topic}.Value", f"{topic}.Value", 1),
+                        SchemaReference("io.debezium.connector.postgresql.Source", "io.debezium.connector.postgresql.Source", 1)]  # fmt: skip
+                schema = Schema(json.dumps(envelope(topic, f"{topic}.Value", "io.debezium.connector.postgresql.Source")), "AVRO", refs)
+            else:
+                schema = Schema(json.dumps(envelope(topic, value, source_record())), "AVRO")
+            key_schema = {"type": "record", "name": "Key", "namespace": topic, "fields": [{"name": "id", "type": "int"}]}
+            conf = {"auto.register.schemas": True}
+            self.value = AvroSerializer(client, schema, conf=conf)
+            self.key = AvroSerializer(client, json.dumps(key_schema), conf=conf)
+
+    def source(self, lsn: int) -> dict:
+        return {"connector": "postgresql", "ts_ms": 1_700_000_000_000 + lsn, "lsn": lsn,
+                "sequence": json.dumps([str(self.last_commit), str(lsn)]), "txId": 7}  # fmt: skip
+
+    def encode_key(self, key: dict | None) -> bytes | None:
+        if key is None:
+            return None
+        if self.encoding.startswith("avro"):
+            return self.key(key, SerializationContext(self.topic, MessageField.KEY))
+        if self.encoding == "json-schema":
+            schema = {"type": "struct", "optional": False, "fields": [{"type": "int32", "optional": False, "field": "id"}]}
+            return json.dumps({"schema": schema, "payload": key}).encode()
+        return json.dumps(key).encode()
+
+    def encode_value(self, value: dict | None) -> bytes | None:
+        if value is None:
+            return None
+        if self.encoding.startswith("avro"):
+            return self.value(value, SerializationContext(self.topic, MessageField.VALUE))
+        if self.encoding == "json-schema":
+            row = {"type": "struct", "optional": True, "fields": [
+                {"type": "int32", "optional": False, "field": "id"}, {"type": "string", "optional": True, "field": "name"},
+                {"type": "string", "optional": True, "field": "notes"},
+                {"type": "int32", "optional": True, "name": "io.debezium.time.Date", "version": 1, "field": "born"}]}  # fmt: skip
+            schema = {"type": "struct", "name": f"{self.topic}.Envelope", "optional": False, "fields": [
+                {**row, "field": "before"}, {**row, "field": "after"},
+                {"type": "struct", "optional": False, "field": "source", "fields": [
+                    {"type": "string", "optional": False, "field": "connector"}, {"type": "int64", "optional": False, "field": "ts_ms"},
+                    {"type": "int64", "optional": True, "field": "lsn"}, {"type": "string", "optional": True, "field": "sequence"},
+                    {"type": "int64", "optional": True, "field": "txId"}]},
+                {"type": "string", "optional": False, "field": "op"}, {"type": "int64", "optional": True, "field": "ts_ms"}]}  # fmt: skip
+            return json.dumps({"schema": schema, "payload": value}).encode()
+        return json.dumps(value).encode()
+
+    def event(self, op: str, key: dict | None, before=None, after=None, lsn: int | None = None, headers=None, partition=0) -> dict:
+        if lsn is None:
+            self.lsn += 10
+            lsn = self.lsn
+        value = {"before": before, "after": after, "source": self.source(lsn), "op": op, "ts_ms": 1_700_000_000_000}
+        return {"key": self.encode_key(key), "value": self.encode_value(value), "headers": headers, "partition": partition}
+
+    def commit(self) -> None:
+        self.last_commit = self.lsn
+
+    def upsert(self, op: str, id: int, name, notes="n", born=19000, **kw) -> dict:
+        return self.event(op, {"id": id}, after={"id": id, "name": name, "notes": notes, "born": born}, **kw)
+
+    def delete(self, id: int, **kw) -> list[dict]:
+        before = {"id": id, "name": None, "notes": None, "born": None}
+        return [self.event("d", {"id": id}, before=before, **kw),
+                {"key": self.encode_key({"id": id}), "value": None, "partition": kw.get("partition", 0)}]  # fmt: skip
+
+
+def state(rows: list[dict]) -> dict[int, tuple]:
+    keyed: dict[int, tuple] = {}
+    for row in rows:
+        assert row["id"] not in keyed, f"two rows for id {row['id']}"
+        keyed[row["id"]] = (row["name"], row["notes"], str(row["born"]))
+    return keyed
+
+
+ENCODINGS = ["avro-referenced", "avro-inline", "json-schema", "json-plain"]
+
+
+def table_config(make_config, topic: str, encoding: str, **extra):
+    return make_config({"topic": topic, "format": "avro" if encoding.startswith("avro") else "json",
+                        "envelope": "debezium", "mode": "upsert", **extra})  # fmt: skip
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_mirror_table_applies_creates_updates_deletes(spark, broker, registry, state_dir, topic, make_config, encoding):
+    """c/r/u upsert `after`, d deletes, the tombstone changes nothing; the columns are the source table's."""
+    topic = f"{topic}"
+    broker.create_topic(topic, 1)
+    events = Events(topic, encoding, registry.url)
+    records = [events.upsert("r", 1, "snap-1"), events.upsert("r", 2, "snap-2"), events.upsert("r", 3, "snap-3")]
+    events.commit()
+    records += [events.upsert("c", 4, "new-4"), events.upsert("u", 2, "upd-2"), *events.delete(3)]
+    produce(broker.bootstrap_servers, topic, records)
+    config = table_config(make_config, topic, encoding)
+    result = run_table(spark, config, config.tables[0], state_dir)
+    born = "2022-01-08" if encoding != "json-plain" else "19000"
+    expected = {1: ("snap-1", "n", born), 2: ("upd-2", "n", born), 4: ("new-4", "n", born)}
+    rows = read_pyiceberg(state_dir, result.identifier)
+    assert state(rows) == expected
+    assert sorted(c for c in rows[0] if not c.startswith("kafka_")) == ["born", "cdc_position", "id", "name", "notes"]
+    assert state(read_duckdb(result.metadata_location)) == expected
+    # A second batch: a replay of the earlier events (a connector restart) changes nothing; newer ones apply.
+    replay = Events(topic, encoding, registry.url)
+    replayed = [replay.upsert("r", 1, "snap-1"), replay.upsert("r", 2, "snap-2"), replay.upsert("r", 3, "snap-3")]
+    replay.commit()
+    replayed += [replay.upsert("c", 4, "new-4"), replay.upsert("u", 2, "upd-2"), *replay.delete(3)]
+    produce(broker.bootstrap_servers, topic, [*replayed, events.upsert("u", 1, "upd-1")])
+    result = run_table(spark, config, config.tables[0], state_dir)
+    expected[1] = ("upd-1", "n", born)
+    assert state(read_pyiceberg(state_dir, result.identifier)) == expected
+
+
+def test_toast_placeholders_key_changes_and_truncates(spark, broker, registry, state_dir, topic, make_config):
+    """An unchanged TOAST column keeps the row's value (within a batch and across batches); a primary-key change
+    moves the row, the new key's `c` taking the placeholder's value from the old key's row (also when the old row
+    was written by an earlier batch); a truncate empties the table and older events after it change nothing."""
+    broker.create_topic(topic, 3)
+    events = Events(topic, "avro-inline", registry.url)
+    config = table_config(make_config, topic, "avro-inline")
+
+    def run():
+        result = run_table(spark, config, config.tables[0], state_dir)
+        assert result.status == "committed" and result.records_failed == 0
+        return state(read_pyiceberg(state_dir, result.identifier))
+
+    def moved(old: int, new: int, name: str, partition_old: int, partition_new: int) -> list[dict]:
+        """A primary-key change: `d` on the old key, its tombstone, `c` on the new key at the same lsn."""
+        events.lsn += 10
+        lsn = events.lsn
+        header = [("__debezium.oldkey", json.dumps({"id": old}).encode())]
+        return [*events.delete(old, lsn=lsn, partition=partition_old),
+                events.upsert("c", new, name, notes=PLACEHOLDER, lsn=lsn, headers=header, partition=partition_new)]  # fmt: skip
+
+    produce(broker.bootstrap_servers, topic, [
+        events.upsert("c", 1, "a", notes="long-1"), events.upsert("c", 2, "b", notes="long-2", partition=1),
+        events.upsert("u", 1, "a2", notes=PLACEHOLDER),  # same batch: from the batch's earlier change
+    ])  # fmt: skip
+    assert run() == {1: ("a2", "long-1", "2022-01-08"), 2: ("b", "long-2", "2022-01-08")}
+    events.commit()
+    produce(broker.bootstrap_servers, topic, [
+        events.upsert("u", 2, "b2", notes=PLACEHOLDER, partition=1),  # across batches: from the table's row
+        *moved(1, 10, "moved", 0, 2),  # the old row is in the table, the new key on another partition
+        events.upsert("c", 3, "c", notes="long-3"),
+        *moved(3, 30, "moved-3", 0, 1),  # the old row is in the same batch
+        events.upsert("u", 30, "moved-3b", notes=PLACEHOLDER, partition=1),  # after the move, in the batch
+    ])  # fmt: skip
+    assert run() == {2: ("b2", "long-2", "2022-01-08"), 10: ("moved", "long-1", "2022-01-08"),
+                     30: ("moved-3b", "long-3", "2022-01-08")}  # fmt: skip
+    events.commit()
+    before_truncate = events.upsert("u", 2, "before-truncate", partition=1)  # older than the truncate, read after it
+    inserted = events.upsert("c", 4, "d")
+    truncate = events.event("t", None, partition=2)
+    produce(broker.bootstrap_servers, topic, [inserted, truncate])
+    assert run() == {}
+    events.commit()
+    produce(broker.bootstrap_servers, topic, [before_truncate, events.upsert("c", 5, "after-truncate")])
+    assert run() == {5: ("after-truncate", "n", "2022-01-08")}
+
+
+def test_order_never_regresses_across_partitions(spark, broker, registry, state_dir, topic, make_config):
+    """A key's changes on two partitions, read in batches where the newer arrives first: the source position
+    decides, so the older change (a late partition, a replay) neither overwrites nor resurrects the row."""
+    broker.create_topic(topic, 2)
+    events = Events(topic, "json-schema")
+    config = table_config(make_config, topic, "json-schema")
+    old = events.upsert("u", 1, "old", partition=1)
+    old_2 = events.upsert("c", 2, "old-2", partition=1)
+    events.commit()
+    produce(broker.bootstrap_servers, topic, [events.upsert("u", 1, "new", partition=0), *events.delete(2, partition=0)])
+    result = run_table(spark, config, config.tables[0], state_dir)
+    assert state(read_pyiceberg(state_dir, result.identifier)) == {1: ("new", "n", "2022-01-08")}
+    produce(broker.bootstrap_servers, topic, [old, old_2])  # older positions, read later
+    result = run_table(spark, config, config.tables[0], state_dir)
+    assert state(read_pyiceberg(state_dir, result.identifier)) == {1: ("new", "n", "2022-01-08")}
+
+
+@pytest.mark.parametrize("errors", ["skip", "fail"])
+def test_bad_events_are_bad_records_named_by_partition_and_offset(spark, broker, registry, state_dir, topic, make_config, errors):
+    """No op, an unknown op, a key that does not match the row, an `after` that does not fit the table's columns."""
+    broker.create_topic(topic, 1)
+    events = Events(topic, "json-plain")
+    config = table_config(make_config, topic, "json-plain", errors=errors)
+    produce(broker.bootstrap_servers, topic, [events.upsert("c", 1, "a")])
+    assert run_table(spark, config, config.tables[0], state_dir).status == "committed"  # the columns: born is int
+
+    def change(key: int, **value) -> dict:
+        return {"key": json.dumps({"id": key}).encode(), "value": json.dumps({"before": None, **value}).encode()}
+
+    bad = [
+        change(2, after={"id": 2}, source={}),
+        change(2, after={"id": 2}, op="x"),
+        change(3, after={"id": 2, "name": "z"}, op="c"),
+        change(2, after={"id": 2, "born": {"x": 1}}, op="c"),
+    ]
+    positions = produce(broker.bootstrap_servers, topic, [*bad, events.upsert("c", 4, "d")])
+    if errors == "fail":
+        with pytest.raises(RecordError) as caught:
+            run_table(spark, config, config.tables[0], state_dir)
+        assert (caught.value.partition, caught.value.offset, caught.value.kind) == (*positions[0], "InvalidChange")
+        assert "without op" in caught.value.cause
+        return
+    result = run_table(spark, config, config.tables[0], state_dir)
+    assert result.records_failed == 4
+    assert state(read_pyiceberg(state_dir, result.identifier)) == {1: ("a", "n", "19000"), 4: ("d", "n", "19000")}
