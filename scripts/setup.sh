@@ -56,8 +56,8 @@ if [ ! -f "$APICURIO_PARENT/3.0.9/apicurio-registry-3.0.9.pom" ]; then
   mvn -q -B -Dmaven.repo.local="$APICURIO_M2" org.apache.maven.plugins:maven-dependency-plugin:3.8.1:get \
     -Dartifact=io.apicurio:apicurio-registry:3.0.7:pom -Dtransitive=false
   mkdir -p "$APICURIO_PARENT/3.0.9"
-  sed '0,/<version>3.0.7<\/version>/s//<version>3.0.9<\/version>/' "$APICURIO_PARENT/3.0.7/apicurio-registry-3.0.7.pom" \
-    > "$APICURIO_PARENT/3.0.9/apicurio-registry-3.0.9.pom"
+  sed '0,/<version>3.0.7<\/version>/s//<version>3.0.9<\/version>/' \
+    "$APICURIO_PARENT/3.0.7/apicurio-registry-3.0.7.pom" > "$APICURIO_PARENT/3.0.9/apicurio-registry-3.0.9.pom"
 fi
 fetch_cdc apicurio-converter plugins/apicurio-converter -Dmaven.repo.local="$APICURIO_M2"
 
