@@ -63,6 +63,8 @@ def write_cdc_config(path: Path, bootstrap: str, registry_url: str, topic: str) 
 
 
 def _cell(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, str) and len(value) > 24:
         return f"<{len(value):,} chars>"  # the TOASTed notes
     if isinstance(value, list):
