@@ -351,7 +351,7 @@ def read_events(
 
 
 def wait_for_marker(
-    bootstrap: str, topics: dict[str, str], marker: int, registry_url: str | None, timeout: float = 120.0
+    bootstrap: str, topics: dict[str, str], marker: int, registry_url: str | None, timeout: float = 300.0
 ) -> None:
     """Wait until every marker topic ({topic: converter}) holds the insert of marker row `marker`."""
     deadline = time.monotonic() + timeout

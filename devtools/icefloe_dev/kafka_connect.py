@@ -133,7 +133,7 @@ class KafkaConnect(LocalService):
         connectors: list[dict[str, str]],
         heap: str = "512m",
         offset_flush_ms: int = 60_000,
-        startup_timeout: float = 120.0,
+        startup_timeout: float = 300.0,
     ) -> None:
         super().__init__(state_dir, startup_timeout)
         self.bootstrap_servers = bootstrap_servers
@@ -193,7 +193,7 @@ class KafkaConnect(LocalService):
             body = response.read()
             return json.loads(body) if body else None
 
-    def restart_connectors(self, timeout: float = 60.0) -> None:
+    def restart_connectors(self, timeout: float = 300.0) -> None:
         """Stop every connector (its task commits its offsets, as in a clean shutdown) and resume it, inside the
         running worker (Connect's `PUT /connectors/<name>/stop`, then `/resume`); returns once each streams again."""
         for connector in self.connectors:
@@ -234,7 +234,7 @@ class KafkaConnect(LocalService):
             log.seek(self._log_start)
             return log.read().decode(errors="replace")
 
-    def wait_streaming(self, timeout: float = 120.0) -> None:
+    def wait_streaming(self, timeout: float = 300.0) -> None:
         """Wait until every connector, since this launch (or resume), has finished its snapshot (if it takes one) and
         streams."""
         deadline = time.monotonic() + timeout
