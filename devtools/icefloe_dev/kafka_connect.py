@@ -191,7 +191,7 @@ class KafkaConnect(LocalService):
         request = urllib.request.Request(f"{self.url}{path}", method=method)
         # The standalone herder answers one request at a time, after any connector start it is busy with: on a loaded
         # machine a resume waits for the previous connector's task to start.
-        with urllib.request.urlopen(request, timeout=2.0 if method == "GET" else 120.0) as response:
+        with urllib.request.urlopen(request, timeout=30.0 if method == "GET" else 120.0) as response:
             body = response.read()
             return json.loads(body) if body else None
 
