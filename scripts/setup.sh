@@ -2,7 +2,8 @@
 # Sets up a fresh machine for icefloe: Java and the SQLite JDBC driver (Debian), the pinned JVM parts from Maven
 # (jvm/pom.xml: Iceberg, Spark's Kafka source and Avro, the Apache Kafka broker, Apicurio Registry) into the
 # git-ignored jvm/lib/, the test-only ones (jvm/test-pom.xml: the AWS Glue Schema Registry's Java serde) into
-# jvm/test-lib/, a virtualenv, and the project with every extra. Safe to run again.
+# jvm/test-lib/, the change-data test platform (PostgreSQL from Debian; Kafka Connect, Debezium and Apicurio's converter
+# from jvm/cdc/*.xml into jvm/cdc-lib/), a virtualenv, and the project with every extra. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +11,8 @@ APT_PACKAGES=()
 [ -f /usr/share/java/sqlite-jdbc.jar ] || APT_PACKAGES+=(libxerial-sqlite-jdbc-java)
 command -v java >/dev/null || APT_PACKAGES+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || APT_PACKAGES+=(maven)
+# The CDC tests' private PostgreSQL cluster (initdb, pg_ctl, psql): Debian's, any version with logical decoding.
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null && command -v psql >/dev/null || APT_PACKAGES+=(postgresql)
 if [ ${#APT_PACKAGES[@]} -gt 0 ]; then
   echo "setup: installing ${APT_PACKAGES[*]} (Debian)"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
@@ -27,6 +30,37 @@ if ! mvn -f jvm/test-pom.xml -q -B generate-resources; then
   echo "setup: 'mvn -f jvm/test-pom.xml generate-resources' failed: Maven Central must be reachable" >&2
   exit 1
 fi
+# The change-data test platform, one folder per pom under jvm/cdc-lib/ (test-only: never on Spark's classpath). A
+# folder is fetched again only when its pom changed (the pom's hash is kept beside the jars), so a set-up machine
+# skips Maven here entirely.
+fetch_cdc() {  # fetch_cdc NAME FOLDER [MAVEN ARGS...]
+  local name="$1" folder="jvm/cdc-lib/$2" hash; shift 2
+  hash="$(sha256sum "jvm/cdc/$name.xml" | cut -d' ' -f1)"
+  [ -f "$folder/.pom.sha256" ] && [ "$(cat "$folder/.pom.sha256")" = "$hash" ] && return 0
+  echo "setup: fetching jvm/cdc/$name.xml into $folder/"
+  rm -rf "$folder"
+  if ! mvn -f "jvm/cdc/$name.xml" -q -B "$@" generate-resources; then
+    echo "setup: 'mvn -f jvm/cdc/$name.xml generate-resources' failed: Maven Central must be reachable" >&2
+    exit 1
+  fi
+  echo "$hash" > "$folder/.pom.sha256"
+}
+fetch_cdc connect connect
+# Connect's plugin.path is jvm/cdc-lib/plugins: each folder in it is one plugin with its own class loader.
+fetch_cdc debezium-postgres plugins/debezium-postgres
+# Apicurio's converter 3.0.9: its parent pom is not served here; the served 3.0.7 parent stands in for it, in a
+# private local repository so that the shared ~/.m2 never holds a made-up artifact (jvm/cdc/apicurio-converter.xml).
+APICURIO_M2="$PWD/jvm/cdc-lib/m2-apicurio"
+APICURIO_PARENT="$APICURIO_M2/io/apicurio/apicurio-registry"
+if [ ! -f "$APICURIO_PARENT/3.0.9/apicurio-registry-3.0.9.pom" ]; then
+  mvn -q -B -Dmaven.repo.local="$APICURIO_M2" org.apache.maven.plugins:maven-dependency-plugin:3.8.1:get \
+    -Dartifact=io.apicurio:apicurio-registry:3.0.7:pom -Dtransitive=false
+  mkdir -p "$APICURIO_PARENT/3.0.9"
+  sed '0,/<version>3.0.7<\/version>/s//<version>3.0.9<\/version>/' \
+    "$APICURIO_PARENT/3.0.7/apicurio-registry-3.0.7.pom" > "$APICURIO_PARENT/3.0.9/apicurio-registry-3.0.9.pom"
+fi
+fetch_cdc apicurio-converter plugins/apicurio-converter -Dmaven.repo.local="$APICURIO_M2"
+
 # Apicurio ships as a tar.gz: unpack it once per version beside the archive.
 for archive in jvm/lib/registry/*.tar.gz; do
   target="${archive%.tar.gz}"

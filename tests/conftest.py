@@ -124,3 +124,13 @@ def read_path(request, monkeypatch) -> str:
 
         monkeypatch.setattr(JvmBatch, "rows_with_status", all_exact)
     return request.param
+
+
+@pytest.fixture(scope="session")
+def postgres(state_dir):
+    """A private PostgreSQL cluster (wal_level=logical) for the change-data tests; each test module makes its own
+    database in it."""
+    from icefloe_dev.postgres import PostgresCluster
+
+    with PostgresCluster(state_dir / "postgres") as cluster:
+        yield cluster

@@ -22,9 +22,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="avro",
         help="how the trades are serialized (through the registry)",
     )
+    parser.add_argument(
+        "--cdc",
+        action="store_true",
+        help="change data instead: PostgreSQL -> Debezium (Kafka Connect) -> a mirror table (envelope: debezium)",
+    )
+    parser.add_argument("--json", action="store_true", help="with --cdc: a summary line on stdout (no row values)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.cdc:
+        from .cdc_demo import run_cdc_demo
+
+        return run_cdc_demo(state_dir=Path(args.state_dir), as_json=args.json)
     from .demo import run_demo
 
     return run_demo(

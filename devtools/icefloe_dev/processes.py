@@ -89,6 +89,10 @@ class LocalService:
     def on_ready(self) -> None:
         """Set-up after the service answers (e.g. configuration)."""
 
+    def popen_options(self) -> dict:
+        """Extra `subprocess.Popen` arguments (e.g. `user=` for a server that refuses to run as root)."""
+        return {}
+
     # -- lifecycle
     @property
     def running(self) -> bool:
@@ -114,6 +118,7 @@ class LocalService:
                 env=os.environ.copy(),
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
+                **self.popen_options(),
             )
         self._started_at = time.monotonic()
 
