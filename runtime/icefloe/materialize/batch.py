@@ -149,9 +149,14 @@ class CommitOutcome:
 
 
 def materialize_once(
-    spark: SparkSession, config: IcefloeConfig, table: TableSpec, deadline: Deadline | None = None
+    spark: SparkSession,
+    config: IcefloeConfig,
+    table: TableSpec,
+    deadline: Deadline | None = None,
+    at_most: int | None = None,
 ) -> BatchResult:
-    """One batch, sized to publish well inside `runTimeout` and the job's `deadline` (`budget`)."""
+    """One batch, sized to publish well inside `runTimeout` and the job's `deadline` (`budget`); `at_most`: records
+    (half of an attempt of this run refused at `runTimeout`)."""
     started, started_ms = time.monotonic(), int(time.time() * 1000)
     run_id = new_run_id()
     identifier = config.identifier(table)
@@ -183,7 +188,7 @@ def materialize_once(
         state.leader_epochs,
         known_records=state.known_records,
     )
-    sized = size_batch(iceberg, kafka_conf, table, state, planned, deadline, branches)
+    sized = size_batch(iceberg, kafka_conf, table, state, planned, deadline, branches, at_most)
     planned = sized.plan
     if planned.topic_id is None:  # no topic id to tell a recreated topic by: remember a record this batch reads
         planned = with_known_records(kafka_conf, planned)
