@@ -230,9 +230,6 @@ def main() -> None:
     print("\n".join(lines))
 
 
-if __name__ == "__main__":
-    main()
-
 
 def render_cost(cost: dict, cores: int | None) -> str:
     best = cost["best_s"]
@@ -253,3 +250,7 @@ def render_cost(cost: dict, cores: int | None) -> str:
         "(now minus now without deletes; the batches differ only in their deletes).",
         "",
     ])
+
+
+if __name__ == "__main__":
+    main()
