@@ -22,11 +22,12 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from icefloe import maintenance
-from icefloe.commit_state import Checkpoint, Throughput
-from icefloe.iceberg_table import DEFAULT_PROPERTIES, IcebergTable, jvm_gateway
+from icefloe.commit.checkpoint import Checkpoint, Throughput
+from icefloe.jvm_gateway import jvm_gateway
+from icefloe.operate import maintenance
 from icefloe.session import spark_session
 from icefloe.spec import CatalogSpec, TableSpec
+from icefloe.table.iceberg import DEFAULT_PROPERTIES, IcebergTable
 
 RESULTS = Path(__file__).parent / "results"
 PARTITIONS = 64
@@ -71,7 +72,7 @@ def sample(java, index: int, began: float) -> dict:
 
 
 def micro_batches(spark, count: int, every: int) -> list[dict]:
-    from icefloe.catalog import CATALOG
+    from icefloe.table.catalog import CATALOG
 
     table = IcebergTable(spark, "bench.growth")
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.bench")

@@ -27,7 +27,7 @@ from pyspark.sql import Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from icefloe.commit.branch import commit_on_branch, new_run_id
+from icefloe.commit.branch import commit_on_branch
 from icefloe.commit.checkpoint import Checkpoint
 from icefloe.formats.schema_mapping import METADATA_FIELDS, table_struct
 from icefloe.materialize.upsert import merge_batch, positioned
@@ -35,6 +35,7 @@ from icefloe.operate.maintenance import maintain
 from icefloe.session import spark_session
 from icefloe.spec import CatalogSpec, TableSpec
 from icefloe.table.iceberg import IcebergTable
+from icefloe.table.refs import new_run_id
 from icefloe_dev.readers import duckdb_connect, pyiceberg_catalog
 
 RESULTS = Path(__file__).parent / "results"

@@ -366,7 +366,7 @@ def test_a_batch_refused_at_its_run_timeout_is_retried_at_half_the_size(spark, b
     """A batch that wrote for longer than `runTimeout` is refused before it publishes; `run_table` retries it at
     once, each retry planning half the records of the attempt before (the same size would be refused again), so
     the run publishes some of a backlog too big for its time."""
-    from icefloe import commit
+    from icefloe.commit import branch as commit
 
     spec, positions = small_backlog_table("json", broker, registry, topic, 2_000)
     config = make_config(spec)
