@@ -4,6 +4,11 @@
     a run branch, merge-on-read) into tables of N and 10N keys.
 (2) Reads: after B upsert batches, a full scan + aggregate with DuckDB and with pyiceberg, against an append-only
     table holding the same final rows, and again after `maintain` (compaction folds the delete files away).
+(3) The cost of the upsert order (review F2): the same batch merged into the same table (a) as before it, ranked by
+    timestamp and merged unconditionally (`merge_before`, the code of 552f38b), (b) as now: each change's clock
+    (`upsert.positioned`, a second aggregation and a window over the batch), the conditional MERGE and the delete
+    markers' commit to `<table>_deletes`, (c) as now with no deletes in the batch (no markers commit).
+    `--cost-only` runs this part alone.
 Tables are built with Spark directly (the Kafka path is measured by bench/throughput.py).
 Results: bench/results/upsert.{json,md}. Run: `.venv/bin/python bench/upsert.py [--keys 1000000 --changes 100000]`.
 """
@@ -18,23 +23,25 @@ import tempfile
 import time
 from pathlib import Path
 
+from pyspark.sql import Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from icefloe.commit.branch import commit_on_branch, new_run_id
+from icefloe.commit.branch import commit_on_branch
 from icefloe.commit.checkpoint import Checkpoint
 from icefloe.formats.schema_mapping import METADATA_FIELDS, table_struct
-from icefloe.materialize.upsert import merge_batch
+from icefloe.materialize.upsert import merge_batch, positioned
 from icefloe.operate.maintenance import maintain
 from icefloe.session import spark_session
 from icefloe.spec import CatalogSpec, TableSpec
 from icefloe.table.iceberg import IcebergTable
+from icefloe.table.refs import new_run_id
 from icefloe_dev.readers import duckdb_connect, pyiceberg_catalog
 
 RESULTS = Path(__file__).parent / "results"
 VALUE_FIELDS = [T.StructField("account", T.StringType()), T.StructField("balance", T.LongType()),
                 T.StructField("note", T.StringType())]  # fmt: skip
-STRUCT = table_struct(VALUE_FIELDS)
+STRUCT = table_struct(VALUE_FIELDS, True)  # an upsert table: with each row's clock
 
 
 def rows(spark, first: int, count: int, seed: int, tombstone_every: int = 0):
@@ -52,7 +59,7 @@ def rows(spark, first: int, count: int, seed: int, tombstone_every: int = 0):
         F.lit(None).cast(METADATA_FIELDS[-1].dataType).alias("kafka_headers"),
     )
     tombstone = (F.col("balance") % tombstone_every == 0) if tombstone_every else F.lit(False)
-    return frame.withColumn("icefloe_tombstone", tombstone)
+    return frame.withColumn("kafka_clock", F.col("kafka_timestamp")).withColumn("icefloe_tombstone", tombstone)
 
 
 def create(spark, identifier: str) -> IcebergTable:
@@ -63,11 +70,69 @@ def create(spark, identifier: str) -> IcebergTable:
 
 
 def upsert(spark, table: IcebergTable, changes, batch: int) -> float:
+    """As a batch is upserted now: each change's clock (`positioned`), the merge, the delete markers' commit."""
     checkpoint = Checkpoint("bench", {0: batch}, new_run_id())
     started = time.monotonic()
-    commit_on_branch(table, table.main_snapshot_id(), checkpoint,
-                     lambda branch: merge_batch(changes, branch, STRUCT, ["kafka_key"]))  # fmt: skip
+    clocked, clocks = positioned(changes, {})
+    commit_on_branch(table, table.main_snapshot_id(), Checkpoint("bench", {0: batch}, checkpoint.run_id, clocks=clocks),
+                     lambda branch: merge_batch(clocked, branch, STRUCT, ["kafka_key"], 3600.0))  # fmt: skip
     return time.monotonic() - started
+
+
+def merge_before(frame, branch, struct, key_columns: list[str]) -> int:
+    """The upsert merge before the F2 order (552f38b): newest Kafka timestamp first, applied unconditionally."""
+    spark = branch.spark
+    columns = [f.name for f in struct.fields if f.name != "kafka_clock"]
+    newest_first = Window.partitionBy(*key_columns).orderBy(
+        F.col("kafka_timestamp").desc(), F.col("kafka_partition").desc(), F.col("kafka_offset").desc()
+    )
+    changes = (
+        frame.withColumn("icefloe_rank", F.row_number().over(newest_first))
+        .where("icefloe_rank = 1")
+        .select(*columns, "icefloe_tombstone")
+    )
+    view = f"icefloe_changes_{branch.name}"
+    changes.createOrReplaceTempView(view)
+    matches = " AND ".join(f"t.`{k}` = s.`{k}`" for k in key_columns)
+    updates = ", ".join(f"t.`{c}` = s.`{c}`" for c in columns)
+    names = ", ".join(f"`{c}`" for c in columns)
+    values = ", ".join(f"s.`{c}`" for c in columns)
+    spark.sql(
+        f"MERGE INTO {branch.identifier} t USING {view} s ON {matches} "
+        "WHEN MATCHED AND s.icefloe_tombstone THEN DELETE "
+        f"WHEN MATCHED THEN UPDATE SET {updates} "
+        f"WHEN NOT MATCHED AND NOT s.icefloe_tombstone THEN INSERT ({names}) VALUES ({values})"
+    )
+    branch.wrote()
+    applied = changes.count()
+    spark.catalog.dropTempView(view)
+    return applied
+
+
+def order_cost(spark, keys: int, changes_count: int, repeats: int) -> dict:
+    """(3): seconds to merge one batch before the F2 order and now, with and without deletes (best of `repeats`)."""
+    found: dict[str, list[float]] = {"before": [], "now": [], "now_without_deletes": []}
+    for attempt in range(repeats):
+        for variant in found:
+            table = create(spark, f"bench.order_{variant}")
+            spark.sql(f"DROP TABLE IF EXISTS {table.full_name}_deletes PURGE")
+            rows(spark, 0, keys, seed=1).drop("icefloe_tombstone").writeTo(table.full_name).append()
+            every = 0 if variant == "now_without_deletes" else 20
+            changes = rows(spark, keys - changes_count // 2, changes_count, seed=2 + attempt, tombstone_every=every)
+            changes = changes.persist()
+            changes.count()
+            if variant == "before":
+                started = time.monotonic()
+                commit_on_branch(table, table.main_snapshot_id(), Checkpoint("bench", {0: 1}, new_run_id()),
+                                 lambda branch, batch=changes: merge_before(batch, branch, STRUCT, ["kafka_key"]))  # fmt: skip
+                found[variant].append(time.monotonic() - started)
+            else:
+                found[variant].append(upsert(spark, table, changes, 1))
+            changes.unpersist()
+    best = {variant: round(min(seconds), 2) for variant, seconds in found.items()}
+    return {"keys": keys, "changes": changes_count, "repeats": repeats, "seconds": found, "best_s": best,
+            "now_vs_before": round(best["now"] / best["before"], 2),
+            "markers_commit_s": round(best["now"] - best["now_without_deletes"], 2)}  # fmt: skip
 
 
 def read_cost(spark, state: Path, table: IcebergTable) -> dict:
@@ -88,9 +153,22 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=1_000_000, help="N: the small table; the large one has 10N")
     parser.add_argument("--changes", type=int, default=100_000, help="the fixed batch merged into each")
     parser.add_argument("--batches", type=int, default=10, help="upsert batches before the read comparison")
+    parser.add_argument("--cost-only", action="store_true", help="only (3), the cost of the upsert order")
+    parser.add_argument("--repeats", type=int, default=2, help="(3): merges per variant (the best counts)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="icefloe-upsert-"))
     spark = spark_session(CatalogSpec(), work)
+    if args.cost_only:
+        try:
+            cost = order_cost(spark, args.keys, args.changes, args.repeats)
+        finally:
+            spark.stop()
+            shutil.rmtree(work, ignore_errors=True)
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "upsert_order_cost.json").write_text(json.dumps(cost, indent=2) + "\n")
+        (RESULTS / "upsert_order_cost.md").write_text(render_cost(cost, os.cpu_count()))
+        print(render_cost(cost, os.cpu_count()))
+        return
     report: dict = {"keys": args.keys, "changes": args.changes, "batches": args.batches, "cores": os.cpu_count()}
     try:
         merges = []
@@ -151,6 +229,28 @@ def main() -> None:
     ]  # fmt: skip
     (RESULTS / "upsert.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+
+def render_cost(cost: dict, cores: int | None) -> str:
+    best = cost["best_s"]
+    return "\n".join([
+        "# Upsert: the cost of the change order (review F2)",
+        "",
+        f"One batch of {cost['changes']:,} changes (half updates, half inserts; 5% deletes unless said) merged into a "
+        f"table of {cost['keys']:,} keys, merge-on-read, on a run branch and published, {cores} cores shared with "
+        f"other work; best of {cost['repeats']} (`bench/upsert.py --cost-only`).",
+        "",
+        "| variant | seconds |",
+        "|---|---:|",
+        f"| before F2 (timestamp order, unconditional MERGE) | {best['before']} |",
+        f"| now (clock per change, conditional MERGE, delete markers committed) | {best['now']} |",
+        f"| now, no deletes in the batch (no markers commit) | {best['now_without_deletes']} |",
+        "",
+        f"Now / before: x{cost['now_vs_before']}; the delete markers' commit: ~{cost['markers_commit_s']} s "
+        "(now minus now without deletes; the batches differ only in their deletes).",
+        "",
+    ])
 
 
 if __name__ == "__main__":

@@ -59,6 +59,15 @@ class CommitConflict(IcefloeError):
     """Another writer changed the table while this batch was being written; the batch was not committed."""
 
 
+class RunTimedOut(CommitConflict):
+    """The batch took longer than `runTimeout` and was not published (its branch may have been dropped): a retry
+    plans a smaller batch than its `records`."""
+
+    def __init__(self, message: str, records: int = 0):
+        super().__init__(message)
+        self.records = records
+
+
 class ClockSkew(IcefloeError):
     """Iceberg refused a commit because this host's clock is more than a minute behind the table's last commit
     (another writer's clock). Not transient: a run's retries come seconds apart and would meet the same refusal; a

@@ -401,6 +401,8 @@ class TableSpec(Model):
     # The `<table>_dlq` table's rows (raw payloads) are deleted this long after they were dead-lettered (null: kept).
     dead_letter_retention: str | None = "7d"
     max_records_per_run: int | None = Field(default=None, ge=1)  # a hard cap; batches are sized by time (budget)
+    # A hard cap on a batch's bytes (keys and values): what it may keep on executor disks (default: `budget`'s share)
+    max_bytes_per_run: int | None = Field(default=None, ge=1)
     max_record_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
     # The longest a batch may take: an older run does not publish, so other runs may drop its branch.
     run_timeout: str = "12h"

@@ -80,3 +80,16 @@ def test_a_continuous_run_ends_before_its_job_time_limit_instead_of_starting_a_b
     assert run_continuously(None, config, list(config.tables), tmp_path, results.append, threading.Event(),
                             deadline=deadline) == 0  # fmt: skip
     assert results == []
+
+
+def test_a_batch_keeps_at_most_a_share_of_the_executors_disks():
+    emr = {"spark.master": "yarn", "spark.dynamicAllocation.maxExecutors": "4"}
+    assert budget.disk_cap_bytes(emr, local_free=0) == int(budget.DISK_SHARE * 4 * 20 * 1024**3)  # EMR's 20 GB each
+    bigger = emr | {"spark.emr-serverless.executor.disk": "200G", "spark.dynamicAllocation.maxExecutors": None}
+    assert budget.disk_cap_bytes(bigger, local_free=0) == int(budget.DISK_SHARE * 200 * 1024**3)  # one executor
+    assert budget.disk_cap_bytes({"spark.master": "local[2]"}, local_free=10_000) == 2_500
+    # the cap binds on the bytes, whatever the time allows; halvings and maxRecordsPerRun still apply on top
+    rate = Rate(records_per_s=2048, bytes_per_s=2 * 1024 * 1024, mean_record_bytes=1024)
+    assert batch_records(100.0, rate, 1024, max_bytes=10 * 1024) == 10
+    assert batch_records(100.0, rate, 1024, halvings=1, max_bytes=10 * 1024) == 5
+    assert batch_records(100.0, rate, 1024, cap=3, max_bytes=10 * 1024) == 3

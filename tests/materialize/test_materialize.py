@@ -359,3 +359,45 @@ def test_a_run_stopped_before_it_published_halves_the_next_plan(spark, broker, r
     while (result := run_table(spark, config, config.tables[0], state_dir)).status == "committed":
         pass
     assert sorted(by_position(read_pyiceberg(state_dir, result.identifier))) == sorted(positions)
+
+
+def test_a_batch_refused_at_its_run_timeout_is_retried_at_half_the_size(spark, broker, registry, state_dir, topic,
+                                                                       make_config, monkeypatch):  # fmt: skip
+    """A batch that wrote for longer than `runTimeout` is refused before it publishes; `run_table` retries it at
+    once, each retry planning half the records of the attempt before (the same size would be refused again), so
+    the run publishes some of a backlog too big for its time."""
+    from icefloe.commit import branch as commit
+
+    spec, positions = small_backlog_table("json", broker, registry, topic, 2_000)
+    config = make_config(spec)
+    planned, late = [], set()
+    append, started = commit.Branch.append, commit.run_started
+
+    def append_slowly(branch, frame) -> None:
+        planned.append(branch.checkpoint.throughput.records)
+        append(branch, frame)
+        if len(planned) < 3:  # the first two attempts write past runTimeout
+            late.add(branch.checkpoint.run_id)
+
+    monkeypatch.setattr(commit.Branch, "append", append_slowly)
+    monkeypatch.setattr(commit, "run_started", lambda run_id: started(run_id) - (3600 if run_id in late else 0))
+    result = run_table(spark, config, config.tables[0], state_dir)
+    assert result.status == "committed" and planned[0] == 2_000, planned
+    assert planned == [2_000, 1_000, 500] and result.rows_written == 500
+    monkeypatch.undo()
+    while run_table(spark, config, config.tables[0], state_dir).status == "committed":
+        pass
+    assert sorted(by_position(read_pyiceberg(state_dir, result.identifier))) == sorted(positions)
+
+
+def test_max_bytes_per_run_caps_every_batch(spark, broker, registry, state_dir, topic, make_config):
+    """`maxBytesPerRun`: what a batch may keep on the executors' disks (a batch read on the Python path, or read
+    again for Python, is kept whole); however fast the table's batches are, none reads more."""
+    spec, positions = small_backlog_table("json", broker, registry, topic, 2_000)  # records of ~10 bytes
+    config = make_config({**spec, "maxBytesPerRun": 4_000})
+    sizes = []
+    while (result := run_table(spark, config, config.tables[0], state_dir)).status == "committed":
+        sizes.append(result.rows_written)
+    # the cap is on bytes as a sample of each batch's first records measures them: records of 8 to 11 bytes
+    assert len(sizes) >= 2_000 * 8 // 4_000 and max(sizes) <= 4_000 // 8 and sum(sizes) == 2_000, sizes
+    assert sorted(by_position(read_pyiceberg(state_dir, result.identifier))) == sorted(positions)

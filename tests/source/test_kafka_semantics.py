@@ -18,6 +18,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from icefloe.commit.checkpoint import Checkpoint, append_with_checkpoint, committed_state
 from icefloe.errors import DataLossError, SourceError
 from icefloe.materialize.batch import materialize_once
+from icefloe.operate.status import MaxLag, collect_status, render
 from icefloe.source import kafka as kafka_source
 from icefloe.source import spark_kafka as jvm_source
 from icefloe.source.kafka import share_budget
@@ -213,7 +214,9 @@ def test_a_log_ending_below_the_committed_offset_is_truncation_for_on_data_loss(
         materialize_once(spark, config, spec)
     assert "recreated" not in str(refused.value)
     warn_config, warn_spec = make_table(fmt, make_config, topic, onDataLoss="warn")
-    assert materialize_once(spark, warn_config, warn_spec).offsets == {0: 5}, "reads on from the log's end"
+    cut = materialize_once(spark, warn_config, warn_spec)
+    assert cut.offsets == {0: 5}, "reads on from the log's end"
+    assert cut.data_lost == [{"partition": 0, "start": 5, "end": 10, "kind": "truncated"}], "recorded, not only logged"
     produce(broker.bootstrap_servers, topic, values(fmt, 200, 3))
     assert materialize_once(spark, warn_config, warn_spec).offsets == {0: 8}
     assert table_ns(fmt, state_dir, first.identifier) == [0, 1, 2, 3, 4, 200, 201, 202]
@@ -262,6 +265,75 @@ def test_a_log_truncated_by_a_lost_disk_is_caught_past_the_offset(
     finally:
         own.stop()
         kafka_source._forget_admin(kafka_source.client_config(config.cluster("local")))  # it would reconnect for ever
+
+
+def no_topic_ids(monkeypatch) -> None:
+    """A broker before Kafka 2.8 reports no topic id: a topic deleted and recreated under its name starts again at
+    leader epoch 0, so neither the id nor the epoch tells the two logs apart."""
+    monkeypatch.setattr(kafka_source, "topic_id", lambda conf, topic: None)
+
+
+def test_a_recreated_topic_without_topic_ids_is_truncation(
+    spark, broker, state_dir, topic, make_config, fmt, monkeypatch
+):
+    no_topic_ids(monkeypatch)
+    broker.create_topic(topic, 1)
+    produce(broker.bootstrap_servers, topic, values(fmt, 0, 5))
+    config, spec = make_table(fmt, make_config, topic)
+    assert materialize_once(spark, config, spec).offsets == {0: 5}
+
+    # The same epoch (0), and the new log already past the table's offset 5: only a record the table read tells.
+    broker.delete_topic(topic)
+    broker.create_topic(topic, 1)
+    produce(broker.bootstrap_servers, topic, values(fmt, 100, 8))
+    with pytest.raises(DataLossError, match=rf"log truncation: {topic}\[0\] offsets 0\.\.4 \(5 records\).*recreated"):
+        materialize_once(spark, config, spec)
+
+    # status runs the same check: the 8 new records are behind, the 5 read ones gone
+    (seen,) = collect_status(config, [], state_dir, MaxLag())
+    assert seen.lag is not None and seen.lag.records == 8, seen.as_dict()
+    assert [(p["partition"], p["lag_records"], p["truncated"]) for p in seen.as_dict()["partitions"]] == [(0, 8, 5)]
+    assert "log truncated" in render([seen])
+
+    warn_config, warn_spec = make_table(fmt, make_config, topic, onDataLoss="warn")
+    result = materialize_once(spark, warn_config, warn_spec)
+    assert result.offsets == {0: 8} and result.read_path == fmt.read_path
+    truncated = [{"partition": 0, "start": 0, "end": 5, "kind": "truncated"}]
+    assert result.data_lost == truncated, "recorded with the commit, not only logged"
+    summary = IcebergTable(spark, result.identifier).snapshot_summary(result.snapshot_id)
+    assert json.loads(summary["icefloe.data-loss"]) == truncated
+    rows = read_pyiceberg(state_dir, result.identifier)  # offsets 0-4 twice: the old log's records and the new ones
+    assert sorted(fmt.n_of(r) for r in rows) == [*range(5), *range(100, 108)]
+    (after,) = collect_status(warn_config, [], state_dir, MaxLag())
+    assert after.as_dict()["data_lost"] == truncated and after.lag is not None and after.lag.records == 0
+    assert materialize_once(spark, warn_config, warn_spec).status == "up-to-date"
+
+
+@pytest.mark.parametrize("fmt", ["json", "avro"], indirect=True)  # raw has no bad records
+def test_bad_records_a_truncation_gave_old_offsets_reach_the_dlq(
+    spark, broker, state_dir, topic, make_config, fmt, monkeypatch
+):
+    no_topic_ids(monkeypatch)
+    bad = {"value": b"\x07 not a record", "partition": 0}
+    broker.create_topic(topic, 1)
+    produce(broker.bootstrap_servers, topic, values(fmt, 0, 3) + [bad, bad])  # bad at offsets 3 and 4
+    config, spec = make_table(fmt, make_config, topic, errors="dlq", onDataLoss="warn")
+    first = materialize_once(spark, config, spec)
+    assert first.offsets == {0: 5} and first.records_failed == 2
+    dlq = f"{first.identifier}_dlq"
+    assert sorted(r["kafka_offset"] for r in read_pyiceberg(state_dir, dlq)) == [3, 4]
+
+    broker.delete_topic(topic)
+    broker.create_topic(topic, 1)
+    produce(broker.bootstrap_servers, topic, [bad] + values(fmt, 100, 2) + [bad] + values(fmt, 103, 2))  # bad: 0, 3
+    result = materialize_once(spark, config, spec)
+    assert result.offsets == {0: 6} and result.records_failed == 2
+    # The new log's bad records at 0 and 3 sit below the dead-letter table's old mark (5): they must be there too.
+    assert sorted(r["kafka_offset"] for r in read_pyiceberg(state_dir, dlq)) == [0, 3, 3, 4]
+    assert sorted(fmt.n_of(r) for r in read_pyiceberg(state_dir, result.identifier)) == [0, 1, 2, 100, 101, 103, 104]
+    produce(broker.bootstrap_servers, topic, [bad] + values(fmt, 200, 1))  # and the mark goes on from the new log's
+    assert materialize_once(spark, config, spec).offsets == {0: 8}
+    assert sorted(r["kafka_offset"] for r in read_pyiceberg(state_dir, dlq)) == [0, 3, 3, 4, 6]
 
 
 def test_partitions_added_between_runs_are_read_from_their_start(spark, broker, state_dir, topic, make_config, fmt):

@@ -26,7 +26,7 @@ from typing import TypeVar
 from pyspark.sql import DataFrame, SparkSession
 
 from icefloe.commit.checkpoint import Checkpoint, append_with_checkpoint
-from icefloe.errors import CommitConflict
+from icefloe.errors import CommitConflict, RunTimedOut
 from icefloe.table.iceberg import IcebergTable, NotAnAncestor, conformed
 
 # Run ids and branch names live with the table (its creation stages on a run branch); re-exported for the callers.
@@ -110,9 +110,10 @@ def verify_publishable(branch: Branch, base_snapshot_id: int, run_timeout_s: flo
     table = branch.table
     started = run_started(branch.checkpoint.run_id or "")
     if started is not None and time.time() - started > run_timeout_s:
-        raise CommitConflict(
+        raise RunTimedOut(
             f"table {table.identifier}: run {branch.checkpoint.run_id} is older than runTimeout "
-            f"({run_timeout_s:.0f}s); its branch may have been dropped, nothing was committed, the batch will be re-planned"
+            f"({run_timeout_s:.0f}s); its branch may have been dropped, nothing was committed, the batch will be re-planned",
+            branch.checkpoint.throughput.records if branch.checkpoint.throughput is not None else 0,
         )
     loaded = table.java()  # main and the branch as of one load
     main = table.ref_snapshot_id("main", loaded)

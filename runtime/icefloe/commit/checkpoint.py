@@ -22,7 +22,7 @@ from typing import TypeVar
 from pyspark.sql import DataFrame
 
 from icefloe.errors import CheckpointLost, ConfigError
-from icefloe.source.kafka import LostRange
+from icefloe.source.kafka import TRUNCATED, LostRange
 from icefloe.table.iceberg import IcebergTable, NotAnAncestor, append_with_properties
 from icefloe.table.refs import BRANCH_PREFIX, new_run_id
 
@@ -37,6 +37,8 @@ LEADER_EPOCHS_KEY = (
     "icefloe.leader-epochs"  # per partition, a leader epoch whose log held the offsets (truncation check)
 )
 CLOCKS_KEY = "icefloe.partition-clocks"  # upsert: each partition's clock at its next offset (epoch ms), as JSON
+# Where the broker reports no topic id: per partition, [offset, timestamp ms] of a record read (truncation check)
+KNOWN_RECORDS_KEY = "icefloe.known-records"
 Found = TypeVar("Found")
 SUMMARY_KEYS = (
     OFFSETS_KEY,
@@ -48,6 +50,7 @@ SUMMARY_KEYS = (
     THROUGHPUT_KEY,
     LEADER_EPOCHS_KEY,
     CLOCKS_KEY,
+    KNOWN_RECORDS_KEY,
 )
 CARRY_ATTEMPTS = 3
 log = logging.getLogger(__name__)
@@ -89,6 +92,7 @@ class Checkpoint:
     throughput: Throughput | None = None  # the batch's measurement (None on maintenance copies and older commits)
     leader_epochs: dict[int, int] = field(default_factory=dict)  # per partition, when the broker reports them
     clocks: dict[int, int] = field(default_factory=dict)  # upsert: the highest timestamp (ms) read per partition
+    known_records: dict[int, tuple[int, int]] = field(default_factory=dict)  # `kafka_source.Plan.known_records`
 
     def to_summary(self) -> dict[str, str]:
         summary = {OFFSETS_KEY: json.dumps({str(p): o for p, o in self.offsets.items()})}
@@ -108,6 +112,8 @@ class Checkpoint:
             summary[LEADER_EPOCHS_KEY] = json.dumps({str(p): e for p, e in self.leader_epochs.items()})
         if self.clocks:
             summary[CLOCKS_KEY] = json.dumps({str(p): c for p, c in self.clocks.items()})
+        if self.known_records:
+            summary[KNOWN_RECORDS_KEY] = json.dumps({str(p): list(r) for p, r in self.known_records.items()})
         return summary
 
     @classmethod
@@ -126,6 +132,9 @@ class Checkpoint:
             throughput=Throughput.from_json(measured) if (measured := summary.get(THROUGHPUT_KEY)) else None,
             leader_epochs={int(p): int(e) for p, e in json.loads(summary.get(LEADER_EPOCHS_KEY) or "{}").items()},
             clocks={int(p): int(c) for p, c in json.loads(summary.get(CLOCKS_KEY) or "{}").items()},
+            known_records={
+                int(p): (int(o), int(t)) for p, (o, t) in json.loads(summary.get(KNOWN_RECORDS_KEY) or "{}").items()
+            },
         )
 
     def carried(self, snapshot_id: int) -> Checkpoint:
@@ -143,9 +152,13 @@ def furthest(found: list[tuple[Checkpoint, Found]]) -> tuple[Checkpoint, Found]:
     return max(reversed(found), key=lambda item: sum(item[0].offsets.values()))
 
 
-def lost_as_json(lost: tuple[LostRange, ...]) -> list[dict[str, int]]:
-    """Lost ranges as the summary and the run's report give them."""
-    return [{"partition": r.partition, "start": r.start, "end": r.end} for r in lost]
+def lost_as_json(lost: tuple[LostRange, ...]) -> list[dict]:
+    """Lost ranges as the summary and the run's report give them (`kind` only on a truncation: a range without it
+    was deleted before it was read)."""
+    return [
+        {"partition": r.partition, "start": r.start, "end": r.end} | ({"kind": r.kind} if r.kind == TRUNCATED else {})
+        for r in lost
+    ]
 
 
 @dataclass(frozen=True)
@@ -171,6 +184,11 @@ class CommittedState:
     def leader_epochs(self) -> dict[int, int]:
         """Per partition, a leader epoch whose log held the committed offsets (empty if none was recorded)."""
         return dict(self.checkpoint.leader_epochs) if self.checkpoint is not None else {}
+
+    @property
+    def known_records(self) -> dict[int, tuple[int, int]]:
+        """Per partition, a record the table read, where the broker reports no topic id (`kafka_source.rewritten`)."""
+        return dict(self.checkpoint.known_records) if self.checkpoint is not None else {}
 
 
 def committed_state(table: IcebergTable, topic: str) -> CommittedState:

@@ -39,7 +39,7 @@ from icefloe.materialize.dead_letters import commit_dead_letters
 from icefloe.materialize.python_tasks import ReadPlan, read_batches, unmark
 from icefloe.materialize.read_paths import JVM, PYTHON, JvmBatch, ReadPath, choose_read_path
 from icefloe.materialize.upsert import key_columns, merge_batch, positioned
-from icefloe.source.kafka import OffsetRange, client_config, plan_ranges
+from icefloe.source.kafka import TRUNCATED, OffsetRange, client_config, plan_ranges, with_known_records
 from icefloe.source.spark_kafka import kafka_timestamp_overflow, source_failure
 from icefloe.spec import IcefloeConfig, TableSpec
 from icefloe.table.iceberg import IcebergTable, conformed, quoted
@@ -140,9 +140,14 @@ class CommitOutcome:
 
 
 def materialize_once(
-    spark: SparkSession, config: IcefloeConfig, table: TableSpec, deadline: Deadline | None = None
+    spark: SparkSession,
+    config: IcefloeConfig,
+    table: TableSpec,
+    deadline: Deadline | None = None,
+    at_most: int | None = None,
 ) -> BatchResult:
-    """One batch, sized to publish well inside `runTimeout` and the job's `deadline` (`budget`)."""
+    """One batch, sized to publish well inside `runTimeout` and the job's `deadline` (`budget`); `at_most`: records
+    (half of an attempt of this run refused at `runTimeout`)."""
     started, started_ms = time.monotonic(), int(time.time() * 1000)
     run_id = new_run_id()
     identifier = config.identifier(table)
@@ -172,9 +177,12 @@ def materialize_once(
         table.on_data_loss,
         state.topic_id,
         state.leader_epochs,
+        known_records=state.known_records,
     )
-    sized = size_batch(iceberg, kafka_conf, table, state, planned, deadline, branches)
+    sized = size_batch(iceberg, kafka_conf, table, state, planned, deadline, branches, at_most)
     planned = sized.plan
+    if planned.topic_id is None:  # no topic id to tell a recreated topic by: remember a record this batch reads
+        planned = with_known_records(kafka_conf, planned)
     ranges, next_offsets = planned.ranges, planned.next_offsets
     batch = Batch(ranges, next_offsets)
     if next_offsets == state.offsets and not planned.lost:
@@ -266,6 +274,7 @@ def materialize_once(
         throughput=measured,
         leader_epochs=planned.leader_epochs,
         clocks=clocks,
+        known_records=planned.known_records,
     )
     try:
         outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, path)
@@ -332,7 +341,7 @@ def _commit(
                 return committed
         frame, release = jvm.rows_with_status() if jvm is not None else _read(spark, plan, batch)
         try:
-            applied = _apply_error_mode(spark, iceberg.identifier, table, frame, batch, checkpoint.run_id)  # type: ignore[arg-type]  # a batch's checkpoint has its run id
+            applied = _apply_error_mode(spark, iceberg.identifier, table, frame, batch, checkpoint)
             if applied.batch.next_offsets == state.offsets:  # fail mode, a bad record first in every partition read
                 return CommitOutcome(None, 0, applied)
             checkpoint, good = replace(checkpoint, offsets=applied.batch.next_offsets), applied.good
@@ -443,7 +452,7 @@ def _read(spark: SparkSession, plan: ReadPlan, batch: Batch) -> tuple[DataFrame,
 
 
 def _apply_error_mode(
-    spark: SparkSession, identifier: str, table: TableSpec, frame: DataFrame, batch: Batch, run_id: str
+    spark: SparkSession, identifier: str, table: TableSpec, frame: DataFrame, batch: Batch, checkpoint: Checkpoint
 ) -> ErrorModeOutcome:
     """Split the read batch into what to commit and what failed, as the table's `errors` mode says."""
     bad = frame.where(F.col(ERROR_CLASS).isNotNull())
@@ -465,7 +474,17 @@ def _apply_error_mode(
             good = good.where((F.col("kafka_partition") != partition) | (F.col("kafka_offset") < offset))
         return ErrorModeOutcome(good, batch, 0, error)
     if table.errors == "dlq":
-        commit_dead_letters(spark, identifier, table.topic, bad, batch.next_offsets, run_id, table.run_timeout_seconds)
+        truncated = tuple(r for r in checkpoint.lost if r.kind == TRUNCATED)
+        commit_dead_letters(
+            spark,
+            identifier,
+            table.topic,
+            bad,
+            batch.next_offsets,
+            checkpoint.run_id,  # type: ignore[arg-type]  # a batch's checkpoint has its run id
+            table.run_timeout_seconds,
+            truncated,
+        )
     return ErrorModeOutcome(good, batch, failed, None)
 
 

@@ -14,12 +14,17 @@ FIRST_BATCH_BYTES; so does a batch after one that read all there was, unless tha
 is mostly fixed costs (starting Spark jobs, commits), so its rate says little about what a large one reaches.
 A run stopped before it published (the job's time limit, a lost driver) leaves its branch: each such branch of a
 run started since the last commit halves the next plan, so a backlog that a batch could not take in time is taken
-in smaller ones instead of being read and stopped for ever. `maxRecordsPerRun` caps every plan.
+in smaller ones instead of being read and stopped for ever; so does each attempt of a run refused at `runTimeout`
+(`runner.run_table` retries at once with at most half of it). `maxRecordsPerRun` caps every plan, and so does a cap in bytes: a batch read on
+the Python path, or read again for Python, is kept whole on the executors' disks (spilled), so it may weigh at most
+`maxBytesPerRun`, by default DISK_SHARE of their disks (`disk_cap_bytes`).
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, replace
 
@@ -39,6 +44,34 @@ FIRST_BATCH_BYTES = 1024**3
 # maintenance, stopping.
 DEADLINE_MARGIN_S = 180.0
 DEADLINE_MARGIN_SHARE = 0.2
+# Of the executors' local disks, what one batch may keep there; the rest is for shuffles (upsert) and Spark's files.
+DISK_SHARE = 0.25
+EMR_EXECUTOR_DISK = "20g"  # EMR Serverless's worker disk unless `spark.emr-serverless.executor.disk` says more
+_SIZE = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def disk_cap_bytes(conf: dict[str, str | None], local_free: int) -> int:
+    """What one batch may keep on the executors' disks (DISK_SHARE of them), from the job's Spark settings `conf`:
+    on a cluster, each executor's disk (`spark.emr-serverless.executor.disk`, else EMR Serverless's default) times
+    the most executors it may have; on a local master, of `local_free`, the free bytes where Spark spills."""
+    if (conf.get("spark.master") or "local").startswith("local"):
+        return int(DISK_SHARE * local_free)
+    disk = (conf.get("spark.emr-serverless.executor.disk") or EMR_EXECUTOR_DISK).strip().lower().rstrip("b")
+    per_executor = float(disk[:-1]) * _SIZE[disk[-1]] if disk[-1] in _SIZE else float(disk)
+    executors = conf.get("spark.dynamicAllocation.maxExecutors") or conf.get("spark.executor.instances") or "1"
+    return int(DISK_SHARE * per_executor * int(executors))
+
+
+def _spark_disk_cap(table: IcebergTable) -> int:
+    keys = (
+        "spark.master",
+        "spark.emr-serverless.executor.disk",
+        "spark.dynamicAllocation.maxExecutors",
+        "spark.executor.instances",
+    )
+    conf = {key: table.spark.conf.get(key, None) for key in keys}
+    spill = (table.spark.conf.get("spark.local.dir", None) or tempfile.gettempdir()).split(",")[0]
+    return disk_cap_bytes(conf, shutil.disk_usage(spill).free)
 
 
 @dataclass(frozen=True)
@@ -87,13 +120,21 @@ def measured_rate(state: CommittedState) -> Rate | None:
 
 
 def batch_records(
-    seconds: float, rate: Rate | None, mean_record_bytes: float, halvings: int = 0, cap: int | None = None
+    seconds: float,
+    rate: Rate | None,
+    mean_record_bytes: float,
+    halvings: int = 0,
+    cap: int | None = None,
+    max_bytes: float | None = None,
 ) -> int:
     """The records a batch reads in `seconds` at the measured `rate` (else, or if more, the default), records of
-    `mean_record_bytes`, halved per unfinished attempt, at most `cap` (`maxRecordsPerRun`), at least one."""
+    `mean_record_bytes`, at most `max_bytes` of them, halved per unfinished attempt, at most `cap`
+    (`maxRecordsPerRun`), at least one."""
     budget_bytes = seconds * rate.bytes_per_s if rate is not None else 0.0
     if rate is None or not rate.cut:
         budget_bytes = max(budget_bytes, min(FIRST_BATCH_BYTES, seconds * DEFAULT_BYTES_PER_SECOND))
+    if max_bytes is not None:
+        budget_bytes = min(budget_bytes, max_bytes)
     records = max(1, int(budget_bytes / max(1.0, mean_record_bytes)) // 2**halvings)
     return records if cap is None else min(cap, records)
 
@@ -148,9 +189,11 @@ def size_batch(
     plan: Plan,
     deadline: Deadline | None,
     branches: list[str],
+    at_most: int | None = None,
 ) -> Sized:
     """Cut `plan` (everything pending) to what one batch can publish in time (see the module's docstring);
-    `branches`: the table's run branches (`commit.drop_stale_branches`)."""
+    `branches`: the table's run branches (`commit.drop_stale_branches`); `at_most`: records (after an attempt of this
+    run refused at `runTimeout`, half of it)."""
     pending = sum(r.count for r in plan.ranges)
     rate = measured_rate(state)
     mean = rate.mean_record_bytes if rate is not None else float(spec.max_record_bytes)
@@ -158,12 +201,14 @@ def size_batch(
         return Sized(plan, mean)
     seconds = seconds_for_batch(spec.run_timeout_seconds, deadline)
     halvings = unfinished_attempts(branches, state, deadline)
-    records = batch_records(seconds, rate, mean, halvings, spec.max_records_per_run)
+    max_bytes = spec.max_bytes_per_run or _spark_disk_cap(table)
+    cap = min((c for c in (spec.max_records_per_run, at_most) if c is not None), default=None)
+    records = batch_records(seconds, rate, mean, halvings, cap, max_bytes)
     if rate is None or pending > records:  # the size of what this batch starts at decides how many it takes
         sampled = sample_record_bytes(conf, spec.topic, _sampled_ranges(plan.ranges))
         if sampled is not None:
             mean = sampled
-            records = batch_records(seconds, rate, mean, halvings, spec.max_records_per_run)
+            records = batch_records(seconds, rate, mean, halvings, cap, max_bytes)
     if pending > records:
         speed = rate.bytes_per_s if rate is not None else DEFAULT_BYTES_PER_SECOND
         per_s = f"{speed / 1024:.0f} KiB/s {'measured' if rate is not None else 'assumed'}"
@@ -177,6 +222,8 @@ def size_batch(
             mean,
             f", halved {halvings}x after runs stopped before they published" if halvings else "",
             ", maxRecordsPerRun" if records == spec.max_records_per_run else "",
+            ", half of an attempt refused at runTimeout" if at_most is not None and records == at_most else "",
+            f", at most {max_bytes / 1024**2:.0f} MiB kept on disk" if records * mean >= max_bytes * 0.99 else "",
         )
         if halvings:
             log.warning(

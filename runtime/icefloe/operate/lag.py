@@ -4,6 +4,8 @@ Records: the partition's last stable offset (what a run would read up to) minus 
 so offset gaps (transaction markers, aborted or compacted records) count too. Seconds: the age of the oldest record
 the table has not read, from its Kafka timestamp (CreateTime or LogAppendTime, as the topic is configured).
 Records deleted from the topic before the table read them are counted apart (`lost`): they can no longer be read.
+So are records the table read that a truncated log no longer has (`truncated`: found by the same check a run makes,
+from the leader epochs and topic id the table recorded); the lag then counts from where the log now diverges.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from icefloe.source.kafka import first_record_timestamps, plan_ranges
+from icefloe.source.kafka import DELETED, TRUNCATED, first_record_timestamps, plan_ranges
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,7 @@ class PartitionLag:
     records: int  # readable records the table has not read yet
     seconds: float | None  # age of the oldest of them; None when there are none or it could not be read
     lost: int  # records deleted before the table read them, not yet recorded by a run
+    truncated: int = 0  # records the table read that the partition's log no longer has, not yet recorded by a run
 
     def as_dict(self) -> dict:
         return {
@@ -31,6 +34,7 @@ class PartitionLag:
             "lag_records": self.records,
             "lag_seconds": _round(self.seconds),
             "lost_unread": self.lost,
+            "truncated": self.truncated,
         }
 
 
@@ -51,23 +55,44 @@ class Lag:
     def lost(self) -> int:
         return sum(p.lost for p in self.partitions)
 
+    @property
+    def truncated(self) -> int:
+        return sum(p.truncated for p in self.partitions)
+
 
 def measure_lag(
-    conf: dict[str, str], topic: str, committed: dict[int, int], starting: str, now: float | None = None
+    conf: dict[str, str],
+    topic: str,
+    committed: dict[int, int],
+    starting: str,
+    now: float | None = None,
+    topic_id: str | None = None,
+    leader_epochs: dict[int, int] | None = None,
+    known_records: dict[int, tuple[int, int]] | None = None,
 ) -> Lag:
     """The lag of a table whose next offsets are `committed` (empty before its first commit: then it counts from
-    where the first run would start, per `startingOffsets`)."""
-    plan = plan_ranges(conf, topic, committed, starting, None, on_data_loss="warn", quiet=True)
+    where the first run would start, per `startingOffsets`). `topic_id`, `leader_epochs`, `known_records`: what the
+    table's checkpoint recorded, for the checks a run makes (a recreated topic is refused as a run refuses it)."""
+    plan = plan_ranges(conf, topic, committed, starting, None, "warn", topic_id, leader_epochs, True, known_records)
     unread = {r.partition: (r.start, r.end) for r in plan.ranges}
     stamps = first_record_timestamps(conf, topic, unread)
     now = time.time() if now is None else now
-    lost = {r.partition: r.end - r.start for r in plan.lost}
+    lost = {r.partition: r.end - r.start for r in plan.lost if r.kind == DELETED}
+    truncated = {r.partition: r.end - r.start for r in plan.lost if r.kind == TRUNCATED}
     partitions = []
     for partition, end in sorted(plan.next_offsets.items()):
         start, _ = unread.get(partition, (end, end))
         age = max(0.0, now - stamps[partition]) if partition in stamps else None
         partitions.append(
-            PartitionLag(partition, committed.get(partition), end, end - start, age, lost.get(partition, 0))
+            PartitionLag(
+                partition,
+                committed.get(partition),
+                end,
+                end - start,
+                age,
+                lost.get(partition, 0),
+                truncated.get(partition, 0),
+            )
         )
     return Lag(partitions)
 

@@ -14,7 +14,16 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from icefloe.errors import CommitConflict, ConfigError, IcefloeError, RecordError, SourceError, clock_skew, is_transient
+from icefloe.errors import (
+    CommitConflict,
+    ConfigError,
+    IcefloeError,
+    RecordError,
+    RunTimedOut,
+    SourceError,
+    clock_skew,
+    is_transient,
+)
 from icefloe.materialize import progress
 from icefloe.materialize.batch import BatchResult, materialize_once
 from icefloe.materialize.budget import Deadline
@@ -57,18 +66,27 @@ def run_table(
 ) -> BatchResult:
     """One batch with retries: a commit conflict re-plans at once; an unreachable source, registry or catalog
     (or any failure that reads as transient: throttling, timeouts, refused connections) backs off. Each attempt is
-    sized to publish before `deadline` (the job's time limit) and `runTimeout`."""
+    sized to publish before `deadline` (the job's time limit) and `runTimeout`; after an attempt that took longer
+    than `runTimeout` (not published), the retry plans at most half the records of that attempt."""
     identifier = config.identifier(table)
     commit_tries = source_tries = 0
+    at_most: int | None = None
     with table_lock(state_dir, identifier, config.catalog.type == "local"), progress.watch(spark, identifier):
         while True:
             try:
-                return materialize_once(spark, config, table, deadline)
-            except CommitConflict:
+                return materialize_once(spark, config, table, deadline, at_most)
+            except CommitConflict as conflict:
                 commit_tries += 1
                 if commit_tries >= COMMIT_ATTEMPTS:
                     raise
-                log.warning("%s: commit conflict, re-planning (attempt %d)", identifier, commit_tries + 1)
+                if isinstance(conflict, RunTimedOut) and conflict.records:
+                    at_most = max(1, conflict.records // 2)
+                log.warning(
+                    "%s: commit conflict, re-planning (attempt %d%s)",
+                    identifier,
+                    commit_tries + 1,
+                    f", at most {at_most} records after runTimeout" if at_most else "",
+                )
             except Exception as error:
                 skew = clock_skew(error, identifier)
                 if skew is not None:

@@ -33,7 +33,7 @@ from icefloe.errors import ConfigError, IcefloeError
 from icefloe.materialize.dead_letters import dead_letter_identifier
 from icefloe.operate.heartbeat import FAILED, RUNNING, STOPPED, Heartbeat, read_heartbeat
 from icefloe.operate.lag import Lag, measure_lag
-from icefloe.source.kafka import client_config
+from icefloe.source.kafka import TRUNCATED, client_config
 from icefloe.spec import IcefloeConfig, TableSpec, duration_seconds, format_duration
 from icefloe.table.catalog import pyiceberg_catalog
 
@@ -81,6 +81,7 @@ class TableFacts:
     files: int | None = None
     delete_files: int | None = None
     data_lost: list[dict] = field(default_factory=list)
+    checkpoint: Checkpoint | None = None  # the newest checkpoint: what lag's truncation check needs
 
 
 @dataclass
@@ -119,6 +120,7 @@ class TableStatus:
             "partitions": [p.as_dict() for p in lag.partitions] if lag else [],
             "data_lost": self.facts.data_lost,
             "lost_unread": lag.lost if lag else None,
+            "truncated": lag.truncated if lag else None,
             "heartbeat": self.heartbeat.as_dict(self.now) if self.heartbeat else None,
             "behind_max_lag": self.behind_max_lag,
             "error": "; ".join(self.problems) or None,
@@ -151,16 +153,18 @@ def read_table_facts(catalog, identifier: str, topic: str) -> TableFacts:
         if facts.last_commit is None:
             newest.append((checkpoint, snapshot.timestamp_ms / 1000))
             if checkpoint.carried_from is None:
-                facts.offsets, facts.last_commit = _furthest(newest, identifier, topic)
+                facts.checkpoint, facts.last_commit = _furthest(newest, identifier, topic)
         facts.data_lost[:0] = lost_as_json(checkpoint.lost)  # oldest first
     if facts.last_commit is None and newest:  # only carried copies left in the history
-        facts.offsets, facts.last_commit = _furthest(newest, identifier, topic)
+        facts.checkpoint, facts.last_commit = _furthest(newest, identifier, topic)
+    if facts.checkpoint is not None:
+        facts.offsets = dict(facts.checkpoint.offsets)
     return facts
 
 
-def _furthest(found: list[tuple[Checkpoint, float]], identifier: str, topic: str) -> tuple[dict[int, int], float]:
+def _furthest(found: list[tuple[Checkpoint, float]], identifier: str, topic: str) -> tuple[Checkpoint, float]:
     checkpoint, at = furthest(found)
-    return for_topic(checkpoint, identifier, topic).offsets, at
+    return for_topic(checkpoint, identifier, topic), at
 
 
 def dlq_rows(catalog, identifier: str) -> int | None:
@@ -210,7 +214,17 @@ def table_status(catalog, config: IcefloeConfig, table: TableSpec, state_dir: Pa
     if not errors:
         try:
             conf = client_config(config.cluster(table.source_cluster))
-            lag = measure_lag(conf, table.topic, facts.offsets, table.starting_offsets, now)
+            known = facts.checkpoint
+            lag = measure_lag(
+                conf,
+                table.topic,
+                facts.offsets,
+                table.starting_offsets,
+                now,
+                known.topic_id if known else None,
+                known.leader_epochs if known else None,
+                known.known_records if known else None,
+            )
         except Exception as error:
             errors.append(f"broker: {_one_line(error)}")
     beat = read_heartbeat(state_dir, identifier)
@@ -295,14 +309,20 @@ def _details(status: TableStatus) -> list[str]:
         committed = "-" if part.committed is None else str(part.committed)
         age = f", oldest {format_duration(part.seconds)}" if part.seconds is not None and part.records else ""
         lost = f", {part.lost} deleted before they were read" if part.lost else ""
+        if part.truncated and part.committed is not None:
+            lost += (
+                f", log truncated: offsets {part.committed - part.truncated}..{part.committed - 1} read into the "
+                "table are gone (onDataLoss decides the next run)"
+            )
         lines.append(
             f"partition {part.partition}: next offset {committed}, end {part.end}: {part.records:,} behind{age}{lost}"
         )
     for loss in status.facts.data_lost:
         count = loss["end"] - loss["start"]
+        how = "read, then truncated from the log" if loss.get("kind") == TRUNCATED else "deleted before they were read"
         lines.append(
             f"DATA LOST (recorded): partition {loss['partition']} offsets {loss['start']}..{loss['end'] - 1} "
-            f"({count} records)"
+            f"({count} records): {how}"
         )
     beat = status.heartbeat
     if beat is not None:

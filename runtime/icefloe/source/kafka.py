@@ -10,7 +10,9 @@ next offset is below the log start, or a partition added since the last run no l
 the table's `onDataLoss`: `fail` stops with the topic, partition and lost range named; `warn` goes on and the lost
 ranges are reported and recorded with the commit. A topic deleted and recreated under the same name is told apart by
 its topic id (recorded with every commit) and refused. A log truncated below the table's position (unclean leader
-election) is data loss too, found by the leader epoch recorded with every commit (`truncated_below`).
+election) is data loss too, found by the leader epoch recorded with every commit (`truncated_below`); where the
+broker reports no topic id (before Kafka 2.8) a recreated topic starts again at the same epoch, so a record the table
+read (its offset and timestamp, `known_records`) is recorded too and looked up again (`rewritten`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from confluent_kafka import (
@@ -139,13 +141,19 @@ class OffsetRange:
         return self.end - self.start
 
 
+DELETED = "deleted"  # deleted (retention, delete-records) before icefloe read them
+TRUNCATED = "truncated"  # read into the table, then gone from the log, whose new records take their offsets
+
+
 @dataclass(frozen=True)
 class LostRange:
-    """Offsets [start, end) of one partition that were deleted (retention, delete-records) before icefloe read them."""
+    """Offsets [start, end) of one partition lost to the table: DELETED before it read them, or TRUNCATED (it read
+    them, the log no longer has them)."""
 
     partition: int
     start: int
     end: int
+    kind: str = DELETED
 
     def describe(self, topic: str) -> str:
         return f"{topic}[{self.partition}] offsets {self.start}..{self.end - 1} ({self.end - self.start} records)"
@@ -160,6 +168,12 @@ class Plan:
     lost: list[LostRange]
     topic_id: str | None
     leader_epochs: dict[int, int] = field(default_factory=dict)  # the leader epoch each listed end was read in
+    # Where the broker reports no topic id: per partition, (offset, timestamp ms) of a record the table has read.
+    known_records: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def truncated(self) -> list[LostRange]:
+        return [r for r in self.lost if r.kind == TRUNCATED]
 
 
 def _unreachable(conf: dict[str, str], error: KafkaException) -> SourceError:
@@ -317,6 +331,22 @@ def truncated_below(conf: dict[str, str], topic: str, positions: dict[int, tuple
     return found
 
 
+def rewritten(conf: dict[str, str], topic: str, records: dict[int, tuple[int, int]]) -> set[int]:
+    """Partitions whose log holds another record at the offset of a record the table read (`records`: per
+    partition, its offset and timestamp): the log was replaced under the same leader epoch (a topic deleted and
+    recreated, on a broker reporting no topic id). A record gone (retention, compaction) proves nothing."""
+    found = first_records(conf, topic, {p: (offset, offset + 1) for p, (offset, _) in records.items()})
+    return {p for p, (offset, stamp) in found.items() if offset == records[p][0] and stamp != records[p][1]}
+
+
+def with_known_records(conf: dict[str, str], plan: Plan) -> Plan:
+    """`plan` recording, per partition it reads, its first record (offset, timestamp): what `rewritten` looks up."""
+    if not plan.ranges:
+        return plan
+    found = first_records(conf, plan.ranges[0].topic, {r.partition: (r.start, r.end) for r in plan.ranges})
+    return replace(plan, known_records={**plan.known_records, **found})
+
+
 def share_budget(pending: dict[int, int], budget: int | None) -> dict[int, int]:
     """How many records each partition may read under `budget`: an even share each, what a short partition leaves
     going to the others, so no partition starves behind a long one (`maxRecordsPerRun`)."""
@@ -347,6 +377,7 @@ def plan_ranges(
     known_topic_id: str | None = None,
     known_epochs: dict[int, int] | None = None,
     quiet: bool = False,
+    known_records: dict[int, tuple[int, int]] | None = None,
 ) -> Plan:
     """Ranges to read now, and the next offset of every partition once they are committed.
 
@@ -359,7 +390,10 @@ def plan_ranges(
     records the partition no longer has, and new records take their offsets) is data loss for `on_data_loss`: `fail`
     refuses, `warn` reads on from where the log now diverges. It is seen when the log ends below the position, or,
     once new records have passed it, when the partition's leader epoch differs from `known_epochs` (recorded with the
-    position) and the broker says that epoch's log no longer reaches the position.
+    position) and the broker says that epoch's log no longer reaches the position. Where the topic id cannot vouch
+    for the log (the broker or the table has none), a record the table read (`known_records`) found replaced at its
+    offset is a truncation too, from the log's start (where the logs diverge is unknown). Truncated ranges are part
+    of the plan's `lost` (kind TRUNCATED), recorded with the commit like the deleted ones.
 
     `quiet`: a plan only looked at (lag, the continuous loop's `commitRecords` poll) logs no warnings: the batch that
     commits the plan does.
@@ -386,6 +420,14 @@ def plan_ranges(
         and (bounds[p][2] not in (None, recorded_epochs[p]) or committed[p] > bounds[p][1])
     }
     diverged = truncated_below(conf, topic, moved)
+    if not (known_topic_id and current_id):  # the same id vouches that this is the log the table read
+        checked = {
+            p: record
+            for p, record in (known_records or {}).items()
+            if p in bounds and bounds[p][0] <= record[0] < bounds[p][1]
+        }
+        for partition in rewritten(conf, topic, checked):
+            diverged[partition] = min(diverged.get(partition, bounds[partition][0]), bounds[partition][0])
     truncated: list[LostRange] = []
     for partition in partitions:
         low, end, _ = bounds[partition]
@@ -395,7 +437,7 @@ def plan_ranges(
         now = min(end, diverged.get(partition, end))
         if now < start:
             # Records at [now, start) were read into the table and are gone from the log; new ones take their offsets.
-            truncated.append(LostRange(partition, now, start))
+            truncated.append(LostRange(partition, now, start, TRUNCATED))
             start = now
         if start < low:
             lost.append(LostRange(partition, start, low))
@@ -444,7 +486,9 @@ def plan_ranges(
             epochs[partition] = recorded_epochs[partition]
     if unlisted and not quiet:
         log.warning("%s: partitions %s missing from the broker's metadata: their offsets are kept", topic, unlisted)
-    return Plan(ranges, next_offsets, lost, current_id, epochs)
+    replaced = {r.partition for r in truncated}  # a record the table read there is no longer the log's
+    known = {p: r for p, r in (known_records or {}).items() if p not in replaced} if not current_id else {}
+    return Plan(ranges, next_offsets, truncated + lost, current_id, epochs, known)
 
 
 def read_range(conf: dict[str, str], task: OffsetRange, poll_batch: int = 5000) -> Iterator[Message]:
@@ -483,11 +527,18 @@ def first_record_timestamps(conf: dict[str, str], topic: str, ranges: dict[int, 
     """The Kafka timestamp (epoch seconds) of the first readable record in [start, end) per partition: the oldest
     record a table has not read yet. Partitions with nothing readable in their range, or that do not answer within
     the planning timeout, are left out."""
+    return {p: millis / 1000 for p, (_, millis) in first_records(conf, topic, ranges).items()}
+
+
+def first_records(conf: dict[str, str], topic: str, ranges: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    """(offset, Kafka timestamp in ms) of the first readable record in [start, end) per partition. Partitions with
+    nothing readable in their range, a record without timestamp, or no answer within the planning timeout are left
+    out."""
     wanted = {p: bounds for p, bounds in ranges.items() if bounds[0] < bounds[1]}
     if not wanted:
         return {}
     consumer = _consumer(conf)  # read_committed: the first record a run would actually read
-    found: dict[int, float] = {}
+    found: dict[int, tuple[int, int]] = {}
     try:
         consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in wanted.items()])
         for msg in _first_message_each(consumer, topic, wanted):
@@ -497,7 +548,7 @@ def first_record_timestamps(conf: dict[str, str], topic: str, ranges: dict[int, 
             if error is None and msg.offset() < wanted[msg.partition()][1]:  # type: ignore[index, operator]  # set on a consumed message
                 _, millis = msg.timestamp()
                 if millis >= 0:  # -1: the record carries no timestamp
-                    found[msg.partition()] = millis / 1000  # type: ignore[index]  # set on a consumed message
+                    found[msg.partition()] = (msg.offset(), millis)  # type: ignore[index, assignment]  # set on a consumed message
     except KafkaException as error:
         raise _unreachable(conf, error) from None
     finally:
