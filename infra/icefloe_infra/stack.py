@@ -63,7 +63,9 @@ class IcefloeStack(pulumi.ComponentResource):
         storage = LakehouseStorage(f"{name}-lakehouse", LakehouseStorageArgs(deployment.storage, tags), child)
         databases = sorted({spec.database(t) for t in spec.tables} | {c.database_name for c in spec.source_clusters})
         table_bucket_arn: pulumi.Output[str | None] = pulumi.Output.from_input(None)
-        if deployment.storage.uses_table_bucket:
+        if spec.catalog.type == "rest":  # an Iceberg REST catalog of its own: it owns namespaces and storage
+            catalog = pulumi.Output.from_input(spec.catalog)
+        elif deployment.storage.uses_table_bucket:
             table_bucket = TableBucket(
                 f"{name}-tables",
                 TableBucketArgs(
