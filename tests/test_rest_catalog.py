@@ -107,12 +107,9 @@ def test_s3_tables_is_a_preset_of_the_rest_catalog():
 # --- end to end, through Iceberg's REST catalog server -------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def rest_server(state_dir):
-    from icefloe_dev.rest_catalog import RestCatalogServer
-
-    with RestCatalogServer(state_dir / "rest-catalog") as server:
-        yield server
+@pytest.fixture
+def rest_server(rest_catalog_server):
+    return rest_catalog_server  # one per test session (tests/conftest.py)
 
 
 @pytest.fixture
