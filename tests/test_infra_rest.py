@@ -46,6 +46,11 @@ def test_a_rest_catalog_reaches_the_job_by_uri_and_secret_arn(tmp_path):
         conf = spark_conf(target["JobDriver"]["SparkSubmit"]["SparkSubmitParameters"])
         assert conf["spark.sql.catalog.icefloe.uri"] == POLARIS["uri"]
         assert not any(k.endswith((".credential", ".token")) for k in conf)
+    # Snowflake reads the tables through a REST catalog integration on the same catalog, the credential left out.
+    snowflake = run.outputs["snippets"]["snowflake"]
+    assert "CATALOG_SOURCE = ICEBERG_REST" in snowflake and f"CATALOG_URI = '{POLARIS['uri']}'" in snowflake
+    assert "CATALOG_NAME = 'lake'" in snowflake and "OAUTH_ALLOWED_SCOPES = ('PRINCIPAL_ROLE:ALL')" in snowflake
+    assert CREDENTIAL_ARN not in snowflake and set(run.outputs["snippets"]) == {"snowflake"}
 
 
 @pytest.mark.parametrize(

@@ -193,7 +193,14 @@ class IcefloeStack(pulumi.ComponentResource):
             "jobConfigUri": artifacts.config_uri,
             "bundleDigest": bundle.digest,
             "snippets": pulumi.Output.all(storage.warehouse_uri, external_arns).apply(
-                lambda v: query_snippets(identity.account_id, region.region, identifiers, v[0], v[1])
+                lambda v: query_snippets(
+                    identity.account_id,
+                    region.region,
+                    identifiers,
+                    v[0],
+                    v[1],
+                    spec.catalog if spec.catalog.type == "rest" else None,
+                )
             ),
         }
         self.register_outputs(self.outputs)
