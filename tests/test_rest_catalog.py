@@ -120,6 +120,20 @@ def proxy(rest_server):
         yield running
 
 
+def test_oauth2_client_credentials_are_exchanged_for_a_bearer_token(rest_server, proxy, monkeypatch, tmp_path):
+    """`credential` from env: pyiceberg (`icefloe status`'s reader) asks the server's token endpoint, then sends the
+    token as Bearer. (Iceberg's server grants any credential: the flow is verified here, not a vendor's check.)"""
+    from icefloe.table.catalog import pyiceberg_catalog
+
+    monkeypatch.setenv("REST_OAUTH_CLIENT_ID", "icefloe")
+    monkeypatch.setenv("REST_OAUTH_CLIENT_SECRET", "s3cr3t-value")
+    catalog = rest(**rest_server.catalog(proxy.uri), credential={"env": "REST_OAUTH"}, scope="catalog")
+    pyiceberg_catalog(catalog, tmp_path).list_namespaces()
+    methods = [(method, path.split("?")[0], scheme) for method, path, scheme in proxy.requests]
+    assert methods[0][:2] == ("POST", "/v1/oauth/tokens"), methods
+    assert ("GET", "/v1/namespaces", "Bearer") in methods, methods
+
+
 def rest_stack(path: Path, broker, registry, catalog: dict, table: dict) -> Path:
     """A stack file with one table of `test_materialize`'s orders in the REST catalog `catalog`."""
     path.write_text(yaml.safe_dump({"config": {

@@ -102,6 +102,7 @@ class CommitProxy:
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
         self.events: list[tuple[str, str]] = []
+        self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Authorization's scheme)
         self._lock = threading.Condition()
         self._gates: dict[str, list] = {}  # table -> [count, arrived, timeout]
         self._failures: dict[str, list[int]] = {}  # table -> statuses to answer after forwarding
@@ -150,6 +151,8 @@ class CommitProxy:
         return [what for name, what in self.events if name == table]
 
     def _handle(self, request: http.server.BaseHTTPRequestHandler) -> None:
+        authorization = request.headers.get("Authorization")
+        self.requests.append((request.command, request.path, authorization.split(" ")[0] if authorization else None))
         length = int(request.headers.get("Content-Length") or 0)
         body = request.rfile.read(length) if length else None
         match = COMMIT_PATH.search(request.path.split("?")[0])
