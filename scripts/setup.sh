@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine for icefloe: Java and the SQLite JDBC driver (Debian), the pinned JVM parts from Maven
 # (jvm/pom.xml: Iceberg, Spark's Kafka source and Avro, the Apache Kafka broker, Apicurio Registry) into the
-# git-ignored jvm/lib/, the test-only ones (jvm/test-pom.xml: the AWS Glue Schema Registry's Java serde) into
-# jvm/test-lib/, the change-data test platform (PostgreSQL from Debian; Kafka Connect, Debezium and Apicurio's converter
-# from jvm/cdc/*.xml into jvm/cdc-lib/), a virtualenv, and the project with every extra. Safe to run again.
+# git-ignored jvm/lib/, the test-only ones (jvm/test-pom.xml: the AWS Glue Schema Registry's Java serde, and its module
+# test-rest-catalog-pom.xml: Apache Iceberg's REST catalog server) into jvm/test-lib/, the change-data test platform
+# (PostgreSQL from Debian; Kafka Connect, Debezium and Apicurio's converter from jvm/cdc/*.xml into jvm/cdc-lib/), a
+# virtualenv, and the project with every extra. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -59,12 +59,73 @@ def registry(_services):
 
 
 @pytest.fixture(scope="session")
-def spark(state_dir):
+def _local_spark(state_dir):
     from icefloe.session import spark_session
 
     session = spark_session(CatalogSpec(), state_dir)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def rest_catalog_server(state_dir):
+    """Apache Iceberg's own REST catalog server (JDBC on SQLite, warehouse on local files), once per session."""
+    from icefloe_dev.rest_catalog import RestCatalogServer
+
+    with RestCatalogServer(state_dir / "rest-catalog") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def _rest_spark(_local_spark, rest_catalog_server):
+    """A session of the same local Spark whose `icefloe` catalog is the REST server: catalogs are per session."""
+    from icefloe.table.catalog import CATALOG, spark_catalog_conf
+
+    session = _local_spark.newSession()
+    prefix = f"spark.sql.catalog.{CATALOG}"
+    for key in [k for k, _ in session.sparkContext.getConf().getAll() if k.startswith(prefix + ".")]:
+        session.conf.unset(key)  # the JDBC catalog's settings
+    for key, value in spark_catalog_conf(CatalogSpec.model_validate(rest_catalog_server.catalog())).items():
+        if key.startswith(prefix):
+            session.conf.set(key, value)
+    return session
+
+
+def catalog_kind(request) -> str:
+    """The catalog a test runs against: "rest" when parametrized so (`support.ANY_CATALOG`), else "local"."""
+    callspec = getattr(request.node, "callspec", None)
+    return callspec.params.get("catalog", "local") if callspec else "local"
+
+
+@pytest.fixture
+def spark(request, _local_spark):
+    """The local SparkSession; for a test parametrized with catalog "rest", a session writing through the REST server,
+    made the JVM's active and default session for the test (Iceberg's actions and procedures use the active one)."""
+    if catalog_kind(request) != "rest":
+        yield _local_spark
+        return
+    session = request.getfixturevalue("_rest_spark")
+    jvm_session = session._jvm.org.apache.spark.sql.SparkSession
+    jvm_session.setActiveSession(session._jsparkSession)
+    jvm_session.setDefaultSession(session._jsparkSession)
+    try:
+        yield session
+    finally:
+        jvm_session.setActiveSession(_local_spark._jsparkSession)
+        jvm_session.setDefaultSession(_local_spark._jsparkSession)
+
+
+@pytest.fixture
+def catalog(request, monkeypatch) -> dict | None:
+    """The test's `icefloe:catalog` block (None: the local default). With "rest", `support.read_pyiceberg` reads
+    through the REST server too, so a test's assertions read back from where it wrote."""
+    if getattr(request, "param", "local") != "rest":
+        return None
+    import support
+
+    server = request.getfixturevalue("rest_catalog_server")
+    monkeypatch.setattr(support, "pyiceberg_catalog", lambda _state_dir: server.pyiceberg_catalog())
+    return server.catalog()
 
 
 @pytest.fixture
@@ -75,14 +136,19 @@ def topic(request, broker) -> str:
 
 
 @pytest.fixture
-def make_config(broker, registry):
+def make_config(request, broker, registry):
+    rest = catalog_kind(request) == "rest"
+
     def build(*tables: dict, registry_url: str | None = None, bootstrap: str | None = None) -> IcefloeConfig:
         cluster = {
             "name": "local",
             "bootstrapServers": bootstrap or broker.bootstrap_servers,
             "schemaRegistry": {"url": registry_url or registry.url},
         }
-        return parse_config({"sourceClusters": [cluster], "tables": [{"sourceCluster": "local", **t} for t in tables]})
+        raw = {"sourceClusters": [cluster], "tables": [{"sourceCluster": "local", **t} for t in tables]}
+        if rest:
+            raw["catalog"] = request.getfixturevalue("rest_catalog_server").catalog()
+        return parse_config(raw)
 
     return build
 

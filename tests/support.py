@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
@@ -21,6 +22,10 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from icefloe_dev.protos import compile_protos, message_class  # noqa: F401 (re-exported for tests)
 from icefloe_dev.readers import duckdb_connect, pyiceberg_catalog
+
+# Runs a test against the local JDBC catalog and against Iceberg's REST catalog server: the test takes `catalog` (its
+# `icefloe:catalog` block, None locally); `spark`, `make_config` and `read_pyiceberg` follow it (tests/conftest.py).
+ANY_CATALOG = pytest.mark.parametrize("catalog", ["local", pytest.param("rest", marks=pytest.mark.rest)], indirect=True)
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[dict[str, Any]]) -> list[tuple[int, int]]:
@@ -53,9 +58,13 @@ def avro_serializer(registry_url: str, topic: str, schema: str):
     return lambda value: serializer(value, context)
 
 
+def load_pyiceberg(state_dir: Path, identifier: str):
+    """The table through pyiceberg, from the test's catalog (the REST server's under `ANY_CATALOG`'s "rest")."""
+    return pyiceberg_catalog(state_dir).load_table(identifier)
+
+
 def read_pyiceberg(state_dir: Path, identifier: str) -> list[dict]:
-    table = pyiceberg_catalog(state_dir).load_table(identifier)
-    return table.scan().to_arrow().to_pylist()
+    return load_pyiceberg(state_dir, identifier).scan().to_arrow().to_pylist()
 
 
 def read_duckdb(metadata_location: str, columns: str = "*") -> list[dict]:

@@ -58,11 +58,13 @@ def java() -> str:
     return found
 
 
-def lib_dir(name: str) -> Path:
-    """A directory under jvm/lib/ that scripts/setup.sh fills; a clear error when it has not run."""
-    path = jvm_lib() / name
+def lib_dir(name: str, test_only: bool = False) -> Path:
+    """A directory under jvm/lib/ (or, `test_only`, jvm/test-lib/: jvm/test-pom.xml) that scripts/setup.sh fills; a
+    clear error when it has not run."""
+    path = (jvm_lib().parent / "test-lib" if test_only else jvm_lib()) / name
     if not path.is_dir() or not any(path.iterdir()):
-        raise ServiceError(f"{path} is missing or empty: run scripts/setup.sh (it fetches jvm/pom.xml with Maven)")
+        pom = "jvm/test-pom.xml" if test_only else "jvm/pom.xml"
+        raise ServiceError(f"{path} is missing or empty: run scripts/setup.sh (it fetches {pom} with Maven)")
     return path
 
 
@@ -93,6 +95,10 @@ class LocalService:
         """Extra `subprocess.Popen` arguments (e.g. `user=` for a server that refuses to run as root)."""
         return {}
 
+    def environment(self) -> dict[str, str]:
+        """Variables the child gets on top of this process's environment (e.g. its configuration)."""
+        return {}
+
     # -- lifecycle
     @property
     def running(self) -> bool:
@@ -115,7 +121,7 @@ class LocalService:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.state_dir,
-                env=os.environ.copy(),
+                env=os.environ.copy() | self.environment(),
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
                 **self.popen_options(),

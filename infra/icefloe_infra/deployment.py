@@ -248,12 +248,15 @@ class DeploymentConfig(Model):
 def load_stack_config(raw: dict[str, Any], source: str = "stack config") -> tuple[IcefloeConfig, DeploymentConfig]:
     """Validate every `icefloe:*` key (without the prefix): the shared model, then the deployment settings."""
     spec = parse_config(raw, source)  # also rejects keys that neither model knows
-    if "catalog" in raw:
+    if "catalog" in raw and spec.catalog.type != "rest":
         raise ConfigError(
             f"{source}: icefloe:catalog is set by the stack (Glue on the lakehouse bucket, or the "
-            "table bucket with icefloe:storage.type s3tables); remove it"
+            "table bucket with icefloe:storage.type s3tables) unless it is an Iceberg REST catalog (type: rest); "
+            "remove it"
         )
     deployment = validate_keys(DeploymentConfig, raw, DEPLOYMENT_KEYS, source)
+    if spec.catalog.type == "rest" and deployment.storage.uses_table_bucket:
+        raise ConfigError(f"{source}: icefloe:catalog type rest and icefloe:storage.type s3tables: choose one")
     if deployment.storage.uses_table_bucket:
         _check_s3_tables_names(spec, source)
     for index, cluster in enumerate(spec.source_clusters):  # references to stack-created secrets must exist
@@ -275,19 +278,27 @@ def load_stack_config(raw: dict[str, Any], source: str = "stack config") -> tupl
                     f"{source}: {where}.{field}: a deployed stack references TLS material by secretArn (a Secrets "
                     "Manager secret whose SecretString is the PEM text, or the key's password)"
                 )
-        for field, ref in refs.items():
-            if ref is None:
-                continue
-            if ref.name and ref.name not in deployment.secrets:
-                raise ConfigError(
-                    f"{source}: {where}.{field}: names secret {ref.name!r}, which icefloe:secrets "
-                    f"does not declare (declared: {sorted(deployment.secrets) or 'none'})"
-                )
-            if ref.env:
-                raise ConfigError(
-                    f"{source}: {where}.{field}: env is for local runs; use secretArn or name in a deployed stack"
-                )
+        _check_secret_refs(refs, where, deployment, source)
+    _check_secret_refs(
+        {"credential": spec.catalog.credential, "token": spec.catalog.token}, "icefloe:catalog", deployment, source
+    )
     return spec, deployment
+
+
+def _check_secret_refs(refs: dict, where: str, deployment: DeploymentConfig, source: str) -> None:
+    """References to stack-created secrets must exist; env references are for local runs only."""
+    for field, ref in refs.items():
+        if ref is None:
+            continue
+        if ref.name and ref.name not in deployment.secrets:
+            raise ConfigError(
+                f"{source}: {where}.{field}: names secret {ref.name!r}, which icefloe:secrets "
+                f"does not declare (declared: {sorted(deployment.secrets) or 'none'})"
+            )
+        if ref.env:
+            raise ConfigError(
+                f"{source}: {where}.{field}: env is for local runs; use secretArn or name in a deployed stack"
+            )
 
 
 def _check_s3_tables_names(spec: IcefloeConfig, source: str) -> None:

@@ -30,10 +30,16 @@ def job_config_document(spec: IcefloeConfig, catalog: CatalogSpec, secret_arns: 
             ref = holder.get("credentialsSecret")
             if ref and ref.get("name"):
                 holder["credentialsSecret"] = {"secretArn": secret_arns[ref["name"]]}
+    catalog_document = catalog.model_dump(by_alias=True, exclude_none=True, exclude_defaults=True, mode="json")
+    catalog_document["type"] = catalog.type
+    for key in ("credential", "token"):  # a REST catalog's secret, by reference only
+        ref = catalog_document.get(key)
+        if ref and ref.get("name"):
+            catalog_document[key] = {"secretArn": secret_arns[ref["name"]]}
     config = {
         "icefloe:sourceClusters": document["sourceClusters"],
         "icefloe:tables": document["tables"],
-        "icefloe:catalog": catalog.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        "icefloe:catalog": catalog_document,
     }
     return json.dumps({"config": config}, sort_keys=True, indent=1)
 

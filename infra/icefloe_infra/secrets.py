@@ -18,7 +18,8 @@ from .deployment import SecretSpec
 
 def referenced_secret_arns(spec: IcefloeConfig) -> list[str]:
     """Existing secrets the clusters point at by ARN: credentials and TLS material (CA, client certificate, key,
-    key password) of clusters and registries. The job role may read exactly these, plus the created ones."""
+    key password) of clusters and registries, and a REST catalog's credential or token. The job role may read exactly
+    these, plus the created ones."""
     arns = []
     for cluster in spec.source_clusters:
         registry = cluster.schema_registry
@@ -28,6 +29,9 @@ def referenced_secret_arns(spec: IcefloeConfig) -> list[str]:
         for ref in refs:
             if ref is not None and ref.secret_arn and ref.secret_arn not in arns:
                 arns.append(ref.secret_arn)
+    for ref in spec.catalog.secret_refs:
+        if ref.secret_arn and ref.secret_arn not in arns:
+            arns.append(ref.secret_arn)
     return arns
 
 

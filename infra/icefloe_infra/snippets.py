@@ -6,10 +6,21 @@ where an ExternalId is needed, the snippet says where to read it.
 
 from __future__ import annotations
 
+from icefloe.spec import CatalogSpec
+
 
 def query_snippets(
-    account_id: str, region: str, tables: list[str], warehouse_uri: str, external_role_arns: dict[str, str]
+    account_id: str,
+    region: str,
+    tables: list[str],
+    warehouse_uri: str,
+    external_role_arns: dict[str, str],
+    rest: CatalogSpec | None = None,
 ) -> dict[str, str]:
+    """`rest`: the stack's tables are in this Iceberg REST catalog, which Snowflake then reads through a REST catalog
+    integration (Athena and DuckDB's Glue attach do not apply)."""
+    if rest is not None:
+        return {"snowflake": snowflake_rest_snippet(rest, tables)}
     database, table = tables[0].split(".", 1) if tables else ("<database>", "<table>")
     bucket_url = warehouse_uri.rsplit("/", 1)[0] + "/"
     role = external_role_arns.get("snowflake") or next(iter(external_role_arns.values()), "<external access role ARN>")
@@ -41,3 +52,28 @@ def query_snippets(
         f"SELECT count(*) FROM {table};"
     )
     return {"athena": athena, "duckdb": duckdb, "snowflake": snowflake}
+
+
+def snowflake_rest_snippet(rest: CatalogSpec, tables: list[str]) -> str:
+    """Snowflake reading the tables through its Iceberg REST catalog integration (CATALOG_SOURCE = ICEBERG_REST)."""
+    database, table = tables[0].split(".", 1) if tables else ("<database>", "<table>")
+    if rest.token is not None:
+        auth = "TYPE = BEARER BEARER_TOKEN = '<the token in your secret>'"
+    else:
+        scopes = f" OAUTH_ALLOWED_SCOPES = ('{rest.scope}')" if rest.scope else ""
+        auth = f"TYPE = OAUTH OAUTH_CLIENT_ID = '<client id>' OAUTH_CLIENT_SECRET = '<client secret>'{scopes}"
+    vended = rest.access_delegation == "vended-credentials"
+    delegation = " ACCESS_DELEGATION_MODE = VENDED_CREDENTIALS" if vended else ""
+    volume = "" if vended else " EXTERNAL_VOLUME = '<external volume on the catalog's storage>'"
+    return (
+        "-- Snowflake: read through the Iceberg REST catalog the job writes to. The credentials are the catalog's\n"
+        "-- own (its secret in Secrets Manager; a read-only principal is better): they are not shown here.\n"
+        f"CREATE CATALOG INTEGRATION icefloe_rest CATALOG_SOURCE = ICEBERG_REST TABLE_FORMAT = ICEBERG\n"
+        f"  CATALOG_NAMESPACE = '{database}'\n"
+        f"  REST_CONFIG = (CATALOG_URI = '{rest.uri}' CATALOG_NAME = '{rest.warehouse or '<warehouse>'}'{delegation})\n"
+        f"  REST_AUTHENTICATION = ({auth})\n"
+        "  ENABLED = TRUE;\n"
+        f"CREATE ICEBERG TABLE {table} CATALOG = 'icefloe_rest' CATALOG_TABLE_NAME = '{table}'{volume}\n"
+        "  AUTO_REFRESH = TRUE;\n"
+        f"SELECT count(*) FROM {table};"
+    )

@@ -63,7 +63,9 @@ class IcefloeStack(pulumi.ComponentResource):
         storage = LakehouseStorage(f"{name}-lakehouse", LakehouseStorageArgs(deployment.storage, tags), child)
         databases = sorted({spec.database(t) for t in spec.tables} | {c.database_name for c in spec.source_clusters})
         table_bucket_arn: pulumi.Output[str | None] = pulumi.Output.from_input(None)
-        if deployment.storage.uses_table_bucket:
+        if spec.catalog.type == "rest":  # an Iceberg REST catalog of its own: it owns namespaces and storage
+            catalog = pulumi.Output.from_input(spec.catalog)
+        elif deployment.storage.uses_table_bucket:
             table_bucket = TableBucket(
                 f"{name}-tables",
                 TableBucketArgs(
@@ -191,7 +193,14 @@ class IcefloeStack(pulumi.ComponentResource):
             "jobConfigUri": artifacts.config_uri,
             "bundleDigest": bundle.digest,
             "snippets": pulumi.Output.all(storage.warehouse_uri, external_arns).apply(
-                lambda v: query_snippets(identity.account_id, region.region, identifiers, v[0], v[1])
+                lambda v: query_snippets(
+                    identity.account_id,
+                    region.region,
+                    identifiers,
+                    v[0],
+                    v[1],
+                    spec.catalog if spec.catalog.type == "rest" else None,
+                )
             ),
         }
         self.register_outputs(self.outputs)

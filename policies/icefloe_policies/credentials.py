@@ -69,6 +69,7 @@ _SENSITIVE_ENDINGS = [
     ("access", "key"),
     ("private", "key"),
     ("credentials",),
+    ("credential",),  # an Iceberg REST catalog's OAuth2 `client_id:client_secret` (spark.sql.catalog.<c>.credential)
 ]
 # Names ending in "token" that are not secrets (StartJobRun's idempotency token, paging tokens).
 _NOT_SENSITIVE = {"clienttoken", "idempotencytoken", "nexttoken", "continuationtoken", "pagetoken"}

@@ -1,4 +1,5 @@
-"""Resolving credential references (`SecretRef`) to values, only in memory and only when a connection needs them."""
+"""Resolving credential references (`SecretRef`) to values, only in memory and only when a connection needs them:
+Kafka and registry logins and TLS material, a REST catalog's OAuth2 client credentials or bearer token."""
 
 from __future__ import annotations
 
@@ -16,6 +17,46 @@ def resolve_credentials(ref: SecretRef, what: str) -> tuple[str, str]:
         if not user or not password:
             raise ConfigError(f"{what}: credentials missing: set {ref.env}_USERNAME and {ref.env}_PASSWORD")
         return user, password
+    document = _secret_document(ref, what)
+    try:
+        return document["username"], document["password"]
+    except (KeyError, TypeError):
+        raise ConfigError(f"{what}: secret {ref.secret_arn} must be JSON with 'username' and 'password'") from None
+
+
+def resolve_client_credential(ref: SecretRef, what: str) -> tuple[str, str]:
+    """(client id, client secret) of OAuth2 client credentials: env `<ENV>_CLIENT_ID` and `<ENV>_CLIENT_SECRET`, or a
+    secret with JSON {"clientId": ..., "clientSecret": ...} (or a stack-created one: username, password)."""
+    if ref.env:
+        client, secret = os.environ.get(f"{ref.env}_CLIENT_ID"), os.environ.get(f"{ref.env}_CLIENT_SECRET")
+        if not client or not secret:
+            raise ConfigError(f"{what}: credentials missing: set {ref.env}_CLIENT_ID and {ref.env}_CLIENT_SECRET")
+        return client, secret
+    document = _secret_document(ref, what)
+    for id_key, secret_key in (("clientId", "clientSecret"), ("username", "password")):
+        if isinstance(document, dict) and document.get(id_key) and document.get(secret_key):
+            return document[id_key], document[secret_key]
+    raise ConfigError(f"{what}: secret {ref.secret_arn} must be JSON with 'clientId' and 'clientSecret'")
+
+
+def resolve_token(ref: SecretRef, what: str) -> str:
+    """A bearer token: env `<ENV>_TOKEN`, or a secret holding JSON {"token": ...} (a stack-created one: its password)
+    or the token itself."""
+    if ref.env:
+        token = os.environ.get(f"{ref.env}_TOKEN")
+        if not token:
+            raise ConfigError(f"{what}: token missing: set {ref.env}_TOKEN")
+        return token
+    document = _secret_document(ref, what)
+    if isinstance(document, str) and document:
+        return document
+    if isinstance(document, dict) and (document.get("token") or document.get("password")):
+        return document.get("token") or document["password"]
+    raise ConfigError(f"{what}: secret {ref.secret_arn} must hold the token, or JSON with 'token'")
+
+
+def _secret_document(ref: SecretRef, what: str):
+    """The secret's JSON document (or its plain text) from Secrets Manager."""
     if ref.name:
         raise ConfigError(
             f"{what}: secret {ref.name!r} is created by the Pulumi stack; run the job the stack deployed "
@@ -29,10 +70,9 @@ def resolve_credentials(ref: SecretRef, what: str) -> tuple[str, str]:
     except (BotoCoreError, ClientError) as error:
         raise ConfigError(f"{what}: cannot read secret {ref.secret_arn}: {error}") from None
     try:
-        document = json.loads(payload)
-        return document["username"], document["password"]
-    except (ValueError, KeyError, TypeError):
-        raise ConfigError(f"{what}: secret {ref.secret_arn} must be JSON with 'username' and 'password'") from None
+        return json.loads(payload)
+    except ValueError:
+        return payload
 
 
 def resolve_secret_text(ref: SecretRef, what: str) -> str:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from icefloe.spec import CatalogSpec
-from icefloe.table.catalog import spark_catalog_conf
+from icefloe.table.catalog import spark_catalog_conf, spark_secret_conf
 
 SQLITE_JDBC_JAR = "/usr/share/java/sqlite-jdbc.jar"
 # A continuous run issues thousands of small queries: keep Spark's UI and listener bookkeeping bounded.
@@ -22,6 +22,9 @@ BOUNDED_BOOKKEEPING = {
 # Data source options Spark shows as *********(redacted) in plans and the UI: its default (URLs) and the Kafka
 # source's inline TLS material (`source.spark_kafka.tls_options`); SASL's JAAS line holds `password`, which Spark's
 # own pattern (spark.redaction.regex) already catches.
+# Spark's default redaction plus `credential`: a REST catalog's OAuth2 client credentials (`...icefloe.credential`)
+# are then masked wherever Spark shows its settings (UI, event logs, `spark.conf` dumps), as its token is.
+REDACTION_REGEX = r"(?i)secret|password|token|access[.]key|credential"
 REDACTED_OPTIONS = {
     "spark.sql.redaction.options.regex": r"(?i)url|ssl[.](truststore[.]certificates|keystore[.](key|certificate[.]chain))"
 }
@@ -54,15 +57,30 @@ def local_jars(msk_iam: bool = False) -> list[str]:
     return [*jars, SQLITE_JDBC_JAR]
 
 
+def off_aws(catalog: CatalogSpec) -> bool:
+    """A catalog that can only be reached from this machine: a Glue catalog with endpoint overrides, a REST catalog
+    on loopback (a local REST server)."""
+    from urllib.parse import urlsplit
+
+    loopback = catalog.type == "rest" and urlsplit(catalog.uri or "").hostname in ("127.0.0.1", "localhost", "::1")
+    return catalog.endpoints is not None or loopback
+
+
 def spark_session(catalog: CatalogSpec, state_dir: Path, msk_iam: bool = False):
     """A local session (2 cores here) for a local catalog or a Glue catalog off AWS; else the cluster's session.
     `msk_iam`: a source cluster uses MSK IAM, so a local session loads the aws-msk-iam-auth jar."""
     from pyspark.sql import SparkSession
 
-    conf = spark_catalog_conf(catalog, state_dir) | BOUNDED_BOOKKEEPING | REDACTED_OPTIONS
-    # A Glue catalog runs on a local master too when it is off AWS: endpoint overrides (a moto server) or
-    # ICEFLOE_SPARK_MASTER set. On EMR Serverless neither is set and the cluster's session is used.
-    if catalog.type == "local" or catalog.endpoints is not None or os.environ.get("ICEFLOE_SPARK_MASTER"):
+    conf = (
+        spark_catalog_conf(catalog, state_dir)
+        | spark_secret_conf(catalog)
+        | BOUNDED_BOOKKEEPING
+        | REDACTED_OPTIONS
+        | {"spark.redaction.regex": REDACTION_REGEX}
+    )
+    # A Glue catalog runs on a local master too when it is off AWS: endpoint overrides (a moto server), a REST
+    # catalog on loopback, or ICEFLOE_SPARK_MASTER set. On EMR Serverless none is and the cluster's session is used.
+    if catalog.type == "local" or off_aws(catalog) or os.environ.get("ICEFLOE_SPARK_MASTER"):
         # Executors must run this interpreter, which has icefloe's dependencies.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, no DNS lookup of the host name

@@ -553,16 +553,65 @@ class CatalogEndpoints(Model):
         return value
 
 
+def s3_tables_endpoint(region: str) -> str:
+    """The S3 Tables Iceberg REST endpoint of a region."""
+    return f"https://s3tables.{region}.amazonaws.com/iceberg"
+
+
+class RestSigning(Model):
+    """AWS SigV4 request signing of a REST catalog's requests (S3 Tables, Glue's Iceberg REST endpoint) with the
+    job's own AWS credentials: `service` is the signing name (`s3tables`, `glue`), `region` the endpoint's."""
+
+    type: Literal["sigv4"] = "sigv4"
+    region: Annotated[str, StringConstraints(pattern=r"^[a-z]{2}(-[a-z]+)+-\d$")]
+    service: Annotated[str, StringConstraints(pattern=r"^[a-z0-9-]{1,64}$")]
+
+
+# Headers the REST settings own (`token`, `accessDelegation`): set there, so a secret never sits in plain config.
+_OWNED_HEADERS = {"authorization": "token", "x-iceberg-access-delegation": "accessDelegation"}
+
+
 class CatalogSpec(Model):
     """Where tables live. Local runs default to a SQLite JDBC catalog under the state directory.
 
-    `glue`: Glue Data Catalog, data under `warehouse` (s3://bucket/prefix). `s3tables`: an S3 table bucket (managed
-    Iceberg storage with its own maintenance) through its Iceberg REST endpoint; `warehouse` is the table bucket's ARN.
+    `glue`: Glue Data Catalog, data under `warehouse` (s3://bucket/prefix). `rest`: any Iceberg REST catalog at `uri`
+    (Polaris / Snowflake Open Catalog, Unity, Nessie, Lakekeeper, Iceberg's own server); `warehouse` is what the
+    server calls the catalog (a name, a path or an ARN), OAuth2 client credentials (`credential`, with `scope` and
+    `oauth2ServerUri`) or a bearer `token` come from secret references, `headers` are sent with every request,
+    `accessDelegation` asks the server for vended credentials or remote signing, `signing` signs requests with SigV4.
+    `s3tables`: an S3 table bucket (managed Iceberg storage with its own maintenance), a preset of `rest` (its
+    endpoint, signed for `s3tables`); `warehouse` is the table bucket's ARN.
     """
 
-    type: Literal["local", "glue", "s3tables"] = "local"
+    type: Literal["local", "glue", "rest", "s3tables"] = "local"
     warehouse: str | None = None
     endpoints: CatalogEndpoints | None = None
+    uri: Annotated[str, StringConstraints(pattern=r"^https?://")] | None = None
+    credential: SecretRef | None = None
+    token: SecretRef | None = None
+    scope: Annotated[str, StringConstraints(min_length=1)] | None = None
+    oauth2_server_uri: Annotated[str, StringConstraints(pattern=r"^https?://")] | None = None
+    headers: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9-]{1,128}$")], str] = {}
+    access_delegation: Literal["vended-credentials", "remote-signing"] | None = None
+    signing: RestSigning | None = None
+
+    @field_validator("uri", "oauth2_server_uri")
+    @classmethod
+    def _no_userinfo(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and "@" in urlsplit(value).netloc:
+            raise ValueError(
+                f"{to_camel(info.field_name)} must not carry credentials (user:password@host): "  # type: ignore[arg-type]  # a field validator has its field's name
+                "use credential or token (secret references)"
+            )
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _headers_not_owned(cls, headers: dict[str, str]) -> dict[str, str]:
+        for name in headers:
+            if name.lower() in _OWNED_HEADERS:
+                raise ValueError(f"header {name}: set it with {_OWNED_HEADERS[name.lower()]}, not headers")
+        return headers
 
     @model_validator(mode="after")
     def _endpoints_need_glue(self) -> CatalogSpec:
@@ -573,6 +622,26 @@ class CatalogSpec(Model):
                 "an s3tables catalog's warehouse is its table bucket's ARN "
                 f"(arn:aws:s3tables:<region>:<account>:bucket/<name>), got {self.warehouse!r}"
             )
+        rest_only = [
+            to_camel(name)
+            for name in ("uri", "credential", "token", "scope", "oauth2_server_uri", "access_delegation", "signing")
+            if getattr(self, name) is not None
+        ] + (["headers"] if self.headers else [])
+        if self.type != "rest":
+            if rest_only:
+                preset = (
+                    " (s3tables is a preset: its endpoint and signing are fixed)" if self.type == "s3tables" else ""
+                )
+                raise ValueError(f"{', '.join(rest_only)} apply to a rest catalog only (type: rest){preset}")
+            return self
+        if self.uri is None:
+            raise ValueError("a rest catalog needs uri (the server's base URL, e.g. https://host/api/catalog)")
+        if self.credential is not None and self.token is not None:
+            raise ValueError("give credential (OAuth2 client credentials) or token (a bearer token), not both")
+        if self.signing is not None and (self.credential is not None or self.token is not None):
+            raise ValueError("signing (SigV4, the job's AWS credentials) takes no credential or token")
+        if (self.scope is not None or self.oauth2_server_uri is not None) and self.credential is None:
+            raise ValueError("scope and oauth2ServerUri only apply with credential (OAuth2 client credentials)")
         return self
 
     @property
@@ -585,6 +654,26 @@ class CatalogSpec(Model):
     def managed_maintenance(self) -> bool:
         """S3 Tables compact, expire snapshots and remove unreferenced files themselves (on by default)."""
         return self.type == "s3tables"
+
+    @property
+    def secret_refs(self) -> list[SecretRef]:
+        """The catalog's credential references (the job's role may read exactly these)."""
+        return [ref for ref in (self.credential, self.token) if ref is not None]
+
+    def as_rest(self) -> CatalogSpec:
+        """The REST settings of a `rest` catalog, or those an `s3tables` preset stands for (AWS's documented Spark and
+        PyIceberg settings: the regional endpoint, SigV4 for `s3tables`, the bucket's ARN as the warehouse)."""
+        if self.type == "rest":
+            return self
+        if self.type == "s3tables":
+            region: str = self.region  # type: ignore[assignment]  # an s3tables warehouse is a table bucket ARN (validated)
+            return CatalogSpec(
+                type="rest",
+                uri=s3_tables_endpoint(region),
+                warehouse=self.warehouse,
+                signing=RestSigning(region=region, service="s3tables"),
+            )
+        raise ValueError(f"a {self.type} catalog is not a REST catalog")
 
 
 class IcefloeConfig(Model):

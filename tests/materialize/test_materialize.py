@@ -16,8 +16,16 @@ from icefloe.errors import RecordError
 from icefloe.materialize.batch import materialize_once
 from icefloe.operate.runner import run_table
 from icefloe.table.iceberg import IcebergTable
-from icefloe_dev.readers import pyiceberg_catalog
-from support import as_utc, avro_serializer, by_position, produce, read_duckdb, read_pyiceberg
+from support import (
+    ANY_CATALOG,
+    as_utc,
+    avro_serializer,
+    by_position,
+    load_pyiceberg,
+    produce,
+    read_duckdb,
+    read_pyiceberg,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 UTC = dt.UTC
@@ -159,7 +167,8 @@ def assert_rows_match(rows: list[dict], produced: dict, topic: str, empty_for_nu
         assert row["kafka_timestamp"].tzinfo is not None and row["kafka_timestamp_type"] == "CreateTime"
 
 
-def test_avro_topic_lands_field_by_field(spark, broker, registry, state_dir, topic, make_config):
+@ANY_CATALOG
+def test_avro_topic_lands_field_by_field(catalog, spark, broker, registry, state_dir, topic, make_config):
     broker.create_topic(topic, 3)
     rng = random.Random(42)
     produced = produce_orders(broker, registry, topic, range(240), rng)
@@ -176,7 +185,7 @@ def test_avro_topic_lands_field_by_field(spark, broker, registry, state_dir, top
     assert_rows_match(duck_rows, produced, topic)
     iceberg_rows = read_pyiceberg(state_dir, result.identifier)
     assert_rows_match(iceberg_rows, produced, topic, empty_for_null_struct_list=True)
-    spec = pyiceberg_catalog(state_dir).load_table(result.identifier).spec()
+    spec = load_pyiceberg(state_dir, result.identifier).spec()
     assert [(f.name, str(f.transform)) for f in spec.fields] == [("created_ms_day", "day")]
 
 

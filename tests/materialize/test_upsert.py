@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from icefloe.operate.runner import run_table
-from support import WatchedRun, crash_point, crash_seed, crash_trials, produce, read_duckdb, read_pyiceberg
+from support import ANY_CATALOG, WatchedRun, crash_point, crash_seed, crash_trials, produce, read_duckdb, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 SCHEMA = {"fields": [{"name": "account", "type": "string"}, {"name": "balance", "type": "long"}, {"name": "seq", "type": "long"}]}
@@ -46,7 +46,8 @@ def table_state(rows: list[dict]) -> dict[bytes, dict]:
     return keyed
 
 
-def test_last_value_per_key_wins_and_tombstones_delete(spark, broker, state_dir, topic, make_config):
+@ANY_CATALOG
+def test_last_value_per_key_wins_and_tombstones_delete(catalog, spark, broker, state_dir, topic, make_config):
     broker.create_topic(topic, 3)
     rng = random.Random(11)
     config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert"})

@@ -22,7 +22,7 @@ from icefloe.operate import runner
 from icefloe.source import kafka as kafka_source
 from icefloe_dev import demo, stock_trades
 from icefloe_dev.producer import produce_avro
-from support import WatchedRun, by_position, crash_point, crash_seed, crash_trials, read_pyiceberg
+from support import ANY_CATALOG, WatchedRun, by_position, crash_point, crash_seed, crash_trials, read_pyiceberg
 
 ICEFLOE = [sys.executable, "-m", "icefloe.cli"]
 
@@ -62,9 +62,14 @@ def test_unreachable_broker_is_a_clear_source_error(spark, state_dir, make_confi
 
 @pytest.mark.spark
 @pytest.mark.broker
-def test_sigkill_midway_then_rerun_is_exactly_once(broker, registry, spark, state_dir, topic, tmp_path):
+@ANY_CATALOG
+def test_sigkill_midway_then_rerun_is_exactly_once(catalog, broker, registry, spark, state_dir, topic, tmp_path):
     records = 60_000
     path = trades_stack(tmp_path / "Pulumi.crash.yaml", broker, registry, topic, records, max_records=40_000)
+    if catalog is not None:  # the REST server (support.ANY_CATALOG)
+        document = yaml.safe_load(path.read_text())
+        document["config"]["icefloe:catalog"] = catalog
+        path.write_text(yaml.safe_dump(document))
     env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[2]"}
     command = [*ICEFLOE, "run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)]
     seed = crash_seed()

@@ -15,7 +15,7 @@ from icefloe.operate.heartbeat import read_heartbeat
 from icefloe.operate.maintenance import LAST_MAINTENANCE_PROPERTY, maintain
 from icefloe.operate.runner import _attempt, run_table
 from icefloe.table.iceberg import IcebergTable, append_with_properties
-from support import by_position, produce, read_pyiceberg
+from support import ANY_CATALOG, by_position, produce, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 SCHEMA = {"fields": [{"name": "n", "type": "long"}]}
@@ -57,7 +57,8 @@ def test_a_maintenance_failure_after_a_committed_batch_does_not_fail_the_run(
     assert len(by_position(read_pyiceberg(state_dir, result.identifier))) == 10
 
 
-def test_a_live_claim_of_another_run_skips_maintenance_and_an_expired_one_does_not(spark, broker, topic, make_config):
+@ANY_CATALOG
+def test_a_live_claim_of_another_run_skips_maintenance_and_an_expired_one_does_not(catalog, spark, broker, topic, make_config):
     broker.create_topic(topic, 2)
     produce(broker.bootstrap_servers, topic, records(0, 4))
     config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "maintenance": {"enabled": False}})
@@ -138,7 +139,8 @@ def test_a_run_that_loses_every_re_plan_to_other_writers_yields(spark, broker, t
     assert materialize_once(spark, config, table_spec).rows_written == 4, "the next run takes the batch"
 
 
-def test_the_dead_letter_table_has_a_retention_of_its_own(spark, broker, state_dir, topic, make_config):
+@ANY_CATALOG
+def test_the_dead_letter_table_has_a_retention_of_its_own(catalog, spark, broker, state_dir, topic, make_config):
     broker.create_topic(topic, 1)
     config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "errors": "dlq",
                           "deadLetterRetention": "1s", "maintenance": {"enabled": False}})  # fmt: skip

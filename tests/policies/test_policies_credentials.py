@@ -124,3 +124,22 @@ def test_name_value_lists_name_their_values():
 def test_findings_never_carry_the_value():
     [finding] = scan({"DB_PASSWORD": "hunter2"}, "env")
     assert "hunter2" not in repr(finding)
+
+
+@pytest.mark.parametrize("text, kind", [
+    # An Iceberg REST catalog's OAuth2 client credentials or bearer token in the job's Spark parameters.
+    ("--conf spark.sql.catalog.icefloe.credential=client-7:s3cr3t-value", "credential"),
+    ("--conf spark.sql.catalog.icefloe.token=dapi0123456789abcdef", "token"),
+    ('{"icefloe:catalog": {"type": "rest", "uri": "https://h", "credential": "client-7:s3cr3t-value"}}', "credential"),
+])
+def test_a_rest_catalog_credential_in_plain_text_is_found(text, kind):
+    assert kind in {f.kind for f in scan(text, "x")}
+
+
+@pytest.mark.parametrize("text", [
+    f'{{"icefloe:catalog": {{"type": "rest", "uri": "https://h", "credential": {{"secretArn": "{SECRET_ARN}"}}}}}}',
+    '{"icefloe:catalog": {"type": "rest", "uri": "https://h", "token": {"name": "unity-token"}}}',
+    "--conf spark.sql.catalog.icefloe.uri=https://polaris.example/api/catalog",
+])
+def test_a_rest_catalog_credential_by_reference_is_not_reported(text):
+    assert scan(text, "x") == []

@@ -16,7 +16,7 @@ import yaml
 
 from icefloe.errors import ConfigError
 from icefloe.spec import CatalogSpec, parse_config
-from icefloe.table.catalog import CATALOG, pyiceberg_s3_tables_properties, spark_catalog_conf
+from icefloe.table.catalog import CATALOG, rest_properties, spark_catalog_conf
 from test_infra import policy_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ def test_spark_settings_are_the_ones_aws_documents_for_the_iceberg_rest_endpoint
 
 def test_pyiceberg_settings_are_the_ones_aws_documents():
     # The same page's PyIceberg example (`icefloe status` reads the tables with it).
-    assert pyiceberg_s3_tables_properties(s3_tables()) == {
+    assert rest_properties(s3_tables()) == {
         "type": "rest", "uri": "https://s3tables.eu-west-1.amazonaws.com/iceberg", "warehouse": BUCKET_ARN,
         "rest.sigv4-enabled": "true", "rest.signing-name": "s3tables", "rest.signing-region": "eu-west-1",
     }  # fmt: skip
@@ -117,9 +117,10 @@ def assert_signed_config_request(requests) -> None:
 
 
 def test_pyiceberg_signs_its_catalog_requests_for_s3_tables(endpoint, monkeypatch):
+    import icefloe.spec
     import icefloe.table.catalog
 
-    monkeypatch.setattr(icefloe.table.catalog, "s3_tables_endpoint", lambda region: endpoint.url)
+    monkeypatch.setattr(icefloe.spec, "s3_tables_endpoint", lambda region: endpoint.url)
     with pytest.raises(Exception, match="refused by the test endpoint"):
         icefloe.table.catalog.pyiceberg_catalog(s3_tables())
     assert_signed_config_request(endpoint.requests)
@@ -128,10 +129,11 @@ def test_pyiceberg_signs_its_catalog_requests_for_s3_tables(endpoint, monkeypatc
 def test_status_names_a_catalog_it_cannot_open_per_table(endpoint, monkeypatch, tmp_path):
     """pyiceberg's REST catalog asks the endpoint for its config when opened (Glue's does not): a refusal there is
     the table's `catalog:` error in `icefloe status`, not a crash of the command."""
+    import icefloe.spec
     import icefloe.table.catalog
     from icefloe.operate.status import open_catalog, read_table_facts
 
-    monkeypatch.setattr(icefloe.table.catalog, "s3_tables_endpoint", lambda region: endpoint.url)
+    monkeypatch.setattr(icefloe.spec, "s3_tables_endpoint", lambda region: endpoint.url)
     config = parse_config({"sourceClusters": [{"name": "orders", "bootstrapServers": "b:9092"}],
                            "catalog": {"type": "s3tables", "warehouse": BUCKET_ARN}})  # fmt: skip
     catalog = open_catalog(config, tmp_path)

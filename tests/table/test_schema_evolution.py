@@ -10,7 +10,7 @@ import pytest
 
 from icefloe.materialize import batch as materializer
 from icefloe.materialize.batch import materialize_once
-from support import avro_serializer, produce, read_duckdb, read_pyiceberg
+from support import ANY_CATALOG, avro_serializer, produce, read_duckdb, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -79,8 +79,9 @@ def test_a_field_added_inside_an_array_or_a_map_evolves_the_table(spark, broker,
     assert duck[2]["items"] == [{"sku": "b", "qty": 3}] and duck[2]["attrs"] == {"k": {"v": 2, "w": "x"}}
 
 
+@ANY_CATALOG
 def test_a_version_registered_between_the_schema_fetch_and_the_plan_loses_nothing(
-    spark, broker, registry, state_dir, topic, make_config, read_path, monkeypatch
+    catalog, spark, broker, registry, state_dir, topic, make_config, read_path, monkeypatch
 ):
     broker.create_topic(topic, 1)
     kind = {"type": "enum", "name": "Kind", "symbols": ["A", "B"]}

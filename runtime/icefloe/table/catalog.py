@@ -1,10 +1,11 @@
 """The Iceberg catalog icefloe writes to, as Spark configuration.
 
 One function builds the `spark.sql.catalog.icefloe.*` settings for both places a job runs: locally (a SQLite JDBC
-catalog that pyiceberg's SqlCatalog reads too) and on EMR Serverless (AWS Glue with S3FileIO, or an S3 table bucket
-through its Iceberg REST endpoint). The Pulumi program renders the AWS variant into the job's Spark parameters, so
-the two never drift apart. The Glue variant also runs
-off AWS (against a moto server) with the same settings plus the catalog's `endpoints`.
+catalog that pyiceberg's SqlCatalog reads too) and on EMR Serverless (AWS Glue with S3FileIO, any Iceberg REST
+catalog, or an S3 table bucket: a preset of REST). The Pulumi program renders the AWS variant into the job's Spark
+parameters, so the two never drift apart. The Glue variant also runs off AWS (against a moto server) with the same
+settings plus the catalog's `endpoints`. A REST catalog's credential or token is never in those settings: the run
+resolves its secret reference when it opens the catalog (`rest_secret_properties`), in memory only.
 """
 
 from __future__ import annotations
@@ -45,8 +46,14 @@ def spark_catalog_conf(catalog: CatalogSpec, state_dir: Path | None = None) -> d
             f"{prefix}.jdbc.schema-version": "V1",
             f"{prefix}.warehouse": catalog.warehouse or warehouse.as_uri(),
         }
-    elif catalog.type == "s3tables":
-        conf |= s3_tables_conf(prefix, catalog)
+    elif catalog.type in ("rest", "s3tables"):
+        conf |= {f"{prefix}.{key}": value for key, value in rest_properties(catalog).items()}
+        if catalog.type == "s3tables":
+            # Data through S3FileIO (iceberg-aws-bundle); the endpoint does not take Iceberg's metrics reports.
+            conf |= {
+                f"{prefix}.io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+                f"{prefix}.rest-metrics-reporting-enabled": "false",
+            }
     else:
         if not catalog.warehouse:
             raise ValueError("a glue catalog needs a warehouse (s3://bucket/prefix)")
@@ -69,27 +76,51 @@ def spark_catalog_conf(catalog: CatalogSpec, state_dir: Path | None = None) -> d
     return conf
 
 
-def s3_tables_endpoint(region: str) -> str:
-    return f"https://s3tables.{region}.amazonaws.com/iceberg"
+def rest_properties(catalog: CatalogSpec) -> dict[str, str]:
+    """An Iceberg REST catalog's properties, the same keys for Iceberg Java (Spark) and pyiceberg, without secrets.
+
+    S3 Tables (a preset, `CatalogSpec.as_rest`) as AWS documents it for both ("Accessing tables using the Amazon S3
+    Tables Iceberg REST endpoint"). Iceberg 1.10 reads `rest.sigv4-enabled` still (with a deprecation warning for
+    `rest.auth.type=sigv4`), pyiceberg only that key: the documented key is kept."""
+    rest = catalog.as_rest()
+    properties = {"type": "rest", "uri": rest.uri or ""}
+    if rest.warehouse:
+        properties["warehouse"] = rest.warehouse
+    if rest.scope:
+        properties["scope"] = rest.scope
+    if rest.oauth2_server_uri:
+        properties["oauth2-server-uri"] = rest.oauth2_server_uri
+    headers = dict(rest.headers)
+    if rest.access_delegation:  # the server vends storage credentials (or signs requests) for the tables it serves
+        headers["X-Iceberg-Access-Delegation"] = rest.access_delegation
+    properties |= {f"header.{name}": value for name, value in headers.items()}
+    if rest.signing is not None:
+        properties |= {
+            "rest.sigv4-enabled": "true",
+            "rest.signing-name": rest.signing.service,
+            "rest.signing-region": rest.signing.region,
+        }
+    return properties
 
 
-def s3_tables_conf(prefix: str, catalog: CatalogSpec) -> dict[str, str]:
-    """An S3 table bucket through its Iceberg REST endpoint, as AWS documents it for Spark ("Accessing tables using
-    the Amazon S3 Tables Iceberg REST endpoint"): requests signed with SigV4 for `s3tables`, the bucket's ARN as
-    the warehouse, data read and written with S3FileIO (iceberg-aws-bundle), metrics reporting off (the endpoint
-    does not take Iceberg's metrics reports). Iceberg 1.10 reads `rest.sigv4-enabled` still, with a deprecation
-    warning for `rest.auth.type=sigv4`: the documented key is kept."""
-    region = catalog.region
-    return {
-        f"{prefix}.type": "rest",
-        f"{prefix}.uri": s3_tables_endpoint(region),  # type: ignore[arg-type]  # an S3 Tables catalog has region and warehouse (CatalogSpec)
-        f"{prefix}.warehouse": catalog.warehouse,  # type: ignore[dict-item]  # an S3 Tables catalog has region and warehouse (CatalogSpec)
-        f"{prefix}.rest.sigv4-enabled": "true",
-        f"{prefix}.rest.signing-name": "s3tables",
-        f"{prefix}.rest.signing-region": region,  # type: ignore[dict-item]  # an S3 Tables catalog has region and warehouse (CatalogSpec)
-        f"{prefix}.io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
-        f"{prefix}.rest-metrics-reporting-enabled": "false",
-    }
+def rest_secret_properties(catalog: CatalogSpec) -> dict[str, str]:
+    """The REST catalog's `credential` (OAuth2 `client_id:client_secret`) or `token`, resolved from its secret
+    reference now: for the run's own session only, never rendered into job parameters or logged."""
+    from icefloe.credentials import resolve_client_credential, resolve_token
+
+    what = f"catalog {catalog.uri}"
+    if catalog.type != "rest":
+        return {}
+    if catalog.credential is not None:
+        return {"credential": ":".join(resolve_client_credential(catalog.credential, f"{what}: credential"))}
+    if catalog.token is not None:
+        return {"token": resolve_token(catalog.token, f"{what}: token")}
+    return {}
+
+
+def spark_secret_conf(catalog: CatalogSpec) -> dict[str, str]:
+    """`rest_secret_properties` as Spark settings of the catalog."""
+    return {f"spark.sql.catalog.{CATALOG}.{key}": value for key, value in rest_secret_properties(catalog).items()}
 
 
 def pyiceberg_catalog(catalog: CatalogSpec, state_dir: Path | None = None, read_only: bool = True):
@@ -97,8 +128,8 @@ def pyiceberg_catalog(catalog: CatalogSpec, state_dir: Path | None = None, read_
 
     Locally pyiceberg's SqlCatalog over the SQLite file Spark's JDBC catalog writes, opened read-only unless asked
     (a missing file is then an error, not a new empty catalog); for Glue pyiceberg's GlueCatalog with the default
-    credentials and region (and the catalog's endpoints off AWS); for S3 Tables pyiceberg's REST catalog signed as
-    AWS documents it. Needs pyiceberg (the `local` extra).
+    credentials and region (and the catalog's endpoints off AWS); for a REST catalog (S3 Tables too) pyiceberg's REST
+    catalog with the same properties as Spark's. Needs pyiceberg (the `local` extra).
     """
     try:
         from pyiceberg.catalog.glue import GlueCatalog
@@ -118,8 +149,10 @@ def pyiceberg_catalog(catalog: CatalogSpec, state_dir: Path | None = None, read_
             warehouse=catalog.warehouse or warehouse.as_uri(),
             init_catalog_tables=str(not read_only).lower(),
         )
-    if catalog.type == "s3tables":
-        return _pyiceberg_s3_tables(catalog)
+    if catalog.type in ("rest", "s3tables"):
+        from pyiceberg.catalog import load_catalog
+
+        return load_catalog(CATALOG, **rest_properties(catalog), **rest_secret_properties(catalog))
     if not catalog.warehouse:
         raise ValueError("a glue catalog needs a warehouse (s3://bucket/prefix)")
     properties = {"warehouse": catalog.warehouse}
@@ -128,21 +161,3 @@ def pyiceberg_catalog(catalog: CatalogSpec, state_dir: Path | None = None, read_
         if catalog.endpoints.region:
             properties["client.region"] = catalog.endpoints.region
     return GlueCatalog(CATALOG, **properties)
-
-
-def pyiceberg_s3_tables_properties(catalog: CatalogSpec) -> dict[str, str]:
-    """pyiceberg's REST catalog properties for an S3 table bucket (AWS's PyIceberg example for the endpoint)."""
-    return {
-        "type": "rest",
-        "uri": s3_tables_endpoint(catalog.region),  # type: ignore[arg-type]  # an S3 Tables catalog has region and warehouse (CatalogSpec)
-        "warehouse": catalog.warehouse,  # type: ignore[dict-item]  # an S3 Tables catalog has region and warehouse (CatalogSpec)
-        "rest.sigv4-enabled": "true",
-        "rest.signing-name": "s3tables",
-        "rest.signing-region": catalog.region,  # type: ignore[dict-item]  # an S3 Tables catalog has region and warehouse (CatalogSpec)
-    }
-
-
-def _pyiceberg_s3_tables(catalog: CatalogSpec):
-    from pyiceberg.catalog import load_catalog
-
-    return load_catalog(CATALOG, **pyiceberg_s3_tables_properties(catalog))
