@@ -369,6 +369,10 @@ class AlarmSpec(Model):
         return value
 
 
+# What Debezium sends for a column it did not capture (PostgreSQL unchanged TOAST), unless configured otherwise.
+DEBEZIUM_PLACEHOLDER = "__debezium_unavailable_value"
+
+
 class TableSpec(Model):
     source_cluster: str
     topic: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,249}$")]
@@ -381,7 +385,7 @@ class TableSpec(Model):
     envelope: Literal["debezium"] | None = None
     deletes: Literal["hard", "soft"] = "hard"  # soft: a mirror table keeps deleted rows, flagged (cdc_deleted)
     # What Debezium sends for a value it does not have (PostgreSQL's unchanged TOAST): the row's value is kept.
-    unavailable_value_placeholder: Annotated[str, StringConstraints(min_length=1)] = "__debezium_unavailable_value"
+    unavailable_value_placeholder: Annotated[str, StringConstraints(min_length=1)] = DEBEZIUM_PLACEHOLDER
     key: tuple[str, ...] | None = None
     key_format: Literal["json", "avro", "string", "raw", "protobuf", "json-schema"] | None = None
     # protobuf: the message type the table reads (full or package-relative name); default the schema's first message
@@ -444,7 +448,8 @@ class TableSpec(Model):
                     f"envelope {self.envelope}: the row key is the Debezium key (the source's primary key columns); "
                     "remove key and keyFormat"
                 )
-        elif "unavailable_value_placeholder" in self.model_fields_set:
+        # By value, not by whether it was set: the deployed job's config is the validated spec dumped whole.
+        elif self.unavailable_value_placeholder != DEBEZIUM_PLACEHOLDER:
             raise ValueError("unavailableValuePlaceholder only applies with envelope: debezium")
         if self.deletes == "soft":
             if self.envelope is None:
