@@ -9,7 +9,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,3 +185,45 @@ class WatchedRun:
             return 1
         print(f"the run ended (exit {self.process.returncode}) before {point}; its log ends:", *self.lines[-5:], sep="\n")
         return 0
+
+
+def stop_at(run: WatchedRun, marker: str) -> None:
+    """SIGSTOP `run` as soon as it logs `marker` (its Python process: the JVM it drives waits for its next call)."""
+    if run.logged(marker, 600):
+        run.process.send_signal(signal.SIGSTOP)
+        run.stopped = True
+
+
+def race_to_publish(commands: list[list[str]], env: dict, hold: Callable[[], None]) -> list[str]:
+    """Two (or more) runs stopped as each logs "publishing branch", `hold()` (the catalog's server then holds their
+    commits and lets them through together), continued; returns their logs once all exited 0."""
+    runs = [WatchedRun(command, env) for command in commands]
+    try:
+        stoppers = [threading.Thread(target=stop_at, args=(run, "publishing branch")) for run in runs]
+        for stopper in stoppers:
+            stopper.start()
+        for stopper in stoppers:
+            stopper.join(600)
+        assert all(run.stopped for run in runs), [run.lines[-5:] for run in runs]
+        assert not any(run.seen("published branch") for run in runs), "a run published before the other got there"
+        hold()
+        for run in runs:
+            run.process.send_signal(signal.SIGCONT)
+        codes = [run.process.wait(timeout=600) for run in runs]
+    finally:
+        for run in runs:
+            if run.process.poll() is None:
+                run.process.send_signal(signal.SIGCONT)
+                run.process.kill()
+    logs = ["".join(run.lines) for run in runs]
+    assert codes == [0] * len(runs), [log[-3000:] for log in logs]
+    return logs
+
+
+def ancestry(table) -> set[int]:
+    """The snapshot ids of a pyiceberg table's main history: its head and the head's ancestors."""
+    ids, snapshot = set(), table.current_snapshot()
+    while snapshot is not None:
+        ids.add(snapshot.snapshot_id)
+        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+    return ids

@@ -55,20 +55,25 @@ def resolve_token(ref: SecretRef, what: str) -> str:
     raise ConfigError(f"{what}: secret {ref.secret_arn} must hold the token, or JSON with 'token'")
 
 
-def _secret_document(ref: SecretRef, what: str):
-    """The secret's JSON document (or its plain text) from Secrets Manager."""
+def _secret_string(ref: SecretRef, what: str, local: str) -> str:
+    """The SecretString of a secretArn reference (`local`: what to use instead when running outside the stack)."""
     if ref.name:
         raise ConfigError(
             f"{what}: secret {ref.name!r} is created by the Pulumi stack; run the job the stack deployed "
-            "(it references the secret by ARN), or use credentialsSecret.env locally"
+            f"(it references the secret by ARN), or use {local} locally"
         )
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        payload = boto3.client("secretsmanager").get_secret_value(SecretId=ref.secret_arn)["SecretString"]
+        return str(boto3.client("secretsmanager").get_secret_value(SecretId=ref.secret_arn)["SecretString"])
     except (BotoCoreError, ClientError) as error:
         raise ConfigError(f"{what}: cannot read secret {ref.secret_arn}: {error}") from None
+
+
+def _secret_document(ref: SecretRef, what: str):
+    """The secret's JSON document (or its plain text) from Secrets Manager."""
+    payload = _secret_string(ref, what, "credentialsSecret.env")
     try:
         return json.loads(payload)
     except ValueError:
@@ -83,19 +88,7 @@ def resolve_secret_text(ref: SecretRef, what: str) -> str:
         if not value:
             raise ConfigError(f"{what}: set the environment variable {ref.env}")
         return value
-    if ref.name:
-        raise ConfigError(
-            f"{what}: secret {ref.name!r} is created by the Pulumi stack; run the job the stack deployed "
-            "(it references the secret by ARN), or use env locally"
-        )
-    import boto3
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        value = boto3.client("secretsmanager").get_secret_value(SecretId=ref.secret_arn)["SecretString"]
-    except (BotoCoreError, ClientError) as error:
-        raise ConfigError(f"{what}: cannot read secret {ref.secret_arn}: {error}") from None
-    return str(value)
+    return _secret_string(ref, what, "env")
 
 
 def resolve_tls(tls: TlsSpec, what: str) -> dict[str, str]:

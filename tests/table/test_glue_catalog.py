@@ -11,10 +11,8 @@ import json
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
-import threading
 from functools import partial
 from pathlib import Path
 
@@ -25,7 +23,7 @@ import test_materialize as orders
 from icefloe.errors import ConfigError
 from icefloe.spec import CatalogSpec, parse_config
 from icefloe.table.catalog import CATALOG, spark_catalog_conf
-from support import WatchedRun, avro_serializer, by_position, produce
+from support import WatchedRun, ancestry, avro_serializer, by_position, produce, race_to_publish
 
 ICEFLOE = [sys.executable, "-m", "icefloe.cli"]
 PREFIX = f"spark.sql.catalog.{CATALOG}"
@@ -173,26 +171,8 @@ def test_two_runs_publishing_at_once_on_glue_keep_every_reported_commit(broker, 
 
     identifier = f"local.{topic}"
     command = [*ICEFLOE, "run", "--once", "--json", "--state-dir", str(tmp_path / "state")]
-    runs = [WatchedRun([*command, "--config", str(path)], env) for path in (everything, smaller)]
-    try:
-        stoppers = [threading.Thread(target=stop_at, args=(run, "publishing branch")) for run in runs]
-        for stopper in stoppers:
-            stopper.start()
-        for stopper in stoppers:
-            stopper.join(600)
-        assert all(run.stopped for run in runs), [run.lines[-5:] for run in runs]
-        assert not any(run.seen("published branch") for run in runs), "a run published before the other got there"
-        moto_aws.gate_updates(identifier, 2)
-        for run in runs:
-            run.process.send_signal(signal.SIGCONT)
-        codes = [run.process.wait(timeout=600) for run in runs]
-    finally:
-        for run in runs:
-            if run.process.poll() is None:
-                run.process.send_signal(signal.SIGCONT)
-                run.process.kill()
-    logs = ["".join(run.lines) for run in runs]
-    assert codes == [0, 0], [log[-3000:] for log in logs]
+    commands = [[*command, "--config", str(path)] for path in (everything, smaller)]
+    logs = race_to_publish(commands, env, hold=lambda: moto_aws.gate_updates(identifier, 2))
 
     raced = held_updates(moto_aws, identifier)
     # Both fast-forwards were held, then the first to take the lock won; the other was refused and its run re-planned.
@@ -217,22 +197,6 @@ def held_updates(server, identifier: str) -> list[str]:
     said = [line.split(prefix, 1)[1] for line in server.log_path.read_text().splitlines() if prefix in line]
     armed = max(i for i, text in enumerate(said) if text.startswith("the next "))
     return said[armed + 1 :]
-
-
-def stop_at(run: WatchedRun, marker: str) -> None:
-    """SIGSTOP `run` as soon as it logs `marker` (its Python process: the JVM it drives waits for its next call)."""
-    if run.logged(marker, 600):
-        run.process.send_signal(signal.SIGSTOP)
-        run.stopped = True
-
-
-def ancestry(table) -> set[int]:
-    """The snapshot ids of main's history: its head and the head's ancestors."""
-    ids, snapshot = set(), table.current_snapshot()
-    while snapshot is not None:
-        ids.add(snapshot.snapshot_id)
-        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
-    return ids
 
 
 @pytest.mark.broker

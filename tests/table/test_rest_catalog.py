@@ -15,7 +15,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 from functools import partial
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import test_materialize as orders
 from icefloe.errors import ConfigError
 from icefloe.spec import CatalogSpec, parse_config
 from icefloe.table.catalog import CATALOG, rest_properties, spark_catalog_conf, spark_secret_conf
-from support import WatchedRun, by_position
+from support import WatchedRun, ancestry, by_position, race_to_publish
 
 ICEFLOE = [sys.executable, "-m", "icefloe.cli"]
 PREFIX = f"spark.sql.catalog.{CATALOG}"
@@ -187,21 +186,6 @@ def test_rest_catalog_materializes_with_a_bearer_token_and_pyiceberg_reads_it_ba
     assert str(len(produced)) in status.stdout
 
 
-def stop_at(run: WatchedRun, marker: str) -> None:
-    """SIGSTOP `run` as soon as it logs `marker` (its Python process: the JVM it drives waits for its next call)."""
-    if run.logged(marker, 600):
-        run.process.send_signal(signal.SIGSTOP)
-        run.stopped = True
-
-
-def ancestry(table) -> set[int]:
-    ids, snapshot = set(), table.current_snapshot()
-    while snapshot is not None:
-        ids.add(snapshot.snapshot_id)
-        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
-    return ids
-
-
 @pytest.mark.broker
 def test_two_runs_publishing_at_once_over_rest_keep_every_reported_commit(
     broker, registry, rest_server, proxy, topic, tmp_path
@@ -222,26 +206,8 @@ def test_two_runs_publishing_at_once_over_rest_keep_every_reported_commit(
     identifier = f"local.{topic}"
     env = os.environ | {"ICEFLOE_SPARK_MASTER": "local[1]"}
     command = [*ICEFLOE, "run", "--once", "--json", "--state-dir", str(tmp_path / "state")]
-    runs = [WatchedRun([*command, "--config", str(path)], env) for path in (everything, smaller)]
-    try:
-        stoppers = [threading.Thread(target=stop_at, args=(run, "publishing branch")) for run in runs]
-        for stopper in stoppers:
-            stopper.start()
-        for stopper in stoppers:
-            stopper.join(600)
-        assert all(run.stopped for run in runs), [run.lines[-5:] for run in runs]
-        assert not any(run.seen("published branch") for run in runs), "a run published before the other got there"
-        proxy.gate_commits(identifier, 2)
-        for run in runs:
-            run.process.send_signal(signal.SIGCONT)
-        codes = [run.process.wait(timeout=600) for run in runs]
-    finally:
-        for run in runs:
-            if run.process.poll() is None:
-                run.process.send_signal(signal.SIGCONT)
-                run.process.kill()
-    logs = ["".join(run.lines) for run in runs]
-    assert codes == [0, 0], [log[-3000:] for log in logs]
+    commands = [[*command, "--config", str(path)] for path in (everything, smaller)]
+    logs = race_to_publish(commands, env, hold=lambda: proxy.gate_commits(identifier, 2))
 
     raced = proxy.commits(identifier)
     held = raced.index("2 commits held, released together")
