@@ -45,7 +45,8 @@ from icefloe_dev.cdc_workload import (
 from icefloe_dev.kafka_connect import CONVERTERS, KafkaConnect, debezium_postgres
 from support import read_duckdb, read_pyiceberg
 
-pytestmark = [pytest.mark.cdc, pytest.mark.broker]
+# One xdist worker runs the whole module (with `--dist loadgroup`): its platform is one module-scoped fixture.
+pytestmark = [pytest.mark.cdc, pytest.mark.broker, pytest.mark.xdist_group("cdc")]
 log = logging.getLogger(__name__)
 SEED = int(os.environ.get("ICEFLOE_CDC_SEED", "29"))
 PARTITIONS = 3
@@ -101,7 +102,7 @@ def cdc(postgres, broker, registry, state_dir) -> CdcRun:
         worker.wait_streaming()  # the snapshot (`r`) is over
         took("snapshot")
         step(1, workload.changes(80))
-        worker.restart_connectors()  # offsets committed here
+        worker.restart_cleanly()  # offsets committed here
         took("clean restart")
         step(2, workload.changes(80, truncate_after=50))  # replayed after the kill, truncate included
         worker.kill()
