@@ -274,9 +274,9 @@ def decoder_spec(table: Any, registry: dict[str, str] | None, where: str) -> Any
             layout, after = avro_layout(
                 _registry_client(registry), table.topic, table.mode, table.deletes == "soft", where
             )
-        spec = DecoderSpec("avro", CONFLUENT, table.topic, registry_conf=registry)
+        spec = DecoderSpec("avro", CONFLUENT, table.topic, registry_conf=registry, envelope=table.envelope)
         return with_layout(spec, layout, table.unavailable_value_placeholder, after)
-    spec = DecoderSpec("json", NONE, table.topic, registry_conf=registry)
+    spec = DecoderSpec("json", NONE, table.topic, registry_conf=registry, envelope=table.envelope)
     return with_layout(spec, Layout(table.mode, table.deletes == "soft", [], []), table.unavailable_value_placeholder)
 
 
@@ -300,8 +300,8 @@ def placeholder_of(spec: Any) -> str:
 
 def change_decoder(spec: Any) -> Any:
     """The executor's decoder of the table's events: (value, key, headers) -> row (`envelope.ChangeDecoder`)."""
-    from icefloe.formats.debezium.envelope import ChangeDecoder
     from icefloe.formats.decoding import registry_avro_decoder
+    from icefloe.formats.debezium.envelope import ChangeDecoder
 
     envelope = json.loads(spec.envelope_plan)
     if spec.data_format == "avro":
