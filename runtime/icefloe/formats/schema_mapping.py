@@ -21,6 +21,7 @@ from pyspark.sql import types as T
 
 from icefloe.batch_columns import KAFKA_COLUMNS, STATUS_COLUMNS, UPSERT_COLUMNS, SparkTypeJson, field_json
 from icefloe.errors import ConfigError
+from icefloe.formats.avro import names
 from icefloe.formats.avro.unions import branches as union_branches
 from icefloe.formats.avro.unions import collapsed as collapsed_union
 from icefloe.formats.avro.unions import member_name, needs_record_names
@@ -74,8 +75,7 @@ class _AvroMapper:
         if isinstance(schema, str):
             if schema in _AVRO_PRIMITIVES:
                 return _AVRO_PRIMITIVES[schema]
-            full = schema if "." in schema or not namespace else f"{namespace}.{schema}"
-            for name in (full, schema):
+            for name in names.candidates(schema, namespace):
                 if name in self.in_progress:
                     raise ConfigError(f"{path}: recursive Avro type {name!r} cannot be a table column")
                 if name in self.named:
@@ -107,9 +107,9 @@ class _AvroMapper:
         if logical in _AVRO_LOGICAL and kind in ("int", "long", "string", "fixed"):
             return self._named(schema, namespace, _AVRO_LOGICAL[logical])
         if kind == "record":
-            name = self._full_name(schema, namespace)
+            name = names.defined_name(schema, namespace)
             self.in_progress.add(name)
-            inner_ns = name.rpartition(".")[0]
+            inner_ns = names.namespace_of(name)
             fields = [
                 T.StructField(f["name"], self.map(f["type"], inner_ns, f"{path}.{f['name']}"), True)
                 for f in schema["fields"]
@@ -128,16 +128,11 @@ class _AvroMapper:
             return T.MapType(T.StringType(), self.map(schema["values"], namespace, f"{path}{{}}"), True)
         return self.map(kind, namespace, path)
 
-    def _full_name(self, schema: dict, namespace: str) -> str:
-        name = schema["name"]
-        ns = schema.get("namespace", namespace)
-        return name if "." in name or not ns else f"{ns}.{name}"
-
     def _named(self, schema: dict, namespace: str, mapped: T.DataType) -> T.DataType:
         """`mapped`, remembered under the schema's name when it is a named type (fixed, enum), so a later
         reference by name maps the same way."""
         if schema.get("type") in ("fixed", "enum"):
-            self.named[self._full_name(schema, namespace)] = mapped
+            self.named[names.defined_name(schema, namespace)] = mapped
         return mapped
 
 
