@@ -189,8 +189,8 @@ UNION_POISONS = [
 
 @pytest.mark.parametrize("name, body", UNION_POISONS[2:])
 def test_negative_union_branch_indexes_are_refused_by_every_python_avro_decoder(name, body):
-    from icefloe.formats.decoding import inline_avro_decoder
-    from icefloe.formats.glue_framed import avro_payload
+    from icefloe.formats.avro.reader import glue_payload as avro_payload
+    from icefloe.formats.avro.reader import inline_avro_decoder
 
     inline = inline_avro_decoder(json.dumps(POISONED))
     glue = avro_payload(json.dumps(POISONED), json.dumps(POISONED))

@@ -1,5 +1,6 @@
-"""Schema registries as the formats use them (a Confluent-compatible registry's client, subjects and errors; the
-AWS Glue Schema Registry's table spec) and the Avro decoders (fastavro: through the registry, or an inline schema).
+"""Schema registries as the formats use them: a Confluent-compatible registry's client, subjects and errors, the
+decoders it backs classified (`registry_checked`), and the AWS Glue Schema Registry's table spec. (The Avro decoders
+are `formats.avro.reader`'s.)
 
 The formats (`formats.registry.FORMATS`) resolve a table's `DecoderSpec` with these on the driver: the registry's
 latest version fixes the schema a batch reads with, so older records are resolved to it and the table evolves
@@ -9,8 +10,6 @@ raises `SourceError`, which must never be treated as a bad record.
 
 from __future__ import annotations
 
-import io
-import json
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -19,8 +18,6 @@ from typing import Any
 
 from icefloe.credentials import resolve_credentials, resolve_tls
 from icefloe.errors import BadRecord, ConfigError, IcefloeError, SourceError
-from icefloe.formats.avro import fastavro_gaps
-from icefloe.formats.avro.unions import needs_record_names, rewriter
 from icefloe.formats.base import GLUE, Decoder, DecoderSpec
 from icefloe.registries import glue as glue_registry
 from icefloe.spec import SchemaRegistrySpec, SourceCluster, TableSpec
@@ -200,68 +197,6 @@ def _registry_errors(conf: dict[str, str], subject: str) -> Iterator[None]:
         raise SourceError(f"schema registry {conf['url']}: {error}") from None
     except Exception as error:  # connection failures surface as the HTTP library's own types
         raise SourceError(f"schema registry {conf['url']} unreachable: {error}") from None
-
-
-def with_unions(schema_str: str, make: Callable[[bool], Decoder]) -> Decoder:
-    """A decoder whose values have Avro unions of several types as the table's member structs (avro_unions)."""
-    names = needs_record_names(schema_str)
-    decode, rewrite = make(names), rewriter(schema_str, names)
-    if rewrite is None:
-        return decode
-    return lambda data: rewrite(decode(data))
-
-
-def inline_avro_decoder(schema_str: str) -> Decoder:
-    """Confluent wire format (magic byte 0, 4-byte schema id) decoded with the inline schema; the id is ignored."""
-    import fastavro
-
-    fastavro_gaps.register()
-    schema = fastavro_gaps.guarded(fastavro.parse_schema(json.loads(schema_str)))
-
-    def decode(data: bytes) -> Any:
-        if len(data) < 5 or data[0] != 0:
-            raise BadRecord("not Confluent wire format (magic byte 0 and a schema id expected)")
-        buffer = io.BytesIO(data[5:])
-        try:
-            value = fastavro.schemaless_reader(buffer, schema, None)
-        except fastavro_gaps.UnionIndexError:
-            raise
-        except Exception as error:  # fastavro raises many types on corrupt input
-            raise BadRecord(
-                f"Avro payload does not match the inline schema ({type(error).__name__})"
-            ) from None  # its text may quote data
-        if buffer.tell() != len(data) - 5:
-            raise BadRecord("Avro payload has trailing bytes: written with another schema?")
-        return value
-
-    return decode
-
-
-def registry_avro_decoder(spec: DecoderSpec, reader_schema: str | None, key: bool, names: bool = False) -> Decoder:
-    from confluent_kafka.schema_registry import SchemaRegistryClient
-    from confluent_kafka.schema_registry.avro import AvroDeserializer
-    from confluent_kafka.serialization import MessageField, SerializationContext, SerializationError
-
-    class GuardedAvroDeserializer(AvroDeserializer):
-        def _get_parsed_schema(self, schema):  # writer and reader schemas (parsed once, cached by confluent-kafka)
-            return fastavro_gaps.guarded(super()._get_parsed_schema(schema))
-
-    fastavro_gaps.register()
-    client = SchemaRegistryClient(registry_client_conf(spec.registry))
-    deserializer = GuardedAvroDeserializer(client, schema_str=reader_schema, return_record_name=names)
-    context = SerializationContext(spec.topic, MessageField.KEY if key else MessageField.VALUE)
-
-    def avro(data: bytes) -> Any:
-        try:
-            return deserializer(data, context)
-        except SerializationError as error:
-            raise BadRecord(f"Avro: {error}") from None
-        except BadRecord:
-            raise
-        except ValueError as error:  # fastavro's own, on corrupt input
-            raise BadRecord(f"Avro payload cannot be decoded: ValueError: {error}") from None
-
-    return registry_checked(spec, avro, "Avro", opaque=True)
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:

@@ -1,6 +1,6 @@
 """`format: avro`: through a Confluent-compatible registry (the subject's latest version), the AWS Glue Schema
 Registry, or an inline schema (Confluent wire format, its id ignored). Read on the JVM path (`avro.jvm`) where Avro
-Java takes the table's schema; the Python decoder is fastavro's (`decoding`, `glue_framed.avro_payload`)."""
+Java takes the table's schema; the Python decoder is fastavro's (`avro.reader`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pyspark.sql.types import StructField
 
 from icefloe.errors import ConfigError
 from icefloe.formats import decoding, glue_framed
+from icefloe.formats.avro import reader
 from icefloe.formats.avro.jvm import AvroJvmPlan, plan_avro
 from icefloe.formats.base import CONFLUENT, GLUE, INLINE, Decoder, DecoderSpec, ValueRules
 from icefloe.formats.schema_mapping import avro_value_fields, inline_to_avro, inline_value_fields
@@ -56,18 +57,18 @@ class Avro:
 
     def decoder(self, spec: DecoderSpec) -> Decoder:
         if spec.schema_from == GLUE:
-            return glue_framed.decoder(spec.registry, glue_framed.avro_payload, spec.schema, spec.message_type)
+            return glue_framed.decoder(spec.registry, reader.glue_payload, spec.schema, spec.message_type)
         if spec.schema_from == INLINE:
-            return decoding.inline_avro_decoder(spec.schema)
-        return decoding.with_unions(
-            spec.schema, lambda names: decoding.registry_avro_decoder(spec, spec.schema, False, names)
+            return reader.inline_avro_decoder(spec.schema)
+        return reader.with_unions(
+            spec.schema, lambda names: reader.registry_avro_decoder(spec, spec.schema, False, names)
         )
 
     def key_decoder(self, spec: DecoderSpec) -> Decoder:
         if spec.key_conf is not None:  # framed for the AWS Glue Schema Registry, decoded as written
-            return glue_framed.decoder(spec.key_conf, glue_framed.avro_payload)
+            return glue_framed.decoder(spec.key_conf, reader.glue_payload)
         decoding.needs_registry(spec)
-        return decoding.registry_avro_decoder(spec, None, True)
+        return reader.registry_avro_decoder(spec, None, True)
 
 
 AVRO = Avro()

@@ -300,7 +300,7 @@ def placeholder_of(spec: Any) -> str:
 
 def change_decoder(spec: Any) -> Any:
     """The executor's decoder of the table's events: (value, key, headers) -> row (`envelope.ChangeDecoder`)."""
-    from icefloe.formats.decoding import registry_avro_decoder
+    from icefloe.formats.avro.reader import registry_avro_decoder
     from icefloe.formats.debezium.envelope import ChangeDecoder
 
     envelope = json.loads(spec.envelope_plan)
