@@ -9,8 +9,8 @@ import json
 import pytest
 
 from icefloe.errors import ConfigError
+from icefloe.formats.avro.mapping import avro_value_fields
 from icefloe.formats.avro.unions import needs_record_names
-from icefloe.formats.schema_mapping import avro_value_fields
 from icefloe.materialize.read_paths import JVM
 from icefloe.operate.runner import run_table
 from support import as_utc, avro_serializer, produce, read_duckdb, read_pyiceberg

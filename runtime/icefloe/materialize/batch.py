@@ -30,8 +30,8 @@ from icefloe.commit.branch import Branch, commit_on_branch, drop_stale_branches
 from icefloe.commit.checkpoint import Checkpoint, CommittedState, Throughput, committed_state, lost_as_json
 from icefloe.errors import IcefloeError, RecordError
 from icefloe.formats.base import BatchContext, DecoderSpec, Envelope, Format
+from icefloe.formats.columns import batch_struct, table_struct
 from icefloe.formats.registry import decoder_spec, envelope_of, format_of
-from icefloe.formats.schema_mapping import batch_struct, table_struct
 from icefloe.materialize import progress
 from icefloe.materialize.budget import Deadline, size_batch
 from icefloe.materialize.dead_letters import commit_dead_letters

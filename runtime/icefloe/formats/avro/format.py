@@ -13,8 +13,10 @@ from icefloe.errors import ConfigError
 from icefloe.formats import decoding, glue_framed
 from icefloe.formats.avro import reader
 from icefloe.formats.avro.jvm import AvroJvmPlan, plan_avro
+from icefloe.formats.avro.mapping import avro_value_fields
 from icefloe.formats.base import CONFLUENT, GLUE, INLINE, Decoder, DecoderSpec, ValueRules
-from icefloe.formats.schema_mapping import avro_value_fields, inline_to_avro, inline_value_fields
+from icefloe.formats.inline import inline_to_avro, inline_value_fields
+from icefloe.registries import confluent
 from icefloe.spec import SourceCluster, TableSpec
 
 
@@ -33,7 +35,7 @@ class Avro:
                 f"table {table.table_name}: format avro needs sourceCluster {cluster.name}.schemaRegistry or an "
                 "inline schema"
             )
-        schema = decoding._latest_schema(registry, decoding.subject_for(table.topic))  # through the module: tests
+        schema = confluent.latest_schema(registry, confluent.subject_for(table.topic))  # through the module: tests
         return DecoderSpec(self.name, CONFLUENT, table.topic, schema, registry, **keys)
 
     def value_fields(self, spec: DecoderSpec, table: TableSpec, identifier: str) -> list[StructField] | None:

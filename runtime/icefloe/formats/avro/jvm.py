@@ -18,7 +18,7 @@ anything else goes to Python, which gives its value or its exact error. Not exac
   - values Avro Java accepts but Python refuses or rewrites: strings (map keys included) that are not UTF-8,
     uuids not in canonical lowercase form, timestamps and dates outside years 1..9999, times outside one day;
   - with an inline schema (no registry), a body longer than its re-encoding: trailing bytes.
-Types then match the table (schema_mapping), except where Avro Java 1.11 (Spark's) reads a logical type as its
+Types then match the table (avro.mapping), except where Avro Java 1.11 (Spark's) reads a logical type as its
 base type: time-millis (an int) becomes microseconds, timestamp-nanos (a long) a timestamp in microseconds,
 uuid on fixed(16) its canonical text, duration (fixed(12)) its struct.
 """
@@ -41,10 +41,10 @@ from icefloe.formats.avro.unions import branches as union_branches
 from icefloe.formats.avro.unions import collapsed as collapsed_union
 from icefloe.formats.avro.unions import member_name
 from icefloe.formats.base import GLUE, INLINE, DecoderSpec
-from icefloe.formats.decoding import subject_for, subject_schemas
 from icefloe.inline_types import TIMESTAMP_MICROS
 from icefloe.jvm_gateway import jvm_gateway
 from icefloe.registries import glue as glue_registry
+from icefloe.registries.confluent import subject_for, subject_schemas
 
 log = logging.getLogger(__name__)
 MARKER = "__icefloe_decoded"

@@ -16,7 +16,8 @@ from icefloe.errors import BadRecord
 from icefloe.formats.avro import fastavro_gaps
 from icefloe.formats.avro.unions import needs_record_names, rewriter
 from icefloe.formats.base import Decoder, DecoderSpec
-from icefloe.formats.decoding import registry_checked, registry_client_conf
+from icefloe.formats.decoding import registry_checked
+from icefloe.registries.confluent import registry_client_conf
 
 # What a payload fastavro cannot read says: the BadRecord's text, from fastavro's exception.
 ErrorPolicy = Callable[[Exception], str]
