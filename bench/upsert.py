@@ -29,7 +29,7 @@ from pyspark.sql import types as T
 
 from icefloe.commit.branch import commit_on_branch
 from icefloe.commit.checkpoint import Checkpoint
-from icefloe.formats.schema_mapping import METADATA_FIELDS, table_struct
+from icefloe.formats.columns import METADATA_FIELDS, table_struct
 from icefloe.materialize.upsert import merge_batch, positioned
 from icefloe.operate.maintenance import maintain
 from icefloe.session import spark_session

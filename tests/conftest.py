@@ -6,6 +6,7 @@ with independent readers (pyiceberg, DuckDB).
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import time
@@ -18,13 +19,22 @@ from icefloe.spec import CatalogSpec, IcefloeConfig, parse_config
 
 # The fixtures that start a process (JVM, broker, registry, moto server) or Spark: a test using none of them, and not
 # marked `process` (it starts one itself) or `bundle`, is marked `unit` (`pytest -m unit`, well under a minute).
-PROCESS_FIXTURES = {"_services", "broker", "registry", "spark", "moto_aws"}
+# `secured`: tests/source/test_secure_clusters.py's own broker (TLS, SASL).
+PROCESS_FIXTURES = {"_services", "broker", "registry", "spark", "moto_aws", "secured"}
 
 
 def pytest_configure(config) -> None:
     # One crash seed for the whole run (support.crash_seed), also under pytest-xdist: its workers import support.py
     # each on their own, and inherit this environment from the controller that starts them.
     os.environ.setdefault("ICEFLOE_CRASH_SEED", str(int(time.time())))
+
+
+def pytest_collection_finish(session) -> None:
+    # Every test module is imported (pyspark, Pulumi, pyiceberg...): their objects live for the whole run. Frozen out
+    # of the collector, the gc.collect() the infra tests run after each Pulumi program scans only what a test made
+    # (a full collection scans some 100k objects: about half a second, many seconds on a loaded machine).
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects on the markers

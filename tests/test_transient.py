@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError
+from confluent_kafka import KafkaError, KafkaException
 
 from icefloe.errors import ClockSkew, ConfigError, RecordError, clock_skew, is_transient
+from java_fakes import FakeThrowable, thrown_by_jvm
 
 # What the local JDBC catalog raises when another run holds SQLite's write lock (seen with two overlapping writers).
 SQLITE_BUSY = (
@@ -80,3 +83,40 @@ def test_a_run_reports_clock_skew_by_name_and_does_not_retry_it(spark, state_dir
     with pytest.raises(ClockSkew, match="125s behind"):
         runner.run_table(spark, config, config.tables[0], state_dir)
     assert len(calls) == 1
+
+
+SDK_SERVICE = ["software.amazon.awssdk.awscore.exception.AwsServiceException", "software.amazon.awssdk.core.exception.SdkServiceException", "java.lang.RuntimeException"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param(KafkaException(KafkaError(KafkaError._RESOLVE)), id="kafka-local-code"),
+        pytest.param(KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE, retriable=True)), id="kafka-retriable"),
+        pytest.param(thrown_by_jvm(FakeThrowable(["org.sqlite.SQLiteException", "java.sql.SQLException"], getErrorCode=5)), id="sqlite-busy"),
+        pytest.param(thrown_by_jvm(FakeThrowable(["org.apache.iceberg.jdbc.UncheckedSQLException"], FakeThrowable(["org.sqlite.SQLiteException"], getErrorCode=517))), id="sqlite-busy-snapshot-as-cause"),
+        pytest.param(thrown_by_jvm(FakeThrowable(["software.amazon.awssdk.services.glue.model.GlueException", *SDK_SERVICE], isThrottlingException=True, statusCode=400)), id="aws-java-throttled"),
+        pytest.param(thrown_by_jvm(FakeThrowable(["software.amazon.awssdk.services.glue.model.GlueException", *SDK_SERVICE], isThrottlingException=False, statusCode=503)), id="aws-java-503"),
+        pytest.param(ClientError({"Error": {"Code": "RequestLimitExceeded", "Message": "Request limit exceeded."}}, "GetSecretValue"), id="botocore-code"),
+        pytest.param(ClientError({"Error": {"Code": "InternalError"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "GetTable"), id="botocore-503"),
+        pytest.param(EndpointConnectionError(endpoint_url="https://glue.eu-west-1.amazonaws.com"), id="botocore-endpoint"),
+    ],
+)  # fmt: skip
+def test_passing_failures_are_retried_by_their_type_not_their_words(error):
+    """The typed signals (a KafkaError's code or retriable flag, a Java exception's class and its SQLite or AWS
+    code through Py4J, botocore's codes and types) decide, whatever the text says (none of these texts holds a
+    transient word)."""
+    assert is_transient(error)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param(KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)), id="kafka-authorization"),
+        pytest.param(thrown_by_jvm(FakeThrowable(["org.sqlite.SQLiteException", "java.sql.SQLException"], getErrorCode=1)), id="sqlite-error"),
+        pytest.param(thrown_by_jvm(FakeThrowable(["software.amazon.awssdk.services.glue.model.EntityNotFoundException", *SDK_SERVICE], isThrottlingException=False, statusCode=400)), id="aws-java-not-found"),
+        pytest.param(ClientError({"Error": {"Code": "AccessDeniedException"}, "ResponseMetadata": {"HTTPStatusCode": 400}}, "GetTable"), id="botocore-denied"),
+    ],
+)  # fmt: skip
+def test_lasting_failures_of_the_same_types_are_not_retried(error):
+    assert not is_transient(error)

@@ -6,7 +6,7 @@
 record that failed, its error and raw bytes (for the dead-letter table).
 
 Types are written in Spark's JSON schema form, so this module imports neither pyspark nor pydantic: the spec model
-(which the Pulumi program imports) reads the names, `schema_mapping` builds the Spark fields, `conversion` the
+(which the Pulumi program imports) reads the names, `formats.columns` builds the Spark fields, `conversion` the
 Arrow columns.
 """
 

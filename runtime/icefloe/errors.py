@@ -1,6 +1,8 @@
 """Errors icefloe reports to users. Each message names what is wrong and where."""
 
 import re
+from collections.abc import Iterator
+from typing import Any
 
 
 class IcefloeError(Exception):
@@ -94,12 +96,12 @@ def clock_skew(error: BaseException, identifier: str) -> ClockSkew | None:
     )
 
 
-# Words in a JVM or client error that mark a passing environment failure (network, throttling, a service briefly
-# away), as opposed to a bug or bad data. Matched case-insensitively against the error's text, after the Java classes
-# (`_TRANSIENT_JAVA`) and icefloe's own types: still by text (issue 28 item 3, not yet by type) are the Python Kafka
-# client's errors (KafkaException: a KafkaError code would do), AWS service errors (throttling, 503: the SDK's
-# `isThrottlingException`/`statusCode` would do), SQLite's busy lock, and an executor's failure, which reaches the
-# driver only as text.
+# Words in an error's text that mark a passing environment failure (network, throttling, a service briefly away), as
+# opposed to a bug or bad data: the fallback for what reaches the driver as text only, after the typed checks
+# (`_transient_by_type`: Java classes and their codes through Py4J, the Kafka client's KafkaError codes, botocore's
+# error codes and types). Text only: a failure inside a Spark task (an executor's Kafka client, a Python worker's
+# KafkaException or registry call, the JDBC catalog's lock in a task) arrives as its stack trace in the driver's
+# error text, and an error a library wraps in its own generic type keeps the cause as words.
 _TRANSIENT_MARKS = (
     "connection refused",
     "connect timed out",
@@ -149,35 +151,112 @@ _TRANSIENT_JAVA = {
 }
 
 
-def java_classes(error: BaseException) -> set[str]:
-    """The Java classes, with their superclasses, of the exception a Py4J call threw and of its causes; empty for
-    an error that did not come from the JVM."""
+def java_chain(error: BaseException) -> Iterator[Any]:
+    """The Java exception a Py4J call threw and its causes (Py4J objects, outermost first); none for an error that
+    did not come from the JVM."""
     thrown = getattr(error, "java_exception", None) or getattr(error, "_origin", None)  # Py4J's, PySpark's capture
-    names: set[str] = set()
     try:
         for _ in range(20):  # a cause chain can loop
             if thrown is None:
-                break
-            cls = thrown.getClass()
-            while cls is not None:
-                names.add(cls.getName())
-                cls = cls.getSuperclass()
+                return
+            yield thrown
             cause = thrown.getCause()
             thrown = None if cause is None or cause.equals(thrown) else cause
     except Exception:  # the gateway is gone, or not a Java object: the text decides
+        return
+
+
+def class_names(thrown: Any) -> set[str]:
+    """A Java exception's class and its superclasses, by name."""
+    names: set[str] = set()
+    try:
+        cls = thrown.getClass()
+        while cls is not None:
+            names.add(cls.getName())
+            cls = cls.getSuperclass()
+    except Exception:  # the gateway is gone
         pass
     return names
+
+
+def java_classes(error: BaseException) -> set[str]:
+    """The Java classes, with their superclasses, of the exception a Py4J call threw and of its causes; empty for
+    an error that did not come from the JVM."""
+    return {name for thrown in java_chain(error) for name in class_names(thrown)}
+
+
+# The Python Kafka client's (librdkafka's) codes for a passing failure, beside those it marks retriable itself.
+_TRANSIENT_KAFKA_CODES = ("_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "_MSG_TIMED_OUT", "_RESOLVE")
+# AWS error codes (botocore's ClientError, the Java SDK's AwsServiceException) and HTTP statuses for throttling or a
+# service briefly away.
+_TRANSIENT_AWS_CODES = {
+    "Throttling",
+    "ThrottlingException",
+    "ThrottledException",
+    "TooManyRequestsException",
+    "RequestLimitExceeded",
+    "SlowDown",
+    "ServiceUnavailable",
+    "ServiceUnavailableException",
+    "InternalFailure",
+    "RequestTimeout",
+    "RequestTimeoutException",
+}
+_TRANSIENT_HTTP = {429, 500, 502, 503, 504}
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6  # SQLite's primary result codes (an extended code keeps them in its low byte)
+
+
+def _transient_by_type(error: BaseException) -> bool:
+    """The typed signals of a passing failure: a Java exception's class (and an AWS or SQLite exception's code), a
+    KafkaError's code, a botocore error's code or type."""
+    if java_classes(error) & _TRANSIENT_JAVA:
+        return True
+    for thrown in java_chain(error):
+        names = class_names(thrown)
+        try:
+            if "software.amazon.awssdk.core.exception.SdkServiceException" in names and (
+                thrown.isThrottlingException() or thrown.statusCode() in _TRANSIENT_HTTP
+            ):
+                return True
+            if "org.sqlite.SQLiteException" in names and thrown.getErrorCode() & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED):
+                return True  # the local catalog held by another run: re-plan once it is free
+        except Exception:  # the gateway is gone
+            return False
+    kind = type(error)
+    if kind.__module__.startswith("cimpl") or kind.__module__.startswith("confluent_kafka"):
+        from confluent_kafka import KafkaError, KafkaException
+
+        found = error.args[0] if isinstance(error, KafkaException) and error.args else None
+        if isinstance(found, KafkaError):
+            return found.retriable() or found.code() in {getattr(KafkaError, code) for code in _TRANSIENT_KAFKA_CODES}
+    if kind.__module__.startswith("botocore"):
+        from botocore.exceptions import (
+            ClientError,
+            ConnectionClosedError,
+            ConnectTimeoutError,
+            EndpointConnectionError,
+            ReadTimeoutError,
+        )
+
+        if isinstance(error, (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError)):
+            return True
+        if isinstance(error, ClientError):
+            response = error.response or {}
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            return response.get("Error", {}).get("Code") in _TRANSIENT_AWS_CODES or status in _TRANSIENT_HTTP
+    return False
 
 
 def is_transient(error: BaseException) -> bool:
     """True for failures worth retrying: the source, registry or catalog was unreachable or asked us to slow down,
     or a catalog commit lost a race or ended with its outcome unknown. Record errors and configuration errors never
-    are: retrying would give the same answer. A JVM error is judged by its exception classes first."""
+    are: retrying would give the same answer. Judged by type first (`_transient_by_type`), then by the words of an
+    error that arrives as text only (`_TRANSIENT_MARKS`)."""
     if isinstance(error, (RecordError, ConfigError, ClockSkew, SourceAuthError, DecoderFailure)):  # same answer again
         return False
     if isinstance(error, (SourceError, CommitConflict)):
         return True
-    if java_classes(error) & _TRANSIENT_JAVA:
+    if _transient_by_type(error):
         return True
     text = f"{type(error).__name__}: {error}".lower()
     return any(mark in text for mark in _TRANSIENT_MARKS)

@@ -1,6 +1,6 @@
 """The types an inline schema may name (Iceberg-style), one definition: what each becomes in the table and in Avro.
 
-The spec model validates names against it; `schema_mapping` maps inline schemas to table columns and, for Avro
+The spec model validates names against it; `formats.inline` maps inline schemas to table columns and, for Avro
 topics decoded without a registry, to an equivalent Avro schema. Spark types are written in Spark's JSON schema
 form, so the spec model (which the Pulumi program imports) needs no pyspark.
 """

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from icefloe.commit.checkpoint import Checkpoint, CommittedState
 from icefloe.source.kafka import LostRange
 
@@ -47,3 +49,25 @@ def test_partition_clocks_round_trip_and_maintenance_copies_keep_them():
     assert json.loads(summary["icefloe.partition-clocks"]) == {"0": 1_795_000_000_123, "1": 1_795_000_000_000}
     assert Checkpoint.from_summary(summary) == checkpoint
     assert Checkpoint.from_summary(checkpoint.carried(42).to_summary()).clocks == checkpoint.clocks
+
+
+def test_the_walk_resumes_from_the_furthest_checkpoint_down_to_the_first_a_batch_wrote():
+    """resume_point is the one walk (commit and status): maintenance commits are walked past, carried copies above
+    the batch's checkpoint count (the furthest wins), and nothing below the batch's checkpoint is read."""
+    from icefloe.commit.checkpoint import resume_point
+    from icefloe.errors import CheckpointLost
+    from icefloe.table.iceberg import SnapshotRecord
+
+    batch = Checkpoint("t", {0: 10}, "run1")
+    behind = Checkpoint("t", {0: 7}, "run0").carried(3)  # maintenance carried an older checkpoint above it
+    history = [
+        SnapshotRecord(9, {"added-records": "0"}),  # a maintenance commit carrying nothing
+        SnapshotRecord(8, behind.to_summary()),
+        SnapshotRecord(7, batch.to_summary(), 1_000),
+        SnapshotRecord(6, None),  # expired below the batch's checkpoint: never reached
+    ]
+    assert resume_point(history, "db.t") == (batch, history[2])
+    assert resume_point(history[:2] + [SnapshotRecord(6, None)], "db.t") == (behind, history[1])
+    assert resume_point([SnapshotRecord(9, {})], "db.t") is None
+    with pytest.raises(CheckpointLost, match="table db.t: snapshot 8 in main's history was expired"):
+        resume_point([SnapshotRecord(9, {}), SnapshotRecord(8, None)], "db.t")

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from icefloe.errors import ConfigError
+from icefloe.formats.avro.mapping import avro_value_fields
 from icefloe.formats.avro.unions import needs_record_names
-from icefloe.formats.schema_mapping import avro_value_fields
 from icefloe.materialize.read_paths import JVM
 from icefloe.operate.runner import run_table
 from support import as_utc, avro_serializer, produce, read_duckdb, read_pyiceberg
@@ -189,8 +189,8 @@ UNION_POISONS = [
 
 @pytest.mark.parametrize("name, body", UNION_POISONS[2:])
 def test_negative_union_branch_indexes_are_refused_by_every_python_avro_decoder(name, body):
-    from icefloe.formats.decoding import inline_avro_decoder
-    from icefloe.formats.glue_framed import avro_payload
+    from icefloe.formats.avro.reader import glue_payload as avro_payload
+    from icefloe.formats.avro.reader import inline_avro_decoder
 
     inline = inline_avro_decoder(json.dumps(POISONED))
     glue = avro_payload(json.dumps(POISONED), json.dumps(POISONED))

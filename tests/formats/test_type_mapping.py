@@ -12,7 +12,7 @@ from decimal import Decimal
 import pytest
 
 from icefloe.errors import ConfigError
-from icefloe.formats.schema_mapping import avro_value_fields
+from icefloe.formats.avro.mapping import avro_value_fields
 from icefloe.materialize.batch import materialize_once
 from support import as_utc, avro_serializer, produce, read_duckdb, read_pyiceberg
 

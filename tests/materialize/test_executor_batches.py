@@ -8,7 +8,7 @@ import pyarrow as pa
 from pyspark.sql import types as T
 
 from icefloe.formats.base import DecoderSpec
-from icefloe.formats.schema_mapping import batch_struct, table_struct
+from icefloe.formats.columns import batch_struct, table_struct
 from icefloe.materialize.python_tasks import ReadPlan, redecode_rows
 
 MIB = 1024 * 1024

@@ -21,9 +21,10 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from icefloe.errors import ConfigError
 from icefloe.formats.avro import jvm as avro_jvm
+from icefloe.formats.avro.mapping import avro_value_fields
 from icefloe.formats.base import DecoderSpec
+from icefloe.formats.columns import batch_struct, table_struct
 from icefloe.formats.registry import decoder_spec
-from icefloe.formats.schema_mapping import avro_value_fields, batch_struct, table_struct
 from icefloe.materialize import batch as materializer
 from icefloe.materialize.python_tasks import ReadPlan
 from icefloe.materialize.read_paths import JVM, PYTHON, JvmBatch, choose_read_path

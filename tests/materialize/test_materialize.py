@@ -112,7 +112,7 @@ def order(i: int, rng: random.Random) -> dict:
 
 
 def expected_row(value: dict) -> dict:
-    """How each Avro value looks in the table (see schema_mapping's mapping table)."""
+    """How each Avro value looks in the table (see formats.avro.mapping's mapping table)."""
     return {**value, "status": value["status"], "ref": str(value["ref"])}
 
 

@@ -15,10 +15,10 @@ import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from icefloe.errors import RecordError, SourceError
-from icefloe.formats import decoding
 from icefloe.materialize.batch import materialize_once
 from icefloe.materialize.read_paths import PYTHON
 from icefloe.operate import runner
+from icefloe.registries import confluent
 from icefloe.table.iceberg import IcebergTable
 from support import avro_serializer, by_position, produce, read_pyiceberg
 
@@ -253,7 +253,7 @@ def test_unreachable_registry_is_not_a_bad_record(spark, broker, registry, state
     serialize = avro_serializer(registry.url, topic, json.dumps(AVRO_SCHEMA))
     produce(broker.bootstrap_servers, topic, [{"value": serialize(payment(1))}])
     schema = json.dumps(AVRO_SCHEMA)
-    monkeypatch.setattr(decoding, "_latest_schema", lambda conf, subject: schema)  # the driver saw the registry...
+    monkeypatch.setattr(confluent, "latest_schema", lambda conf, subject: schema)  # the driver saw the registry...
     monkeypatch.setattr(runner, "SOURCE_BACKOFF_S", 0.05)
     config = make_config({"topic": topic, "errors": "dlq"}, registry_url="http://127.0.0.1:9")  # ...executors cannot
     with pytest.raises(SourceError, match="unreachable|registry"):

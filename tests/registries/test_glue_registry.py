@@ -93,7 +93,7 @@ def test_a_fresh_worker_reads_the_logical_types_fastavro_lacks():
         {"name": "d", "type": {"type": "fixed", "name": "D", "size": 12, "logicalType": "duration"}}]}  # fmt: skip
     script = f"""
 import io, json, fastavro
-from icefloe.formats.glue_framed import avro_payload
+from icefloe.formats.avro.reader import glue_payload as avro_payload
 schema = json.loads({json.dumps(json.dumps(schema))})
 body = io.BytesIO()
 fastavro.schemaless_writer(body, fastavro.parse_schema(schema), {{"u": bytes(range(16)), "t": 1_500_999,

@@ -49,7 +49,7 @@ def test_a_later_batch_lists_the_versions_and_asks_only_for_the_latest(registry,
     """Continuous runs plan a batch every `refresh`: the subject's versions are fetched again only when the version
     list or the latest's id changed, so a new registration, and a hard-deleted version's number given to another
     schema, are both seen."""
-    from icefloe.formats import decoding
+    from icefloe.registries import confluent
     from icefloe_dev.schema_registry import _request
 
     subject, calls = f"{topic}-value", counted_registry_calls(monkeypatch)
@@ -60,7 +60,7 @@ def test_a_later_batch_lists_the_versions_and_asks_only_for_the_latest(registry,
 
     def batch() -> dict[int, str]:
         calls.clear()
-        found = decoding.subject_schemas({"url": registry.url}, subject, 100)
+        found = confluent.subject_schemas({"url": registry.url}, subject, 100)
         return {schema_id: json.loads(text)["fields"][-1]["name"] for schema_id, (text, _) in found.items()}
 
     ids = [register(""), register("a"), register("ab")]
@@ -76,9 +76,9 @@ def test_a_later_batch_lists_the_versions_and_asks_only_for_the_latest(registry,
 
 def counted_registry_calls(monkeypatch) -> list[str]:
     """The paths the driver's registry clients GET, in order."""
-    from icefloe.formats import decoding
+    from icefloe.registries import confluent
 
-    calls, real_client = [], decoding._registry_client
+    calls, real_client = [], confluent.registry_client
 
     def counted(conf):
         client = real_client(conf)
@@ -86,7 +86,7 @@ def counted_registry_calls(monkeypatch) -> list[str]:
         client._rest_client.get = lambda url, query=None: calls.append(url) or get(url, query)
         return client
 
-    monkeypatch.setattr(decoding, "_registry_client", counted)
+    monkeypatch.setattr(confluent, "registry_client", counted)
     return calls
 
 

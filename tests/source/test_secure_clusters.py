@@ -293,7 +293,7 @@ def test_registry_tls_material_goes_to_private_local_files(pki, monkeypatch):
     import os
     import stat
 
-    from icefloe.formats.decoding import registry_client_conf, registry_config
+    from icefloe.registries.confluent import registry_client_conf, registry_config
 
     _secret_env(monkeypatch, pki, "mtls-pbes2")
     registry = parse_config({"sourceClusters": [{

@@ -15,15 +15,16 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from itertools import chain
 from typing import TypeVar
 
 from pyspark.sql import DataFrame
 
 from icefloe.errors import CheckpointLost, ConfigError
 from icefloe.source.kafka import TRUNCATED, LostRange
-from icefloe.table.iceberg import IcebergTable, NotAnAncestor, append_with_properties
+from icefloe.table.iceberg import IcebergTable, NotAnAncestor, SnapshotRecord, append_with_properties
 from icefloe.table.refs import BRANCH_PREFIX, new_run_id
 
 OFFSETS_KEY = "icefloe.offsets"
@@ -191,43 +192,49 @@ class CommittedState:
         return dict(self.checkpoint.known_records) if self.checkpoint is not None else {}
 
 
+def resume_point(history: Iterable[SnapshotRecord], identifier: str) -> tuple[Checkpoint, SnapshotRecord] | None:
+    """The one walk of a ref's `history` (head first): the checkpoint to resume from, the furthest met down to the
+    first one a batch wrote (`furthest`), with the snapshot carrying it; None when the history carries none. Raises
+    `CheckpointLost` when the history breaks at an expired snapshot before any checkpoint (a carried copy met
+    before the break stands for the history below it)."""
+    found: list[tuple[Checkpoint, SnapshotRecord]] = []
+    for snapshot in history:
+        if snapshot.summary is None:
+            if found:
+                break
+            raise CheckpointLost(
+                f"table {identifier}: snapshot {snapshot.snapshot_id} in main's history was expired before a "
+                "snapshot carrying icefloe's offsets was found; where to resume reading is unknown, so nothing is "
+                "read (restore the table's history, or recreate the table)"
+            )
+        checkpoint = Checkpoint.from_summary(snapshot.summary)
+        if checkpoint is not None:
+            found.append((checkpoint, snapshot))
+            if checkpoint.carried_from is None:
+                break
+    return furthest(found) if found else None
+
+
 def committed_state(table: IcebergTable, topic: str) -> CommittedState:
     """Walk main's ancestry to the newest snapshot carrying a checkpoint, which must be for `topic`. Raises
     `CheckpointLost` when the walk breaks at an expired snapshot, or ends without a checkpoint on a table with data."""
-    java = table.java()
-    main = java.refs().get("main")
-    current = main.snapshotId() if main is not None else None
-    found: list[tuple[Checkpoint, tuple[int, dt.datetime]]] = []
-    snapshot, head_records = current, 0
-    while snapshot is not None:
-        row = java.snapshot(snapshot)
-        if row is None:
-            if found:  # a carried copy stands for the history below it
-                break
-            raise CheckpointLost(
-                f"table {table.identifier}: snapshot {snapshot} in main's history was expired before a snapshot "
-                "carrying icefloe's offsets was found; where to resume reading is unknown, so nothing is read "
-                "(restore the table's history, or recreate the table)"
-            )
-        summary = row.summary()
-        if snapshot == current:
-            head_records = int(summary.get("total-records") or 0)
-        checkpoint = Checkpoint.from_summary({key: summary.get(key) for key in SUMMARY_KEYS})
-        if checkpoint is not None:
-            committed_at = dt.datetime.fromtimestamp(row.timestampMillis() / 1000, dt.UTC)
-            found.append((checkpoint, (snapshot, committed_at)))
-            if checkpoint.carried_from is None:
-                break
-        snapshot = row.parentId()
-    if found:
-        checkpoint, (carrier, committed_at) = furthest(found)
-        return CommittedState(current, for_topic(checkpoint, table.identifier, topic), carrier, committed_at)
-    if head_records > 0:
+    history = table.ancestry("main", (*SUMMARY_KEYS, "total-records"))
+    head = next(history, None)
+    if head is None:
+        return CommittedState(None)
+    resume = resume_point(chain([head], history), table.identifier)
+    if resume is not None:
+        checkpoint, carrier = resume
+        committed_at = dt.datetime.fromtimestamp(carrier.timestamp_ms / 1000, dt.UTC)
+        return CommittedState(
+            head.snapshot_id, for_topic(checkpoint, table.identifier, topic), carrier.snapshot_id, committed_at
+        )
+    if int((head.summary or {}).get("total-records") or 0) > 0:
         raise CheckpointLost(
             f"table {table.identifier} holds rows but no snapshot in main's history carries icefloe's offsets; "
             "where to resume reading is unknown, so nothing is read"
         )
-    return CommittedState(current)
+    return CommittedState(head.snapshot_id)
 
 
 def for_topic(checkpoint: Checkpoint, identifier: str, topic: str) -> Checkpoint:

@@ -39,6 +39,7 @@ class DecoderSpec:
     key_format: str | None = None  # a FORMATS key too
     message_type: str | None = None  # protobuf: the full name of the message type the table reads
     key_conf: dict[str, str] | None = None  # keys framed for the AWS Glue Schema Registry (glue_framed)
+    envelope: str | None = None  # the table's envelope (registry.ENVELOPES' key); None: plain values
     # An envelope's decoding plan (JSON; `formats.debezium.tables`): its decoder reads the key and headers too.
     envelope_plan: str | None = None
 
@@ -72,6 +73,7 @@ class BatchContext:
     tasks: list  # the batch's OffsetRanges, one Spark task each
     max_record_bytes: int
     table_fields: list  # the Iceberg table's current value columns (StructFields)
+    where: str = ""  # "table <identifier>", for the errors it raises
 
 
 class JvmCodec(Protocol):
@@ -133,22 +135,36 @@ ChangeDecoder = Callable[[bytes | None, bytes | None, list | None], dict]
 
 class Envelope(Protocol):
     """A wrapper around a format's values (change events: the table's `envelope`), read on the Python path. Where a
-    table has one, materialize asks it what it would ask the format, and gives its change columns and row keys to
-    the writer. (Registered in `registry.ENVELOPES`; none is wired into materialize yet.)"""
+    table has one (`DecoderSpec.envelope`), materialize asks it what it would ask the format, and gives its change
+    columns and row keys to the writer. Registered in `registry.ENVELOPES`."""
 
     name: str
     python_only_reason: str  # the read path's reason
 
     # driver
-    def resolve(self, table: TableSpec, cluster: SourceCluster, inner: DecoderSpec) -> DecoderSpec:
-        """`inner` (the format's spec) with the envelope's own plan."""
+    def resolve(self, table: TableSpec, cluster: SourceCluster) -> DecoderSpec:
+        """The table's spec, `envelope` and `envelope_plan` set (the envelope resolves its columns and key)."""
         ...
 
-    def value_fields(self, spec: DecoderSpec, table: TableSpec, identifier: str) -> list[StructField] | None: ...
+    def value_fields(self, spec: DecoderSpec, table: TableSpec, identifier: str) -> list[StructField]:
+        """The table's columns as known before a batch is read."""
+        ...
+
+    def per_batch(self, spec: DecoderSpec) -> bool:
+        """The batch's events give columns too (then `for_batch`)."""
+        ...
 
     def for_batch(
         self, spark: SparkSession, spec: DecoderSpec, batch: BatchContext
     ) -> tuple[DecoderSpec, list[StructField]]: ...
+
+    def registry_schema(self, spec: DecoderSpec) -> bool:
+        """As `Format.registry_schema`: resolved again once the batch is planned."""
+        ...
+
+    def rules(self, spec: DecoderSpec, inner: ValueRules) -> ValueRules:
+        """The converter's rules, from the wrapped format's (`inner`)."""
+        ...
 
     def change_fields(self, spec: DecoderSpec) -> list[StructField]:
         """Columns after the value fields that the writer consumes (position, operation...)."""
@@ -158,10 +174,8 @@ class Envelope(Protocol):
         """The upsert key (the source's primary key)."""
         ...
 
-    def rules(self, spec: DecoderSpec, table: TableSpec) -> ValueRules: ...
-
     # executors
-    def decoder(self, spec: DecoderSpec, inner: Decoder | None) -> ChangeDecoder:
-        """`inner`: the format's decoder of the event's bytes (None: the envelope decodes them). Raises BadRecord
-        (a subclass with its own `kind` for its own bad events)."""
+    def decoder(self, spec: DecoderSpec) -> ChangeDecoder:
+        """(value, key, headers) to the row and its change columns. Raises BadRecord (a subclass with its own
+        `kind` for its own bad events)."""
         ...

@@ -1,6 +1,6 @@
 """Values framed for the AWS Glue Schema Registry (`registries.glue` has the wire format and the versions): the writer
 version found by its UUID, its payload decoded by the table's format (`Format.decoder` passes its payload decoder).
-Avro's is here, JSON Schema's `formats.json_schema`'s (each record validated against its writer version),
+Avro's is `formats.avro.reader.glue_payload`, JSON Schema's `formats.json_schema`'s (each record validated against its writer version),
 Protobuf's `formats.protobuf.glue`'s (the AWS Python library has none; the framing is the Java serde's). The
 table's `format` names the data format it reads (avro: AVRO, json-schema: JSON, protobuf: PROTOBUF); a payload that
 does not decode is a bad record.
@@ -8,8 +8,6 @@ does not decode is a bad record.
 
 from __future__ import annotations
 
-import io
-import json
 from collections.abc import Callable
 from typing import Any
 from uuid import UUID
@@ -51,32 +49,5 @@ def decoder(
         if isinstance(found, ValueError):
             raise BadRecord(str(found))
         return found(payload)
-
-    return decode
-
-
-def avro_payload(writer: str, reader: str | None, message_type: str | None = None) -> Decoder:
-    """An Avro payload written with `writer`, resolved to the table's schema `reader` (unions as member structs;
-    no reader: a key, read as written)."""
-    import fastavro
-
-    from icefloe.formats.avro.fastavro_gaps import UnionIndexError, guarded, register, unpadded
-    from icefloe.formats.avro.unions import needs_record_names, rewriter
-
-    reader = reader or writer
-    register()
-    writer_schema = guarded(fastavro.parse_schema(json.loads(writer)))
-    reader_schema = guarded(fastavro.parse_schema(json.loads(reader)))
-    names = needs_record_names(reader)
-    rewrite = rewriter(reader, names) or (lambda value: value)
-
-    def decode(payload: bytes) -> Any:
-        try:
-            value = fastavro.schemaless_reader(io.BytesIO(payload), writer_schema, reader_schema, names)
-        except UnionIndexError:
-            raise
-        except Exception as error:  # fastavro raises many types on corrupt input
-            raise BadRecord(f"Avro payload cannot be decoded: {type(error).__name__}: {unpadded(str(error))}") from None
-        return rewrite(value)
 
     return decode

@@ -31,6 +31,7 @@ from icefloe.errors import BadRecord, ConfigError
 from icefloe.formats import decoding, glue_framed
 from icefloe.formats.base import CONFLUENT, GLUE, Decoder, DecoderSpec, ValueRules
 from icefloe.formats.json import parse_json
+from icefloe.registries import confluent
 from icefloe.spec import SourceCluster, TableSpec
 
 EXTRA_COLUMN = "additional_properties"
@@ -325,13 +326,13 @@ class JsonSchemaFormat:
     def decoder(self, spec: DecoderSpec) -> Decoder:
         if spec.schema_from == GLUE:
             return glue_framed.decoder(spec.registry, _glue_payload, spec.schema, spec.message_type)
-        return decoding.registry_checked(spec, JsonSchemaDecoder(decoding._registry_client(spec.registry), spec.schema))
+        return decoding.registry_checked(spec, JsonSchemaDecoder(confluent.registry_client(spec.registry), spec.schema))
 
     def key_decoder(self, spec: DecoderSpec) -> Decoder:
         if spec.key_conf is not None:
             return glue_framed.decoder(spec.key_conf, _glue_payload)
         decoding.needs_registry(spec)
-        return decoding.registry_checked(spec, JsonSchemaDecoder(decoding._registry_client(spec.registry), None))
+        return decoding.registry_checked(spec, JsonSchemaDecoder(confluent.registry_client(spec.registry), None))
 
 
 def _glue_payload(writer: str, table: str | None, message_type: str | None) -> Decoder:

@@ -13,8 +13,8 @@ from pyspark.sql.types import StructField
 from icefloe.formats import schemaless_json
 from icefloe.formats.base import BATCH, INLINE, BatchContext, Decoder, DecoderSpec, ValueRules
 from icefloe.formats.decoding import confluent_conf
+from icefloe.formats.inline import inline_value_fields, required_paths
 from icefloe.formats.json import json_object, parse_json
-from icefloe.formats.schema_mapping import inline_value_fields, required_paths
 from icefloe.spec import SourceCluster, TableSpec
 
 

@@ -1,6 +1,6 @@
 """The formats by name, and what the rest of the runtime asks of them: a table's `DecoderSpec` (driver), its
 decoders (executors). Adding a format is a module (or package) under formats/ with a `Format` object, and one line
-in `FORMATS`; materialize names no format."""
+in `FORMATS`; an envelope likewise, with an `Envelope` object and a line in `ENVELOPES`. Materialize names neither."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 from icefloe.errors import BadRecord
 from icefloe.formats.avro.format import AVRO
 from icefloe.formats.base import ChangeDecoder, Decoder, DecoderSpec, Envelope, Format
+from icefloe.formats.debezium.format import DEBEZIUM
 from icefloe.formats.json_schema import JSON_SCHEMA
 from icefloe.formats.plain_json import JSON
 from icefloe.formats.protobuf.format import PROTOBUF
@@ -21,11 +22,16 @@ from icefloe.spec import SourceCluster, TableSpec
 FORMATS: dict[str, Format] = {f.name: f for f in (AVRO, JSON, JSON_SCHEMA, PROTOBUF, RAW, STRING)}
 
 # The table's `envelope` -> its Envelope (change data wrapped around a format's values)
-ENVELOPES: dict[str, Envelope] = {}
+ENVELOPES: dict[str, Envelope] = {e.name: e for e in (DEBEZIUM,)}
 
 
 def format_of(spec: DecoderSpec) -> Format:
     return FORMATS[spec.data_format]
+
+
+def envelope_of(spec: DecoderSpec) -> Envelope | None:
+    """The envelope around the table's values (None: plain values)."""
+    return ENVELOPES[spec.envelope] if spec.envelope is not None else None
 
 
 def decoder_spec(table: TableSpec, cluster: SourceCluster) -> DecoderSpec:
@@ -39,11 +45,8 @@ def decoder_spec(table: TableSpec, cluster: SourceCluster) -> DecoderSpec:
         keys["key_conf"], _ = glue_registry.checked_conf(
             cluster.schema_registry, table.topic, keys["key_format"], f"table {table.table_name}", key=True
         )
-    if table.envelope == "debezium":  # change events: the envelope resolves its columns and key itself
-        from icefloe.formats.debezium import tables
-        from icefloe.formats.decoding import confluent_conf
-
-        return tables.decoder_spec(table, confluent_conf(cluster), f"table {table.table_name}")
+    if table.envelope is not None:  # change events: the envelope resolves its columns and key itself
+        return ENVELOPES[table.envelope].resolve(table, cluster)
     return FORMATS[table.format].resolve(table, cluster, keys)
 
 
@@ -51,11 +54,10 @@ def build_decoder(spec: DecoderSpec) -> Decoder:
     return format_of(spec).decoder(spec)
 
 
-def build_change_decoder(spec: DecoderSpec) -> ChangeDecoder:
-    """An envelope's decoder: (value, key, headers) -> the row and its change columns."""
-    from icefloe.formats.debezium import tables
-
-    return tables.change_decoder(spec)
+def build_change_decoder(spec: DecoderSpec) -> ChangeDecoder | None:
+    """An envelope's decoder: (value, key, headers) -> the row and its change columns (None: plain values)."""
+    envelope = envelope_of(spec)
+    return envelope.decoder(spec) if envelope is not None else None
 
 
 def build_key_decoder(spec: DecoderSpec) -> Callable[[bytes], dict]:

@@ -29,10 +29,9 @@ from icefloe.batch_columns import ERROR_CLASS, ERROR_MESSAGE, TOMBSTONE
 from icefloe.commit.branch import Branch, commit_on_branch, drop_stale_branches
 from icefloe.commit.checkpoint import Checkpoint, CommittedState, Throughput, committed_state, lost_as_json
 from icefloe.errors import IcefloeError, RecordError
-from icefloe.formats.base import BatchContext, DecoderSpec, Format
-from icefloe.formats.debezium import tables as debezium_tables
-from icefloe.formats.registry import decoder_spec, format_of
-from icefloe.formats.schema_mapping import batch_struct, table_struct
+from icefloe.formats.base import BatchContext, DecoderSpec, Envelope, Format
+from icefloe.formats.columns import batch_struct, table_struct
+from icefloe.formats.registry import decoder_spec, envelope_of, format_of
 from icefloe.materialize import progress
 from icefloe.materialize.budget import Deadline, size_batch
 from icefloe.materialize.dead_letters import commit_dead_letters
@@ -154,9 +153,9 @@ def materialize_once(
     cluster = config.cluster(table.source_cluster)
     kafka_conf = client_config(cluster)
     decoder = decoder_spec(table, cluster)
-    values_format = format_of(decoder)
-    value_fields = _value_fields(values_format, decoder, table, identifier)  # None: inferred per batch
-    if table.mode == "upsert" and value_fields is not None and not decoder.envelope_plan:  # a key field the schema
+    values_format, envelope = format_of(decoder), envelope_of(decoder)
+    value_fields = _value_fields(values_format, envelope, decoder, table, identifier)  # None: inferred per batch
+    if table.mode == "upsert" and value_fields is not None and envelope is None:  # a key field the schema
         key_columns(table.key, value_fields, f"table {identifier}")  # lacks fails before the table is created
 
     iceberg = IcebergTable(spark, identifier)
@@ -196,12 +195,12 @@ def materialize_once(
             run_id=run_id,
             seconds=time.monotonic() - started,
         )
-    if values_format.registry_schema(decoder):
+    if (envelope or values_format).registry_schema(decoder):
         # Fetched again now: every record of the planned ranges was written with a version registered before the
         # plan, so the reader schema is at least as new as each writer's (fetched before planning, a version
         # registered meanwhile would lose its new fields and enum symbols).
         decoder = decoder_spec(table, cluster)
-        value_fields = _value_fields(values_format, decoder, table, identifier)
+        value_fields = _value_fields(values_format, envelope, decoder, table, identifier)
     if value_fields is None:  # the batch's records give the columns (schemaless JSON)
         context = BatchContext(
             kafka_conf, batch.tasks(), table.max_record_bytes, spark.table(iceberg.full_name).schema.fields
@@ -210,13 +209,12 @@ def materialize_once(
         struct = table_struct(value_fields)
         for change in iceberg.evolve(table_struct(value_fields, upsert)):
             log.info("%s: schema evolved from the records: %s", iceberg.identifier, change)
-    elif decoder.envelope_plan and decoder.data_format == "json":  # the columns the batch's change events give
-        layout = debezium_tables.json_layout(
-            spark, kafka_conf, batch.tasks(), table.max_record_bytes, list(iceberg.schema().fields), table.mode,
-            table.deletes == "soft", f"table {identifier}",
-        )  # fmt: skip
-        decoder = debezium_tables.with_layout(decoder, layout, debezium_tables.placeholder_of(decoder))
-        value_fields, struct = layout.value_fields(), table_struct(layout.value_fields())
+    elif envelope is not None and envelope.per_batch(decoder):  # the columns the batch's change events give
+        context = BatchContext(
+            kafka_conf, batch.tasks(), table.max_record_bytes, list(iceberg.schema().fields), f"table {identifier}"
+        )
+        decoder, value_fields = envelope.for_batch(spark, decoder, context)
+        struct = table_struct(value_fields)
         for change in iceberg.evolve(table_struct(value_fields, upsert)):
             log.info("%s: schema evolved from the change events: %s", identifier, change)
     else:
@@ -235,10 +233,10 @@ def materialize_once(
     progress.reading(spark, identifier, sum(r.count for r in ranges))
 
     rules = values_format.rules(decoder, table)
-    if decoder.envelope_plan:  # change events are checked field by field, whatever their encoding
-        rules = replace(rules, strict=True, required=frozenset())
+    if envelope is not None:
+        rules = envelope.rules(decoder, rules)
     # An envelope's batch carries its change columns after the value fields (the upsert writer consumes them).
-    change_fields = debezium_tables.layout_of(decoder).change_fields() if decoder.envelope_plan else []
+    change_fields = envelope.change_fields(decoder) if envelope is not None else []
     plan = ReadPlan(
         kafka_conf=kafka_conf,
         decoder=decoder,
@@ -251,8 +249,8 @@ def materialize_once(
         max_record_bytes=table.max_record_bytes,
     )
     if upsert:
-        if decoder.envelope_plan:  # the row key is the envelope's (the source's primary key)
-            keys = debezium_tables.layout_of(decoder).keys
+        if envelope is not None:  # the row key is the envelope's (the source's primary key)
+            keys = envelope.row_keys(decoder)
         else:
             keys = key_columns(table.key, value_fields, f"table {identifier}")
         soft = table.deletes == "soft"
@@ -302,11 +300,13 @@ def materialize_once(
     return result
 
 
-def _value_fields(values_format: Format, decoder: DecoderSpec, table: TableSpec, identifier: str) -> list | None:
-    """The table's value columns (None: only a batch knows them). Change events: the envelope's (a JSON topic's:
-    the change columns until a batch is read)."""
-    if decoder.envelope_plan:
-        return debezium_tables.layout_of(decoder).value_fields()
+def _value_fields(
+    values_format: Format, envelope: Envelope | None, decoder: DecoderSpec, table: TableSpec, identifier: str
+) -> list | None:
+    """The table's value columns (None: only a batch knows them). Change events: the envelope's (those known before
+    a batch is read)."""
+    if envelope is not None:
+        return envelope.value_fields(decoder, table, identifier)
     return values_format.value_fields(decoder, table, identifier)
 
 

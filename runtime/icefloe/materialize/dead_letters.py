@@ -16,7 +16,7 @@ from pyspark.sql import types as T
 from icefloe.batch_columns import ERROR_CLASS, ERROR_MESSAGE, RAW_VALUE, SCHEMA_ID, STATUS_COLUMNS
 from icefloe.commit.branch import commit_on_branch, drop_stale_branches
 from icefloe.commit.checkpoint import Checkpoint, committed_state
-from icefloe.formats.schema_mapping import METADATA_FIELDS, spark_field
+from icefloe.formats.columns import METADATA_FIELDS, spark_field
 from icefloe.source.kafka import LostRange
 from icefloe.table.iceberg import IcebergTable
 

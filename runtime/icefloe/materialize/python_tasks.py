@@ -125,7 +125,7 @@ class _Records:
         self.plan = plan
         self.convert = ValueConverter(values, strict=plan.strict, required=plan.required)
         # An envelope (change data) reads the key and headers too; its rows carry the change columns.
-        self.change = build_change_decoder(plan.decoder) if plan.decoder.envelope_plan else None
+        self.change = build_change_decoder(plan.decoder)
         self.decode = build_decoder(plan.decoder) if self.change is None else None
         self.decode_key = _key_decoder(plan, values) if plan.decoder.key_fields else None
         self.builder = BatchBuilder(batch, list(plan.value_fields))

@@ -34,7 +34,7 @@ from pyspark.sql.types import StructType
 
 from icefloe.batch_columns import ERROR_CLASS, ERROR_MESSAGE, KAFKA_COLUMNS, RAW_VALUE, SCHEMA_ID, TOMBSTONE
 from icefloe.formats.base import DecoderSpec, JvmCodec
-from icefloe.formats.registry import format_of
+from icefloe.formats.registry import envelope_of, format_of
 from icefloe.materialize.python_tasks import KAFKA_TIMESTAMP_MS, ReadPlan, redecode_rows
 from icefloe.source.kafka import OffsetRange
 from icefloe.source.spark_kafka import read_ranges
@@ -54,8 +54,9 @@ class ReadPath:
 
 def choose_read_path(spark: SparkSession, decoder: DecoderSpec) -> ReadPath:
     """The JVM path where the table's format has a JVM codec for the table, else Python."""
-    if decoder.envelope_plan:
-        return ReadPath(PYTHON, "change events (envelope) are unwrapped in Python with their keys and headers")
+    envelope = envelope_of(decoder)
+    if envelope is not None:
+        return ReadPath(PYTHON, envelope.python_only_reason)
     codec = format_of(decoder).jvm_codec(spark, decoder)
     if isinstance(codec, str):
         return ReadPath(PYTHON, codec)

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from icefloe.commit.checkpoint import Checkpoint, for_topic, furthest, lost_as_json
+from icefloe.commit.checkpoint import Checkpoint, for_topic, lost_as_json, resume_point
 from icefloe.errors import ConfigError, IcefloeError
 from icefloe.materialize.dead_letters import dead_letter_identifier
 from icefloe.operate.heartbeat import FAILED, RUNNING, STOPPED, Heartbeat, read_heartbeat
@@ -36,6 +36,7 @@ from icefloe.operate.lag import Lag, measure_lag
 from icefloe.source.kafka import TRUNCATED, client_config
 from icefloe.spec import IcefloeConfig, TableSpec, duration_seconds, format_duration
 from icefloe.table.catalog import pyiceberg_catalog
+from icefloe.table.iceberg import SnapshotRecord
 
 STALE_REFRESHES = 2
 MIN_STALE_S = 60.0
@@ -145,26 +146,19 @@ def read_table_facts(catalog, identifier: str, topic: str) -> TableFacts:
     summary = current.summary or {}
     facts.rows = int(summary.get("total-records", 0)) - int(summary.get("total-position-deletes", 0))
     facts.files, facts.delete_files = int(summary.get("total-data-files", 0)), int(summary.get("total-delete-files", 0))
-    newest: list[tuple[Checkpoint, float]] = []  # down to the first checkpoint a batch wrote (`furthest`)
-    for snapshot in ancestors_of(current, table.metadata):  # newest first
-        checkpoint = Checkpoint.from_summary(snapshot.summary or {})
-        if checkpoint is None:
-            continue  # a maintenance commit
-        if facts.last_commit is None:
-            newest.append((checkpoint, snapshot.timestamp_ms / 1000))
-            if checkpoint.carried_from is None:
-                facts.checkpoint, facts.last_commit = _furthest(newest, identifier, topic)
-        facts.data_lost[:0] = lost_as_json(checkpoint.lost)  # oldest first
-    if facts.last_commit is None and newest:  # only carried copies left in the history
-        facts.checkpoint, facts.last_commit = _furthest(newest, identifier, topic)
-    if facts.checkpoint is not None:
+    history = [
+        SnapshotRecord(s.snapshot_id, s.summary or {}, s.timestamp_ms) for s in ancestors_of(current, table.metadata)
+    ]
+    resume = resume_point(history, identifier)  # pyiceberg's ancestry ends at an expired snapshot
+    if resume is not None:
+        checkpoint, carrier = resume
+        facts.checkpoint, facts.last_commit = for_topic(checkpoint, identifier, topic), carrier.timestamp_ms / 1000
         facts.offsets = dict(facts.checkpoint.offsets)
+    for snapshot in reversed(history):  # oldest first
+        carried = Checkpoint.from_summary(snapshot.summary or {})
+        if carried is not None:  # maintenance commits carry none
+            facts.data_lost.extend(lost_as_json(carried.lost))
     return facts
-
-
-def _furthest(found: list[tuple[Checkpoint, float]], identifier: str, topic: str) -> tuple[Checkpoint, float]:
-    checkpoint, at = furthest(found)
-    return for_topic(checkpoint, identifier, topic), at
 
 
 def dlq_rows(catalog, identifier: str) -> int | None:

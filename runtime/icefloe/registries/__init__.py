@@ -1,5 +1,3 @@
-"""Where writer schemas come from: the AWS Glue Schema Registry (`glue`: its wire format, versions and caches).
-
-The Confluent-compatible registry client lives with the decoders (`formats.decoding`) for now. Imports the top-level
-contracts and the formats that a Glue version resolves to.
+"""Where writer schemas come from: a Confluent-compatible registry (`confluent`: the client, subjects, versions) and
+the AWS Glue Schema Registry (`glue`: its wire format, versions and caches). Imports the top-level contracts only.
 """

@@ -23,7 +23,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from icefloe.batch_columns import KAFKA_COLUMNS
-from icefloe.errors import ConfigError, SourceAuthError, SourceError
+from icefloe.errors import ConfigError, SourceAuthError, SourceError, class_names, java_chain
 from icefloe.source.kafka import OffsetRange
 from icefloe.source.msk_iam import JVM_OPTIONS as MSK_IAM_OPTIONS
 from icefloe.source.msk_iam import MskIamToken
@@ -153,9 +153,15 @@ def kafka_columns() -> list[Column]:
 
 def kafka_timestamp_overflow(error: Exception) -> bool:
     """Whether the Kafka source failed on a record timestamp it cannot turn into microseconds (a producer that set
-    nanoseconds where Kafka wants milliseconds): Spark fails the task, it has no per-record way out.
-    By text: a task's failure reaches the driver as a SparkException whose cause is the executor's stack trace as
-    text (the ArithmeticException is not a Java object here), and its frame (the converter) is what tells it."""
+    nanoseconds where Kafka wants milliseconds): Spark fails the task, it has no per-record way out. By type where
+    the JVM gives the exception (an ArithmeticException thrown in the converter's frame); else by text: a task's
+    failure can reach the driver as a SparkException whose cause is the executor's stack trace as text, and its
+    frame (the converter) is what tells it."""
+    for thrown in java_chain(error):
+        if "java.lang.ArithmeticException" in class_names(thrown) and any(
+            "KafkaRecordToRowConverter" in frame.getClassName() for frame in thrown.getStackTrace()
+        ):
+            return True
     text = str(error)
     return "ArithmeticException: long overflow" in text and "KafkaRecordToRowConverter" in text
 
@@ -165,25 +171,38 @@ _AUTH_EXCEPTIONS = {
     "org.apache.kafka.common.errors.SaslAuthenticationException": "authentication failed",
     "org.apache.kafka.common.errors.SslAuthenticationException": "TLS handshake failed",
 }
+_OFFSET_OUT_OF_RANGE = "org.apache.kafka.clients.consumer.OffsetOutOfRangeException"
 
 
 def source_failure(error: Exception, topic: str, cluster: str | None = None) -> SourceError | None:
     """A Kafka source failure as a short `SourceError` (Spark's own text is a page of stack trace), else None. An
-    authentication or TLS failure is a `SourceAuthError` naming the cluster (not retried). By text, as
-    `kafka_timestamp_overflow`: the executor's exception arrives as text inside Spark's task failure, and Spark's
-    data-loss check is an IllegalStateException told apart only by its message."""
+    authentication or TLS failure is a `SourceAuthError` naming the cluster (not retried). By the Java exception's
+    class where the JVM gives it (the driver's own Kafka client: Spark lists offsets there); by text for a task's
+    failure that reaches the driver as the executor's stack trace in text, and for Spark's data-loss check, an
+    IllegalStateException told apart only by its message."""
+    where = f"sourceCluster {cluster}" if cluster else topic
+    for thrown in java_chain(error):
+        names = class_names(thrown)
+        for name, what in _AUTH_EXCEPTIONS.items():
+            if name in names:
+                return SourceAuthError(f"{where}: {what} (topic {topic}): {str(thrown.toString()).strip()[:400]}")
+        if _OFFSET_OUT_OF_RANGE in names:
+            return _records_deleted(topic)
     text = str(error)
     for line in text.splitlines():
         for name, what in _AUTH_EXCEPTIONS.items():
             if line.strip().startswith(name) or f"Caused by: {name}" in line:
-                where = f"sourceCluster {cluster}" if cluster else topic
                 return SourceAuthError(f"{where}: {what} (topic {topic}): {line.strip()[:400]}")
     if "Some data may have been lost" in text or "OffsetOutOfRangeException" in text:
-        return SourceError(
-            f"{topic}: records of the planned ranges were deleted (retention or delete-records) while the batch was "
-            "read; nothing was committed, the next run re-plans and reports the loss"
-        )
+        return _records_deleted(topic)
     for line in text.splitlines():
         if "org.apache.kafka" in line and ("Exception" in line or "Error" in line):
             return SourceError(f"{topic}: Kafka read failed: {line.strip()[:300]}")
     return None
+
+
+def _records_deleted(topic: str) -> SourceError:
+    return SourceError(
+        f"{topic}: records of the planned ranges were deleted (retention or delete-records) while the batch was "
+        "read; nothing was committed, the next run re-plans and reports the loss"
+    )

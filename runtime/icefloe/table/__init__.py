@@ -1,5 +1,5 @@
 """The Iceberg table and its catalog (Glue, S3 Tables, local SQL): loading, schema evolution, refs and appends.
 
-Imports the top-level contracts and `formats.schema_mapping` (the columns a batch brings); never `commit`,
+Imports the top-level contracts and `formats.columns` (the columns a batch brings); never `commit`,
 `materialize` or `operate`.
 """

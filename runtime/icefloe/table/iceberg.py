@@ -9,7 +9,8 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -60,6 +61,15 @@ def append_with_properties(frame: DataFrame, target: str, properties: Mapping[st
     for key, value in properties.items():
         writer = writer.option(f"snapshot-property.{key}", value)
     writer.append()
+
+
+@dataclass(frozen=True)
+class SnapshotRecord:
+    """One snapshot of a ref's history as a walk sees it, whichever API read it (Spark's Java table, pyiceberg)."""
+
+    snapshot_id: int
+    summary: Mapping[str, str | None] | None  # None: the snapshot was expired (the history breaks here)
+    timestamp_ms: int = 0
 
 
 class NotAnAncestor(Exception):
@@ -177,6 +187,20 @@ class IcebergTable:
             found = table.snapshot(snapshot)
             snapshot = found.parentId() if found is not None else None
         return None
+
+    def ancestry(self, ref: str, keys: Iterable[str]) -> Iterator[SnapshotRecord]:
+        """`ref`'s history, head first, each snapshot with the summary `keys` (absent ones None); an expired
+        snapshot ends it (its record has no summary). Lazy: one Py4J look-up per snapshot walked."""
+        table = self.java()
+        snapshot = _ref_snapshot_id(table, ref)
+        while snapshot is not None:
+            row = table.snapshot(snapshot)
+            if row is None:
+                yield SnapshotRecord(snapshot, None)
+                return
+            summary = row.summary()
+            yield SnapshotRecord(snapshot, {key: summary.get(key) for key in keys}, row.timestampMillis())
+            snapshot = row.parentId()
 
     def snapshot_summary(self, snapshot_id: int) -> dict[str, str]:
         snapshot = self.java().snapshot(int(snapshot_id))

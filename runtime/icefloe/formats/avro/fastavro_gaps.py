@@ -1,7 +1,7 @@
 """Where fastavro (the Python decoders' Avro reader) falls short of what icefloe needs, and the fixes. Every Python
 decoder of Avro values calls `register()` once and reads with `guarded` schemas.
 
-- Logical types it does not read yet (timestamp-nanos, uuid on fixed(16), duration) are read as schema_mapping maps
+- Logical types it does not read yet (timestamp-nanos, uuid on fixed(16), duration) are read as avro.mapping maps
   them. fastavro keeps one registry of logical readers per process (confluent-kafka's deserializer uses it too), so a
   worker that decodes only one kind of table must register them as well.
 - Union branch indexes are not bounds-checked: the C reader takes `union[index]`, so a corrupt negative index (an odd

@@ -1,6 +1,6 @@
 """`format: avro`: through a Confluent-compatible registry (the subject's latest version), the AWS Glue Schema
 Registry, or an inline schema (Confluent wire format, its id ignored). Read on the JVM path (`avro.jvm`) where Avro
-Java takes the table's schema; the Python decoder is fastavro's (`decoding`, `glue_framed.avro_payload`)."""
+Java takes the table's schema; the Python decoder is fastavro's (`avro.reader`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ from pyspark.sql.types import StructField
 
 from icefloe.errors import ConfigError
 from icefloe.formats import decoding, glue_framed
+from icefloe.formats.avro import reader
 from icefloe.formats.avro.jvm import AvroJvmPlan, plan_avro
+from icefloe.formats.avro.mapping import avro_value_fields
 from icefloe.formats.base import CONFLUENT, GLUE, INLINE, Decoder, DecoderSpec, ValueRules
-from icefloe.formats.schema_mapping import avro_value_fields, inline_to_avro, inline_value_fields
+from icefloe.formats.inline import inline_to_avro, inline_value_fields
+from icefloe.registries import confluent
 from icefloe.spec import SourceCluster, TableSpec
 
 
@@ -32,7 +35,7 @@ class Avro:
                 f"table {table.table_name}: format avro needs sourceCluster {cluster.name}.schemaRegistry or an "
                 "inline schema"
             )
-        schema = decoding._latest_schema(registry, decoding.subject_for(table.topic))  # through the module: tests
+        schema = confluent.latest_schema(registry, confluent.subject_for(table.topic))  # through the module: tests
         return DecoderSpec(self.name, CONFLUENT, table.topic, schema, registry, **keys)
 
     def value_fields(self, spec: DecoderSpec, table: TableSpec, identifier: str) -> list[StructField] | None:
@@ -56,18 +59,18 @@ class Avro:
 
     def decoder(self, spec: DecoderSpec) -> Decoder:
         if spec.schema_from == GLUE:
-            return glue_framed.decoder(spec.registry, glue_framed.avro_payload, spec.schema, spec.message_type)
+            return glue_framed.decoder(spec.registry, reader.glue_payload, spec.schema, spec.message_type)
         if spec.schema_from == INLINE:
-            return decoding.inline_avro_decoder(spec.schema)
-        return decoding.with_unions(
-            spec.schema, lambda names: decoding.registry_avro_decoder(spec, spec.schema, False, names)
+            return reader.inline_avro_decoder(spec.schema)
+        return reader.with_unions(
+            spec.schema, lambda names: reader.registry_avro_decoder(spec, spec.schema, False, names)
         )
 
     def key_decoder(self, spec: DecoderSpec) -> Decoder:
         if spec.key_conf is not None:  # framed for the AWS Glue Schema Registry, decoded as written
-            return glue_framed.decoder(spec.key_conf, glue_framed.avro_payload)
+            return glue_framed.decoder(spec.key_conf, reader.glue_payload)
         decoding.needs_registry(spec)
-        return decoding.registry_avro_decoder(spec, None, True)
+        return reader.registry_avro_decoder(spec, None, True)
 
 
 AVRO = Avro()

@@ -18,7 +18,7 @@ anything else goes to Python, which gives its value or its exact error. Not exac
   - values Avro Java accepts but Python refuses or rewrites: strings (map keys included) that are not UTF-8,
     uuids not in canonical lowercase form, timestamps and dates outside years 1..9999, times outside one day;
   - with an inline schema (no registry), a body longer than its re-encoding: trailing bytes.
-Types then match the table (schema_mapping), except where Avro Java 1.11 (Spark's) reads a logical type as its
+Types then match the table (avro.mapping), except where Avro Java 1.11 (Spark's) reads a logical type as its
 base type: time-millis (an int) becomes microseconds, timestamp-nanos (a long) a timestamp in microseconds,
 uuid on fixed(16) its canonical text, duration (fixed(12)) its struct.
 """
@@ -36,14 +36,15 @@ from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro, to_avro
 
+from icefloe.formats.avro.names import Names as _Names
 from icefloe.formats.avro.unions import branches as union_branches
 from icefloe.formats.avro.unions import collapsed as collapsed_union
 from icefloe.formats.avro.unions import member_name
 from icefloe.formats.base import GLUE, INLINE, DecoderSpec
-from icefloe.formats.decoding import subject_for, subject_schemas
 from icefloe.inline_types import TIMESTAMP_MICROS
 from icefloe.jvm_gateway import jvm_gateway
 from icefloe.registries import glue as glue_registry
+from icefloe.registries.confluent import subject_for, subject_schemas
 
 log = logging.getLogger(__name__)
 MARKER = "__icefloe_decoded"
@@ -61,7 +62,6 @@ _RANGES = {
 }
 _UUID = "'^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'"
 _UUID_GROUPS = ((1, 8), (9, 4), (13, 4), (17, 4), (21, 12))
-_PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
 
 
 @dataclass(frozen=True)
@@ -191,28 +191,6 @@ def _frame(schema_id: int | UUID) -> bytes:
     return glue_registry.frame(schema_id) if isinstance(schema_id, UUID) else b"\x00" + schema_id.to_bytes(4, "big")
 
 
-class _Names:
-    """Avro named types seen so far (records, enums, fixed), so references by name resolve."""
-
-    def __init__(self) -> None:
-        self.known: dict[str, dict] = {}
-
-    def resolve(self, schema: Any, namespace: str) -> tuple[Any, str]:
-        if isinstance(schema, str) and schema not in _PRIMITIVES:
-            full = schema if "." in schema or not namespace else f"{namespace}.{schema}"
-            found = self.known.get(full) or self.known.get(schema)
-            if found is None:
-                raise ValueError(f"unknown Avro type {schema!r}")
-            return found, full.rpartition(".")[0]
-        if isinstance(schema, dict) and schema.get("type") in ("record", "enum", "fixed"):
-            name = schema["name"]
-            ns = schema.get("namespace", namespace)
-            full = name if "." in name or not ns else f"{ns}.{name}"
-            self.known.setdefault(full, schema)
-            return schema, full.rpartition(".")[0]
-        return schema, namespace
-
-
 def _nonnull(schema: Any) -> Any:
     if isinstance(schema, list):
         branches = [b for b in schema if b != "null"]
@@ -234,7 +212,7 @@ def _kind(schema: Any) -> tuple[str, str | None]:
 def _checks(schema: Any, expr: str, names: _Names, ids: count, namespace: str = "") -> str | None:
     """A SQL condition that is true where the value at `expr` has no value Python refuses or rewrites, strings
     apart (see `_strings`); None where there is nothing to check."""
-    schema, namespace = names.resolve(_nonnull(schema), namespace)
+    schema, namespace, _ = names.resolve(_nonnull(schema), namespace)
     kind, logical = _kind(schema)
     if kind == "record" or kind == "union":
         parts = [_checks(t, f"{expr}.`{name}`", names, ids, namespace) for name, t in _members(schema)]
@@ -262,7 +240,7 @@ def _strings(
     slower) only where `flatten` could meet a null array (it would return null, hiding the other arrays' strings)
     or for an array of maps."""
     nullable = _nullable(schema)
-    schema, namespace = names.resolve(_nonnull(schema), namespace)
+    schema, namespace, _ = names.resolve(_nonnull(schema), namespace)
     kind, logical = _kind(schema)
     if kind == "string":
         return [] if logical == "uuid" else [expr]
@@ -318,7 +296,7 @@ def _utf8(parts: list[str]) -> str:
 
 def _conform(schema: Any, expr: str, names: _Names, ids: count, namespace: str) -> str | None:
     """A SQL expression giving the table's type for the value at `expr`, or None where it already has it."""
-    schema, namespace = names.resolve(_nonnull(schema), namespace)
+    schema, namespace, _ = names.resolve(_nonnull(schema), namespace)
     kind, logical = _kind(schema)
     if kind == "int" and logical == "time-millis":
         return f"(CAST({expr} AS BIGINT) * 1000)"
@@ -381,8 +359,8 @@ def _compare(writer, reader, wnames: _Names, rnames: _Names, wns: str, rns: str,
             if differs:
                 return differs
         return None
-    writer, wns = wnames.resolve(_nonnull(writer), wns)
-    reader, rns = rnames.resolve(_nonnull(reader), rns)
+    writer, wns, _ = wnames.resolve(_nonnull(writer), wns)
+    reader, rns, _ = rnames.resolve(_nonnull(reader), rns)
     if _annotation(writer) != _annotation(reader):
         return path
     wkind, rkind = _kind(writer)[0], _kind(reader)[0]

@@ -21,9 +21,9 @@ from decimal import Decimal
 from typing import Any
 
 from icefloe.errors import BadRecord, ConfigError
+from icefloe.formats.avro.names import Names
 
 Rewrite = Callable[[Any], Any]
-_PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
 # Python type of a decoded value -> the kind of branch it comes from (order matters: bool is an int, datetime a date)
 _VALUE_KINDS: list[tuple[type, str]] = [
     (bool, "boolean"),
@@ -85,29 +85,16 @@ def collapsed(members: list) -> str | None:
     return None
 
 
-class _Schemas:
-    """Named Avro types seen so far, so a reference by name resolves to its definition."""
+class _Schemas(Names):
+    """Named Avro types seen so far; a type given as `{"type": <schema>}` is that schema."""
 
     def __init__(self) -> None:
-        self.known: dict[str, dict] = {}
+        super().__init__(unknown=ConfigError)
 
     def resolve(self, schema: Any, namespace: str) -> tuple[Any, str, str | None]:
-        """(definition, its namespace, its full name if named)."""
-        if isinstance(schema, str) and schema not in _PRIMITIVES:
-            full = schema if "." in schema or not namespace else f"{namespace}.{schema}"
-            found = self.known.get(full) or self.known.get(schema)
-            if found is None:
-                raise ConfigError(f"unknown Avro type {schema!r}")
-            name = full if full in self.known else schema
-            return found, name.rpartition(".")[0], name
         if isinstance(schema, dict) and isinstance(schema.get("type"), (dict, list)):
             return self.resolve(schema["type"], namespace)
-        if isinstance(schema, dict) and schema.get("type") in ("record", "enum", "fixed"):
-            name, ns = schema["name"], schema.get("namespace", namespace)
-            full = name if "." in name or not ns else f"{ns}.{name}"
-            self.known.setdefault(full, schema)
-            return schema, full.rpartition(".")[0], full
-        return schema, namespace, None
+        return super().resolve(schema, namespace)
 
 
 def _kind(schema: Any) -> str:

@@ -265,18 +265,18 @@ def json_layout(
 def decoder_spec(table: Any, registry: dict[str, str] | None, where: str) -> Any:
     """The table's DecoderSpec: Avro's columns from the registry now, JSON's from each batch (`with_layout`)."""
     from icefloe.formats.base import CONFLUENT, NONE, DecoderSpec
-    from icefloe.formats.decoding import _registry_client, _registry_errors
+    from icefloe.registries.confluent import registry_client, registry_errors
 
     if table.format == "avro":
         if registry is None:
             raise ConfigError(f"{where}: envelope debezium with format avro needs the cluster's schemaRegistry")
-        with _registry_errors(registry, f"{table.topic}-value"):
+        with registry_errors(registry, f"{table.topic}-value"):
             layout, after = avro_layout(
-                _registry_client(registry), table.topic, table.mode, table.deletes == "soft", where
+                registry_client(registry), table.topic, table.mode, table.deletes == "soft", where
             )
-        spec = DecoderSpec("avro", CONFLUENT, table.topic, registry_conf=registry)
+        spec = DecoderSpec("avro", CONFLUENT, table.topic, registry_conf=registry, envelope=table.envelope)
         return with_layout(spec, layout, table.unavailable_value_placeholder, after)
-    spec = DecoderSpec("json", NONE, table.topic, registry_conf=registry)
+    spec = DecoderSpec("json", NONE, table.topic, registry_conf=registry, envelope=table.envelope)
     return with_layout(spec, Layout(table.mode, table.deletes == "soft", [], []), table.unavailable_value_placeholder)
 
 
@@ -300,8 +300,8 @@ def placeholder_of(spec: Any) -> str:
 
 def change_decoder(spec: Any) -> Any:
     """The executor's decoder of the table's events: (value, key, headers) -> row (`envelope.ChangeDecoder`)."""
+    from icefloe.formats.avro.reader import registry_avro_decoder
     from icefloe.formats.debezium.envelope import ChangeDecoder
-    from icefloe.formats.decoding import registry_avro_decoder
 
     envelope = json.loads(spec.envelope_plan)
     if spec.data_format == "avro":

@@ -31,6 +31,7 @@ from typing import Any
 from pyspark.sql import types as T
 
 from icefloe.errors import ConfigError
+from icefloe.formats.avro import names
 
 Convert = Callable[[Any], Any]
 # A Connect schema, normalized: {"type", "name", "params", "fields": [[name, Connect]], "items", "values"}
@@ -88,22 +89,17 @@ def from_avro(schema: Any, named: dict[str, Any], namespace: str = "") -> Connec
     if isinstance(schema, str):
         if schema in _AVRO:
             return {"type": _AVRO[schema]}
-        full = schema if "." in schema or not namespace else f"{namespace}.{schema}"
-        for name in (full, schema):
-            if name in named:
-                return from_avro(named[name], named, name.rpartition(".")[0])
+        found = names.lookup(named, schema, namespace)
+        if found is not None:
+            return from_avro(found[1], named, names.namespace_of(found[0]))
         raise ConfigError(f"unknown Avro type {schema!r} (a registry reference that did not resolve?)")
     kind = schema.get("type")
     name, params = schema.get("connect.name"), dict(schema.get("connect.parameters") or {})
     if kind in ("record", "enum", "fixed"):
-        full = (
-            schema["name"]
-            if "." in schema["name"]
-            else ".".join(filter(None, [schema.get("namespace", namespace), schema["name"]]))
-        )
+        full = names.defined_name(schema, namespace)
         named.setdefault(full, schema)
         named.setdefault(schema["name"], schema)
-        namespace = full.rpartition(".")[0]
+        namespace = names.namespace_of(full)
     if schema.get("logicalType") == "decimal":
         params.setdefault("scale", str(schema.get("scale", 0)))
         params.setdefault("connect.decimal.precision", str(schema.get("precision", "")))

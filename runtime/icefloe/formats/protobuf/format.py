@@ -13,6 +13,7 @@ from icefloe.formats.base import CONFLUENT, GLUE, Decoder, DecoderSpec, ValueRul
 from icefloe.formats.protobuf import glue
 from icefloe.formats.protobuf.messages import ProtobufDecoder, value_fields
 from icefloe.formats.protobuf.schemas import ProtobufSchemas, deserialize_file, find_message, serialize_file
+from icefloe.registries import confluent
 from icefloe.spec import SourceCluster, TableSpec
 
 
@@ -29,7 +30,7 @@ class Protobuf:
             )
 
         def build(client, latest, registry: dict[str, str]) -> DecoderSpec:
-            subject = decoding.subject_for(table.topic)
+            subject = confluent.subject_for(table.topic)
             file = ProtobufSchemas(client).resolve(latest.schema, f"{subject}.proto")
             try:
                 message = find_message(file, table.message_type).full_name
@@ -61,14 +62,14 @@ class Protobuf:
     def decoder(self, spec: DecoderSpec) -> Decoder:
         if spec.schema_from == GLUE:
             return glue_framed.decoder(spec.registry, _glue_payload, spec.schema, spec.message_type)
-        client = decoding._registry_client(spec.registry)  # through the module: tests count the clients
+        client = confluent.registry_client(spec.registry)  # through the module: tests count the clients
         return decoding.registry_checked(spec, ProtobufDecoder(client, spec.message_type))
 
     def key_decoder(self, spec: DecoderSpec) -> Decoder:  # the key's own message type, from its writer schema
         if spec.key_conf is not None:
             return glue_framed.decoder(spec.key_conf, _glue_payload)
         decoding.needs_registry(spec)
-        return decoding.registry_checked(spec, ProtobufDecoder(decoding._registry_client(spec.registry), None))
+        return decoding.registry_checked(spec, ProtobufDecoder(confluent.registry_client(spec.registry), None))
 
 
 def _glue_payload(writer: str, table: str | None, message_type: str | None) -> Decoder:
