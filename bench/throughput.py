@@ -29,6 +29,8 @@ import random
 import shutil
 import statistics
 import struct
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -37,6 +39,8 @@ from decimal import Decimal
 from pathlib import Path
 
 import fastavro
+import iceberg_sink
+import yaml
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from process_stats import cpu_seconds, status_kib, tree_rss_kib
@@ -268,7 +272,7 @@ def bench_shape(spark, state: Path, shape: str, records: int, rounds: int, broke
     assert python_source["result"] == (count, size), python_source["result"]
     config = table_config(broker.bootstrap_servers, registry.url, topic, "x", records)
     conf = client_config(config.cluster("bench"))
-    ranges = [OffsetRange(topic, p, low, end) for p, (low, end) in log_bounds(conf, topic, list(range(PARTITIONS))).items()]
+    ranges = [OffsetRange(topic, p, low, end) for p, (low, end, _) in log_bounds(conf, topic, list(range(PARTITIONS))).items()]
 
     runs: dict[str, list[dict]] = {"spark-source": [], "icefloe": [], "sink": []}
     icefloe_memory, read_paths = [], set()
@@ -298,6 +302,7 @@ def bench_shape(spark, state: Path, shape: str, records: int, rounds: int, broke
         "records": count,
         "avg_record_bytes": round(size / count, 1),
         "mib": round(size / 2**20, 1),
+        "bytes": size,
         "produce_s": round(produce_s, 1),
         "read_path": sorted(read_paths),
         "stages": stages,
@@ -314,6 +319,136 @@ def bench_shape(spark, state: Path, shape: str, records: int, rounds: int, broke
     }
 
 
+def stack_file(path: Path, bootstrap: str, registry_url: str, topic: str, table: str, max_records: int) -> Path:
+    document = {"config": {
+        "icefloe:sourceClusters": [{"name": "bench", "bootstrapServers": bootstrap, "schemaRegistry": {"url": registry_url}}],
+        # Batches sized by maxRecordsPerRun, not by the rate the small seed batch measured (mostly fixed costs).
+        "icefloe:tables": [{"sourceCluster": "bench", "topic": topic, "table": table, "maxRecordsPerRun": max_records,
+                            "runTimeout": "3d"}],
+    }}  # fmt: skip
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def icefloe_process(stack: Path, state: Path) -> dict:
+    """`icefloe run --once` as a fresh process (a scheduled job: Python, Spark's JVM, the batch, exit)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "runtime"), os.environ.get("PYTHONPATH", "")])}
+    log = stack.with_suffix(".log")
+    started = time.monotonic()
+    process = subprocess.Popen([sys.executable, "-m", "icefloe.cli", "run", "--once", "--json", "--config", str(stack),
+                                "--state-dir", str(state)], stdout=subprocess.PIPE, stderr=open(log, "ab"), env=env)  # fmt: skip
+    sampler = iceberg_sink.CpuSampler(process.pid)
+    sampler.start()
+    out, _ = process.communicate(timeout=1800)
+    seconds = time.monotonic() - started
+    sampler.stop.set()
+    sampler.join()
+    if process.returncode != 0:
+        raise RuntimeError(f"icefloe run exited {process.returncode}: see {log}")
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    return {"seconds": seconds, "cpu_s": sampler.peak, "rows_written": result["rows_written"]}
+
+
+def fresh_stats(name: str, data: list[dict], idle: list[dict], mib: float, cores: int) -> dict:
+    """Per round: the run's seconds and CPU minus its idle start-up's (same round); medians over the rounds."""
+    seconds = [d["seconds"] - i["seconds"] for d, i in zip(data, idle, strict=True)]
+    cpu = [d["cpu_s"] - i["cpu_s"] for d, i in zip(data, idle, strict=True)]
+    data_s, cpu_s = statistics.median(seconds), statistics.median(cpu)
+    return {
+        "stage": name,
+        "runs": len(data),
+        "seconds_all": [round(d["seconds"], 2) for d in data],
+        "idle_start_seconds_all": [round(i["seconds"], 2) for i in idle],
+        "data_seconds_all": [round(x, 2) for x in seconds],
+        "data_seconds_median": round(data_s, 2),
+        "mib_per_s": round(mib / data_s, 2),
+        "mib_per_s_per_core": round(mib / data_s / cores, 2),
+        "cpu_s_all": [round(d["cpu_s"], 2) for d in data],
+        "idle_start_cpu_s_all": [round(i["cpu_s"], 2) for i in idle],
+        "data_cpu_s_median": round(cpu_s, 2),
+        "mib_per_cpu_s": round(mib / cpu_s, 2) if cpu_s > 0 else None,
+        "load_1m": [d["load_1m"] for d in data],
+    }
+
+
+def bench_fresh(work: Path, shape: str, count: int, size: int, rounds: int, broker, registry, cores: int) -> dict:
+    """icefloe and Apache Iceberg's Kafka Connect sink on the shape's topic, each a fresh process per round, as a
+    scheduled job runs; each one's idle start-up (same process, nothing to write) measured in the same round and
+    subtracted. icefloe writes into a table an earlier batch created and maintained (1,000 records); the sink starts
+    a new connector (own consumer group) on the whole topic into a new table, which it creates at its first record.
+    Then the sink warm: one worker kept running, a new connector per round on the whole topic (its JIT warm)."""
+    topic, idle_topic = f"bench_{shape}", f"bench_{shape}_idle"
+    broker.create_topic(idle_topic, PARTITIONS)
+    warehouse, state = work / f"sink-{shape}", work / f"fresh-{shape}"
+    properties = dict(DEFAULT_PROPERTIES)
+    runs: dict[str, list[dict]] = {"sink": [], "sink-idle": [], "icefloe": [], "icefloe-idle": []}
+    mib = size / 2**20
+    icefloe_mib = []
+    for round_ in range(rounds):
+        # The sink's idle start: launch -> its coordinator's first commit cycle on an empty topic.
+        worker = iceberg_sink.Worker(work / f"connect-{shape}-idle-{round_}", broker.bootstrap_servers, [
+            iceberg_sink.connector(f"idle-{shape}-{round_}", idle_topic, f"{shape}_idle_{round_}", registry.url, warehouse, cores, properties)])  # fmt: skip
+        worker.start()
+        try:
+            seconds, cpu = worker.wait(lambda w=worker: "initiated" in w.log_text(), 300, "its first commit cycle")
+        finally:
+            worker.stop()
+        runs["sink-idle"].append({"seconds": seconds, "cpu_s": cpu})
+        table = f"{shape}_sink_{round_}"
+        worker = iceberg_sink.Worker(work / f"connect-{shape}-{round_}", broker.bootstrap_servers, [
+            iceberg_sink.connector(f"sink-{shape}-{round_}", topic, table, registry.url, warehouse, cores, properties)])  # fmt: skip
+        worker.start()
+        try:
+            seconds, cpu = worker.wait(lambda t=table: iceberg_sink.table_records(warehouse, t) >= count, 1800, "every record")
+        finally:
+            worker.stop()
+        assert iceberg_sink.table_records(warehouse, table) == count
+        runs["sink"].append({"seconds": seconds, "cpu_s": cpu, "load_1m": round(os.getloadavg()[0], 1),
+                             "files": iceberg_sink.data_files(warehouse, table)})  # fmt: skip
+
+        # icefloe: an earlier batch creates (and maintains) the table; the measured run takes the rest; then a
+        # run with nothing new is the same process's idle start-up on that table.
+        name = f"{shape}_fresh_{round_}"
+        seed = icefloe_process(stack_file(work / f"seed-{name}.yaml", broker.bootstrap_servers, registry.url, topic, name, 1000), state)
+        stack = stack_file(work / f"run-{name}.yaml", broker.bootstrap_servers, registry.url, topic, name, count)
+        data = icefloe_process(stack, state)
+        assert seed["rows_written"] + data["rows_written"] == count, (seed, data)
+        data["load_1m"] = round(os.getloadavg()[0], 1)
+        runs["icefloe"].append(data)
+        idle = icefloe_process(stack, state)
+        assert idle["rows_written"] == 0, idle
+        runs["icefloe-idle"].append(idle)
+        icefloe_mib.append(mib * data["rows_written"] / count)
+        print(f"{shape} fresh round {round_ + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]['seconds']:.1f} s ({v[-1]['cpu_s']:.1f} CPU s)" for k, v in runs.items()), flush=True)
+
+    # The sink running continuously: one worker, warmed up by a first connector, then one connector per round.
+    warm: list[dict] = []
+    worker = iceberg_sink.Worker(work / f"connect-{shape}-warm", broker.bootstrap_servers, [
+        iceberg_sink.connector(f"warm-{shape}-0", topic, f"{shape}_warm_0", registry.url, warehouse, cores, properties)])  # fmt: skip
+    worker.start()
+    try:
+        worker.wait(lambda: iceberg_sink.table_records(warehouse, f"{shape}_warm_0") >= count, 1800, "every record")
+        for round_ in range(1, rounds + 1):
+            table, cpu = f"{shape}_warm_{round_}", worker.cpu()
+            started = worker.add_connector(iceberg_sink.connector(f"warm-{shape}-{round_}", topic, table, registry.url, warehouse, cores, properties))
+            worker.wait(lambda t=table: iceberg_sink.table_records(warehouse, t) >= count, 1800, "every record")
+            warm.append({"seconds": time.monotonic() - started, "cpu_s": worker.cpu() - cpu, "load_1m": round(os.getloadavg()[0], 1)})
+    finally:
+        worker.stop()
+
+    icefloe_stats = fresh_stats("icefloe, fresh process", runs["icefloe"], runs["icefloe-idle"], statistics.median(icefloe_mib), cores)
+    sink_stats = fresh_stats("Iceberg Kafka Connect sink, fresh worker", runs["sink"], runs["sink-idle"], mib, cores)
+    warm_stats = fresh_stats("Iceberg Kafka Connect sink, warm worker (new connector)", warm,
+                             [{"seconds": 0.0, "cpu_s": 0.0}] * len(warm), mib, cores)  # fmt: skip
+    return {
+        "stages": [icefloe_stats, sink_stats, warm_stats],
+        "sink_files_per_run": [r["files"] for r in runs["sink"]],
+        "icefloe_mib": round(statistics.median(icefloe_mib), 1),
+        "ratio_icefloe_vs_sink_fresh": round(icefloe_stats["mib_per_s"] / sink_stats["mib_per_s"], 3),
+        "ratio_icefloe_vs_sink_fresh_cpu": round(icefloe_stats["mib_per_cpu_s"] / sink_stats["mib_per_cpu_s"], 3),
+    }
+
+
 def bench_memory(spark, state: Path, records: int, broker, registry, stage: Stage, peaks, jvm_pid: int) -> dict:
     topic = "bench_memory"
     broker.create_topic(topic, PARTITIONS)
@@ -327,7 +462,7 @@ def bench_memory(spark, state: Path, records: int, broker, registry, stage: Stag
     memory = peaks.read()
     # The same ranges through Spark's Kafka source alone, after the batch (so the peaks above are icefloe's).
     conf = client_config(config.cluster("bench"))
-    ranges = [OffsetRange(topic, p, low, end) for p, (low, end) in log_bounds(conf, topic, list(range(PARTITIONS))).items()]
+    ranges = [OffsetRange(topic, p, low, end) for p, (low, end, _) in log_bounds(conf, topic, list(range(PARTITIONS))).items()]
     source = stage.run(lambda: read_ranges(spark, conf, ranges).count())
     assert source["result"] == count
     cores = os.cpu_count() or 1
@@ -404,7 +539,15 @@ def main() -> None:
     parser.add_argument("--orders", type=int, default=200_000, help="records of the ~1 KB shape")
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds per shape, after one warm-up round")
     parser.add_argument("--memory-records", type=int, default=5_000_000)
+    parser.add_argument("--fresh-rounds", type=int, default=3, help="rounds of fresh processes: icefloe and the sink")
+    parser.add_argument("--vs-sink", action="store_true", help="only the shapes and the comparison with the sink "
+                        "(no fixed cost, no memory): results in throughput_vs_sink.{json,md}")
+    parser.add_argument("--only-fresh", action="store_true", help="--vs-sink without the warm stages")
     args = parser.parse_args()
+    args.vs_sink = args.vs_sink or args.only_fresh
+    peer_missing = iceberg_sink.available()
+    if peer_missing and args.fresh_rounds:
+        parser.error(f"the peer is not set up ({peer_missing}); or pass --fresh-rounds 0")
     cores = os.cpu_count() or 1
     work = Path(tempfile.mkdtemp(prefix="icefloe-bench-"))
     load_before = os.getloadavg()
@@ -418,12 +561,31 @@ def main() -> None:
             spark_start_s = time.monotonic() - started
             jvm_pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())
             stage, peaks = Stage(jvm_pid, broker.pid, spark._jvm.java.lang.System.gc), HeapPeaks(spark, jvm_pid)
-            shapes = [bench_shape(spark, work / "state", "trades", args.records, args.rounds, broker, registry, stage, cores, peaks)]
-            fixed_cost = bench_fixed_cost(spark, work / "state", broker, registry, stage, args.rounds + 2)
-            one_for_python = bench_one_for_python(spark, work / "state", args.records, broker, registry, stage, 3)
-            if args.orders:
-                shapes.append(bench_shape(spark, work / "state", "orders", args.orders, args.rounds, broker, registry, stage, cores, peaks))
-            memory = bench_memory(spark, work / "state", args.memory_records, broker, registry, stage, peaks, jvm_pid) if args.memory_records else None
+            if args.fresh_rounds:
+                broker.create_topic("control-iceberg", 1)  # the sink's control topic: the local broker creates none
+            shapes, fixed_cost, one_for_python, memory = [], None, None, None
+            for shape, records in (("trades", args.records), ("orders", args.orders)):
+                if not records:
+                    continue
+                if args.only_fresh:
+                    topic = f"bench_{shape}"
+                    broker.create_topic(topic, PARTITIONS)
+                    schema, generate = SHAPES[shape]
+                    count, size = produce(broker.bootstrap_servers, registry.url, topic, schema, generate(records))
+                    shapes.append({"shape": shape, "records": count, "avg_record_bytes": round(size / count, 1),
+                                   "mib": round(size / 2**20, 1), "bytes": size, "stages": []})  # fmt: skip
+                else:
+                    shapes.append(bench_shape(spark, work / "state", shape, records, args.rounds, broker, registry, stage, cores, peaks))
+                if args.fresh_rounds:
+                    shapes[-1]["fresh"] = bench_fresh(work, shape, shapes[-1]["records"], shapes[-1]["bytes"],
+                                                      args.fresh_rounds, broker, registry, cores)  # fmt: skip
+                if shape == "trades" and not args.only_fresh:
+                    if not args.vs_sink:
+                        fixed_cost = bench_fixed_cost(spark, work / "state", broker, registry, stage, args.rounds + 2)
+                    one_for_python = bench_one_for_python(spark, work / "state", args.records, broker, registry, stage,
+                                                          args.rounds if args.vs_sink else 3)  # fmt: skip
+            if args.memory_records and not args.vs_sink:
+                memory = bench_memory(spark, work / "state", args.memory_records, broker, registry, stage, peaks, jvm_pid)
             spark.stop()
         finally:
             registry.stop()
@@ -444,8 +606,9 @@ def main() -> None:
         "memory": memory,
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "throughput.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / "throughput.md").write_text(markdown(report))
+    name = "throughput_vs_sink" if args.vs_sink else "throughput"
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{name}.md").write_text(markdown(report))
     print(markdown(report))
 
 
@@ -461,6 +624,8 @@ def markdown(report: dict) -> str:
         "",
     ]
     for shape in report["shapes"]:
+        if not shape["stages"]:  # --only-fresh
+            continue
         lines += [
             f"## {shape['shape']}: {shape['records']:,} records, ~{shape['avg_record_bytes']:.0f} B, {shape['mib']} MiB "
             f"(read path: {', '.join(shape['read_path'])})",
@@ -477,6 +642,37 @@ def markdown(report: dict) -> str:
             "",
             f"Table written by icefloe's last round: {shape['table_data_files']} data files, {shape['table_data_mib']} MiB "
             f"({', '.join(f'{k}={v}' for k, v in shape['table_properties'].items())}).",
+            "",
+        ]  # fmt: skip
+    for shape in report["shapes"]:
+        fresh = shape.get("fresh")
+        if not fresh:
+            continue
+        warm = next((s for s in shape["stages"] if s["stage"] == "icefloe"), None)
+        sink_warm = fresh["stages"][2]
+        lines += [
+            f"## {shape['shape']}: icefloe and Apache Iceberg's Kafka Connect sink, fresh processes",
+            "",
+            "Each a fresh process per round, as a scheduled job runs: `icefloe run --once` (Python, Spark's JVM in local "
+            "mode) into a table an earlier batch of 1,000 records created and maintained; Kafka Connect 4.4.0 "
+            f"standalone with `iceberg-kafka-connect` 1.10.1 ({report['cores']} tasks, 1 s commit interval, 1 s offset "
+            "flush, Apicurio's AvroConverter, Hadoop catalog, a new connector and table per round). Each one's idle "
+            "start-up in the same round is subtracted: icefloe's = the same command with nothing new to write; the "
+            "sink's = launch to its coordinator's first commit cycle on an empty topic. CPU = the process tree's CPU "
+            "seconds, idle start-up's subtracted. The warm sink: one worker kept running, a new connector per round "
+            "(its own consumer group) on the whole topic, from creation to the last record committed.",
+            "",
+            "| stage | runs | data seconds (median) | MiB/s | MiB/s per core | CPU s for the data | MiB per CPU-s | run seconds | idle start-up seconds | load (1 min) |",
+            "|---|---:|---:|---:|---:|---:|---:|---|---|---|",
+            *[f"| {s['stage']} | {s['runs']} | {s['data_seconds_median']} | {s['mib_per_s']} | {s['mib_per_s_per_core']} | "
+              f"{s['data_cpu_s_median']} | {s['mib_per_cpu_s']} | {s['seconds_all']} | {s['idle_start_seconds_all']} | "
+              f"{s['load_1m']} |" for s in fresh["stages"]],
+            "",
+            f"icefloe / sink, fresh (MiB/s per core): **{fresh['ratio_icefloe_vs_sink_fresh']}**; per CPU-second: "
+            f"{fresh['ratio_icefloe_vs_sink_fresh_cpu']}."
+            + (f" Warm: icefloe in a warm JVM (table above, {warm['mib_per_s_per_core']} MiB/s per core) / the warm sink "
+               f"({sink_warm['mib_per_s_per_core']}): **{round(warm['mib_per_s'] / sink_warm['mib_per_s'], 3)}**." if warm else "")
+            + f" The sink wrote {fresh['sink_files_per_run']} data files per run.",
             "",
         ]  # fmt: skip
     fixed = report.get("fixed_cost")
@@ -503,7 +699,7 @@ def markdown(report: dict) -> str:
             "record goes through Python (`errors: skip`) and the rest is written.",
             "",
         ]  # fmt: skip
-    memory = report["memory"]
+    memory = report.get("memory")
     if memory:
         lines += [
             f"## One large batch: {memory['records']:,} `trades` records ({memory['mib']} MiB), read path {memory['read_path']}",

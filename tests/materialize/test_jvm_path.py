@@ -26,6 +26,7 @@ from icefloe.formats.base import DecoderSpec
 from icefloe.formats.columns import batch_struct, table_struct
 from icefloe.formats.registry import decoder_spec
 from icefloe.materialize import batch as materializer
+from icefloe.materialize import read_paths
 from icefloe.materialize.python_tasks import ReadPlan
 from icefloe.materialize.read_paths import JVM, PYTHON, JvmBatch, choose_read_path
 from icefloe.operate.runner import run_table
@@ -154,6 +155,9 @@ def rows_on_both_paths(spark, config, value_fields=None) -> tuple:
         release_python()
 
 
+KAFKA_POSITION = ("kafka_partition", "kafka_offset")
+
+
 def test_every_row_of_the_jvm_path_is_the_python_paths_row(spark, broker, registry, topic, make_config):
     broker.create_topic(topic, 2)
     schema_id = SchemaRegistryClient({"url": registry.url}).register_schema(
@@ -191,7 +195,14 @@ def test_every_row_of_the_jvm_path_is_the_python_paths_row(spark, broker, regist
 
     exact, observation = jvm.exact_rows("probe")
     exact.write.format("noop").mode("overwrite").save()
-    assert observation.get == {"rows": len(values), "for_python": len(for_python)}, "only those records go to Python"
+    observed = observation.get
+    assert (observed["rows"], observed["for_python"]) == (len(values), len(for_python)), "only those go to Python"
+    # The streamed rows leave them out; per partition, the first and last of them are observed (read again).
+    inexact = set(python_rows) - {(r.kafka_partition, r.kafka_offset) for r in exact.select(*KAFKA_POSITION).collect()}
+    assert len(inexact) == len(for_python)
+    for partition in (0, 1):
+        offsets = [o for p, o in inexact if p == partition]
+        assert (observed[f"first_{partition}"], observed[f"last_{partition}"]) == (min(offsets), max(offsets)), observed
 
 
 # Strings inside collections, reached without lambdas where Spark allows (flatten, field extraction, map_values):
@@ -369,6 +380,35 @@ def test_a_clean_append_batch_never_decodes_in_python(spark, broker, registry, s
     assert any("1 records need the Python decoder" in r.getMessage() for r in caplog.records)
     rows = by_position(read_pyiceberg(state_dir, second.identifier))
     assert len(rows) == 54 and bad[0] not in rows
+
+
+def test_a_record_for_python_is_the_only_one_read_again(spark, broker, registry, state_dir, topic, make_config, monkeypatch):
+    """One record the JVM cannot decode: the streamed write keeps every other record, and only that record's
+    offsets are read again (for Python), not the whole batch; it is dead-lettered, the rest committed once."""
+    broker.create_topic(topic, 2)
+    serialize = avro_serializer(registry.url, topic, json.dumps(SCHEMA))
+    rng = random.Random(10)
+    good = [{"value": serialize(cooked(event(i, rng))), "partition": i % 2} for i in range(40)]
+    produce(broker.bootstrap_servers, topic, good[:20])
+    bad = produce(broker.bootstrap_servers, topic, [{"value": b"\x07junk", "partition": 1}])
+    produce(broker.bootstrap_servers, topic, good[20:])
+    config = make_config({"topic": topic, "errors": "dlq"})
+    reads, real = [], read_paths.read_ranges
+
+    def recorded(spark, conf, ranges, *args, **kwargs):
+        reads.append(sorted((r.partition, r.start, r.end) for r in ranges))
+        return real(spark, conf, ranges, *args, **kwargs)
+
+    monkeypatch.setattr(read_paths, "read_ranges", recorded)
+    result = run_table(spark, config, config.tables[0], state_dir)
+
+    assert result.read_path == JVM and result.rows_written == 40 and result.records_failed == 1, result.describe()
+    (partition, offset) = bad[0]
+    assert reads[-1] == [(partition, offset, offset + 1)], reads
+    rows = by_position(read_pyiceberg(state_dir, result.identifier))
+    assert len(rows) == 40 and bad[0] not in rows
+    dead = read_pyiceberg(state_dir, result.identifier + "_dlq")
+    assert [(r["kafka_partition"], r["kafka_offset"]) for r in dead] == bad
 
 
 def cooked(raw: dict) -> dict:

@@ -336,7 +336,7 @@ def _commit(
     jvm = JvmBatch(spark, plan, path.avro, batch.ranges, len(batch.tasks())) if path.name == JVM else None  # type: ignore[arg-type]  # the JVM path has its plan (choose_path)
     try:
         if jvm is not None and table.mode == "append":
-            committed = _commit_exact(iceberg, jvm, batch, state, checkpoint, table.run_timeout_seconds)
+            committed = _commit_exact(iceberg, jvm, table, batch, state, checkpoint, write)
             if committed is not None:
                 return committed
         frame, release = jvm.rows_with_status() if jvm is not None else _read(spark, plan, batch)
@@ -377,24 +377,46 @@ class _NeedsPython(Exception):
 def _commit_exact(
     iceberg: IcebergTable,
     jvm: JvmBatch,
+    table: TableSpec,
     batch: Batch,
     state: CommittedState,
     checkpoint: Checkpoint,
-    run_timeout_s: float,
+    write: Writer,
 ) -> CommitOutcome | None:
-    """Commit every record as the JVM decodes it, streamed from Kafka to the table (nothing held); None when some
-    record's row is not exact: that attempt's branch is dropped unpublished (its files are orphans for maintenance)."""
+    """Commit every record as the JVM decodes it, streamed from Kafka to the table (nothing held). The few records
+    whose row is not exact are then read again alone (per partition, from the first to the last of them), decoded
+    by Python and routed by the error mode, on the same branch. None when the batch must be read again whole (a
+    `fail` table commits only up to its first bad record): that attempt's branch is dropped unpublished (its files
+    are orphans for maintenance)."""
     rows, observation = jvm.exact_rows(checkpoint.run_id)  # type: ignore[arg-type]  # a batch's checkpoint has its run id; the table's columns
+    applied: list[ErrorModeOutcome] = []
 
     def write_all(branch: Branch) -> int:
         branch.append(rows)
         counts = _observed(observation, iceberg.identifier, checkpoint.topic, batch)
-        if counts["for_python"]:
+        written = counts["rows"] - counts["for_python"]
+        if not counts["for_python"]:
+            return written
+        ranges = jvm.python_ranges(counts)
+        if table.errors == "fail" or ranges is None:
             raise _NeedsPython(counts["for_python"])
-        return counts["rows"]
+        where = ", ".join(f"partition {r.partition} offsets [{r.start}, {r.end})" for r in ranges)
+        log.info(
+            "%s: %s records need the Python decoder: reading them again (%s)",
+            iceberg.identifier,
+            counts["for_python"],
+            where,
+        )
+        frame, release = JvmBatch(jvm.spark, jvm.plan, jvm.avro, ranges, len(ranges)).python_rows()
+        try:
+            applied.append(_apply_error_mode(jvm.spark, iceberg.identifier, table, frame, batch, checkpoint))
+            return written + write(applied[-1].good, branch)
+        finally:
+            release()
 
     try:
-        snapshot_id, written = commit_on_branch(iceberg, state.snapshot_id, checkpoint, write_all, run_timeout_s)  # type: ignore[arg-type]  # ensure() gives the table its first snapshot
+        base: int = state.snapshot_id  # type: ignore[assignment]  # ensure() gives the table its first snapshot
+        snapshot_id, written = commit_on_branch(iceberg, base, checkpoint, write_all, table.run_timeout_seconds)
     except _NeedsPython as needed:
         log.info(
             "%s: %s records need the Python decoder: reading the batch again with them",
@@ -402,7 +424,7 @@ def _commit_exact(
             needed.args[0],
         )
         return None
-    return CommitOutcome(snapshot_id, written, ErrorModeOutcome(rows, batch, 0, None))
+    return CommitOutcome(snapshot_id, written, applied[-1] if applied else ErrorModeOutcome(rows, batch, 0, None))
 
 
 def _observed(observation: Observation, identifier: str, topic: str | None, batch: Batch) -> dict:

@@ -104,13 +104,50 @@ class JvmBatch:
         return [columns[name].cast(batch_schema[name].dataType).alias(name) for name in self.plan.value_fields]
 
     def exact_rows(self, run_id: str) -> tuple[DataFrame, Observation]:
-        """The table's columns of every record, and an observation counting them (`rows`) and those whose row is not
-        exact (`for_python`), known once the frame has been written."""
+        """The table's columns of every record whose row is exact, and an observation counting the records (`rows`)
+        and those whose row is not exact (`for_python`), with, per partition, the first and last offset of those
+        (`first_<p>`, `last_<p>`: `python_ranges`), known once the frame has been written."""
         observation = Observation(f"icefloe_{run_id}")
+        needs_python = ~F.col(_EXACT)
+        bounds = []
+        for partition in sorted({r.partition for r in self.ranges}):
+            offset = F.when(needs_python & (F.col("kafka_partition") == partition), F.col("kafka_offset"))
+            bounds += [F.min(offset).alias(f"first_{partition}"), F.max(offset).alias(f"last_{partition}")]
         frame = self._decoded().observe(
-            observation, F.count(F.lit(1)).alias("rows"), F.count(F.when(~F.col(_EXACT), 1)).alias("for_python")
+            observation, F.count(F.lit(1)).alias("rows"), F.count(F.when(needs_python, 1)).alias("for_python"), *bounds
         )
-        return frame.select(*self._values(), *_KAFKA), observation
+        return frame.where(F.col(_EXACT)).select(*self._values(), *_KAFKA), observation
+
+    def python_ranges(self, observed: dict) -> list[OffsetRange] | None:
+        """The ranges holding every record `exact_rows` left out (from its observation), or None if it does not say."""
+        topic, found = self.ranges[0].topic, []
+        for partition in sorted({r.partition for r in self.ranges}):
+            if f"first_{partition}" not in observed or f"last_{partition}" not in observed:
+                return None
+            if observed[f"first_{partition}"] is not None:
+                found.append(
+                    OffsetRange(topic, partition, observed[f"first_{partition}"], observed[f"last_{partition}"] + 1)
+                )
+        return found
+
+    def python_rows(self) -> tuple[DataFrame, Callable[[], None]]:
+        """The records of these ranges whose JVM row is not exact, decoded by Python with the status columns (as
+        `rows_with_status` gives them), and the function that releases what it keeps on disk."""
+        batch_schema = StructType.fromJson(json.loads(self.plan.batch_schema_json))
+        frame = self._decoded()
+        rows = (
+            frame.where(~F.col(_EXACT))
+            .select(
+                *[F.unix_millis(c).alias(f"{c}_ms") if c == "kafka_timestamp" else F.col(c) for c in _KAFKA], "value"
+            )
+            .mapInArrow(partial(redecode_rows, self.plan), batch_schema)
+            .persist(StorageLevel.DISK_ONLY)
+        )
+
+        def release() -> None:
+            rows.unpersist()
+
+        return rows, release
 
     def rows_with_status(self) -> tuple[DataFrame, Callable[[], None]]:
         """Every record with the status columns (failed records with their error, as `executor_tasks.read_batches` emits

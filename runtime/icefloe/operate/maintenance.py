@@ -288,22 +288,26 @@ def _maintain_one(
 
     if not managed:
         target = settings.target_file_size_mb * 1024 * 1024
+        small = target * 3 // 4  # Iceberg's default: a file this large is near the target and left alone
         compacted: list = []
-        # Partial progress: file groups commit on their own, so a batch publishing deletes against some files (an
-        # overlapping upsert run) makes only those groups fail, not the whole compaction every time.
-        _step(
-            table,
-            result,
-            "compaction",
-            lambda: compacted.extend(
+
+        def compact() -> None:
+            # Small files that one batch wrote are as large as that batch could make them (one per task): rewriting
+            # them right after a table's first batch would write the whole batch again for nothing.
+            if not result.delete_files_before and _batches_with_small_files(table, small) < 2:
+                return
+            # Partial progress: file groups commit on their own, so a batch publishing deletes against some files
+            # (an overlapping upsert run) makes only those groups fail, not the whole compaction every time.
+            compacted.extend(
                 spark.sql(
                     f"CALL {CATALOG}.system.rewrite_data_files(table => '{table.identifier}', options => map("
-                    f"'target-file-size-bytes', '{target}', 'min-input-files', '2', 'delete-file-threshold', '1', "
-                    "'remove-dangling-deletes', 'true', 'rewrite-all', 'false', 'partial-progress.enabled', 'true', "
-                    f"'partial-progress.max-commits', '{COMPACTION_MAX_COMMITS}'))"
+                    f"'target-file-size-bytes', '{target}', 'min-file-size-bytes', '{small}', 'min-input-files', "
+                    "'2', 'delete-file-threshold', '1', 'remove-dangling-deletes', 'true', 'rewrite-all', 'false', "
+                    f"'partial-progress.enabled', 'true', 'partial-progress.max-commits', '{COMPACTION_MAX_COMMITS}'))"
                 ).collect()
-            ),
-        )
+            )
+
+        _step(table, result, "compaction", compact)
         if compacted:
             result.rewritten_files = compacted[0].rewritten_data_files_count
             result.compaction_failed_files = compacted[0].asDict().get("failed_data_files_count") or 0
@@ -353,6 +357,15 @@ def _maintain_one(
     )
     result.steps.append("orphans")
     return _finish(table, result, started)
+
+
+def _batches_with_small_files(table: IcebergTable, small: int) -> int:
+    """How many commits added the live data files smaller than `small` bytes (compaction's candidates)."""
+    rows = table.spark.sql(
+        f"SELECT count(DISTINCT snapshot_id) AS n FROM {table.full_name}.entries "
+        f"WHERE status < 2 AND data_file.content = 0 AND data_file.file_size_in_bytes < {small}"
+    ).collect()
+    return rows[0].n
 
 
 def _snapshot_ids(table: IcebergTable) -> set[int]:
