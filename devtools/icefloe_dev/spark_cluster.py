@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import tarfile
 import urllib.request
 from dataclasses import dataclass
@@ -166,10 +165,6 @@ class SparkCluster:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
-
-
-def kill_executor(pid: int) -> None:
-    os.kill(pid, signal.SIGKILL)
 
 
 # -- the deployed job ----------------------------------------------------------------------------------------------
@@ -335,7 +330,6 @@ __all__ = [
     "SubmittedJob",
     "download",
     "emr_job_submit",
-    "kill_executor",
     "parse_submit_parameters",
     "unpack_archive",
 ]
