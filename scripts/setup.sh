@@ -12,6 +12,8 @@ APT_PACKAGES=()
 [ -f /usr/share/java/sqlite-jdbc.jar ] || APT_PACKAGES+=(libxerial-sqlite-jdbc-java)
 command -v java >/dev/null || APT_PACKAGES+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || APT_PACKAGES+=(maven)
+# The cluster tests' job Python (EMR's default `python` path), which must see none of the project's packages.
+[ -x /usr/bin/python3.11 ] || APT_PACKAGES+=(python3.11)
 # The CDC tests' private PostgreSQL cluster (initdb, pg_ctl, psql): Debian's, any version with logical decoding.
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null && command -v psql >/dev/null || APT_PACKAGES+=(postgresql)
 if [ ${#APT_PACKAGES[@]} -gt 0 ]; then

@@ -67,8 +67,9 @@ def read_pyiceberg(state_dir: Path, identifier: str) -> list[dict]:
     return load_pyiceberg(state_dir, identifier).scan().to_arrow().to_pylist()
 
 
-def read_duckdb(metadata_location: str, columns: str = "*") -> list[dict]:
-    con = duckdb_connect()
+def read_duckdb(metadata_location: str, columns: str = "*", con=None) -> list[dict]:
+    """`con`: a DuckDB connection of your own (`readers.duckdb_over_s3_copy` for a table on a moto server)."""
+    con = con or duckdb_connect()
     cursor = con.execute(f"SELECT {columns} FROM iceberg_scan('{metadata_location}')")
     names = [d[0] for d in cursor.description]
     return [dict(zip(names, row)) for row in cursor.fetchall()]
@@ -149,10 +150,13 @@ def crash_point(rng: random.Random, test: int, trial: int) -> CrashPoint:
 
 
 class WatchedRun:
-    """An `icefloe` subprocess whose log (stderr) is drained, so the run never blocks on it, and watched for markers."""
+    """An `icefloe` subprocess whose log (stderr) is drained, so the run never blocks on it, and watched for markers.
+    `popen` overrides Popen's arguments: e.g. `stdout=PIPE, stderr=STDOUT` watches both (spark-submit's Python driver
+    logs to the JVM's stdout)."""
 
-    def __init__(self, command: list[str], env: dict) -> None:
-        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    def __init__(self, command: list[str], env: dict, **popen) -> None:
+        options = {"stderr": subprocess.PIPE, "stdout": subprocess.DEVNULL} | popen
+        self.process = subprocess.Popen(command, text=True, env=env, **options)
         self.lines: list[str] = []
         self.ended = False
         self.stopped = False  # SIGSTOPped by a test
@@ -160,7 +164,7 @@ class WatchedRun:
         threading.Thread(target=self._drain, daemon=True).start()
 
     def _drain(self) -> None:
-        for line in self.process.stderr:
+        for line in self.process.stderr or self.process.stdout:
             with self._changed:
                 self.lines.append(line)
                 self._changed.notify_all()

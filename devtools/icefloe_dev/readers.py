@@ -30,3 +30,29 @@ def pyiceberg_catalog(state_dir: Path):
     from icefloe.table.catalog import pyiceberg_catalog as runtime_catalog
 
     return runtime_catalog(CatalogSpec(), state_dir, read_only=False)
+
+
+def duckdb_over_s3_copy(client, bucket: str, prefix: str = ""):
+    """A `duckdb_connect()` whose `s3://<bucket>/...` paths read copies of the bucket's objects under `prefix`, taken
+    through `client` (boto3's S3 client of a moto server) when called: DuckDB's own S3 client (the httpfs extension)
+    is not installed, so its Iceberg reader is given the files, at their own s3:// paths, through an fsspec
+    filesystem in memory."""
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class S3Copy(MemoryFileSystem):
+        protocol = ("s3",)
+        store: dict = {}
+        pseudo_dirs = [""]
+
+        @classmethod
+        def _strip_protocol(cls, path):
+            return "/" + str(path).removeprefix("s3://").strip("/")
+
+    files = S3Copy(skip_instance_cache=True)
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            body = client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+            files.pipe(f"s3://{bucket}/{item['Key']}", body)
+    con = duckdb_connect()
+    con.register_filesystem(files)
+    return con

@@ -169,7 +169,7 @@ def test_plan_and_demo_are_not_in_the_bundle_and_it_says_so(tmp_path):
 
 def test_the_bundle_asks_for_the_runtime_dependencies():
     names = {re.split(r"[\[=<>]", r)[0] for r in runtime_requirements()}
-    assert names == {"confluent-kafka", "pydantic", "pyyaml", "boto3", "pyarrow", "aws-msk-iam-sasl-signer-python", "grpcio-tools", "cryptography"}
+    assert names == {"confluent-kafka", "pydantic", "pyyaml", "boto3", "pyarrow", "aws-msk-iam-sasl-signer-python", "grpcio-tools", "cryptography", "pandas"}
 
 
 @pytest.mark.bundle
@@ -204,11 +204,11 @@ def test_real_bundle_is_manylinux_cp311_x86_64_and_self_contained(tmp_path):
 
     workdir = extract(bundle, tmp_path / "job")
     script = ("import os, sys; sys.path.insert(0, './deps')\n"
-              "import confluent_kafka, pyarrow, pydantic, yaml, boto3, fastavro, aws_msk_iam_sasl_signer\n"
+              "import confluent_kafka, pyarrow, pydantic, yaml, boto3, fastavro, aws_msk_iam_sasl_signer, pandas\n"
               "from confluent_kafka.schema_registry.avro import AvroDeserializer\n"
               "from icefloe.spec import load_config\n"
               "deps = os.path.abspath('deps') + os.sep\n"
-              "assert all(os.path.abspath(m.__file__).startswith(deps) for m in (confluent_kafka, pyarrow, pydantic, yaml))\n"
+              "assert all(os.path.abspath(m.__file__).startswith(deps) for m in (confluent_kafka, pyarrow, pydantic, yaml, pandas))\n"
               "from importlib.metadata import version\n"
               "print(version('confluent-kafka'), version('pyarrow'), pyarrow.__version__)")  # fmt: skip
     result = run_isolated(workdir, "-c", script)
