@@ -319,6 +319,46 @@ def test_continuous_mode_bounds_the_snapshots_and_keeps_the_checkpoint(spark, br
     assert sorted(r["n"] for r in rows.values()) == list(range(55))
 
 
+def test_continuous_mode_bounds_the_snapshots_of_the_delete_markers_and_dead_letters(
+    spark, broker, state_dir, topic, make_config, monkeypatch
+):
+    """An upsert table with a delete and a bad record in every micro-batch commits to `<table>_deletes` and
+    `<table>_dlq` each time: their snapshots are bounded like the table's (3 kept here), not left for the hourly
+    maintenance to expire after `snapshotRetention` (a day of micro-batches in every metadata file of theirs)."""
+    from icefloe.operate import maintenance
+    from icefloe.operate.runner import run_continuously
+
+    monkeypatch.setattr(maintenance, "CONTINUOUS_SNAPSHOTS_KEPT", 3)
+    broker.create_topic(topic, 1)
+
+    def changes(index: int) -> list[dict]:
+        upsert = {"key": f"k{index}".encode(), "value": json.dumps({"n": index}).encode()}
+        return [upsert, {"key": f"k{index - 1}".encode(), "value": None}, {"key": b"bad", "value": b"not json"}]
+
+    produce(broker.bootstrap_servers, topic, changes(0))
+    table = {"topic": topic, "format": "json", "schema": SCHEMA, "refresh": "1s", "mode": "upsert", "errors": "dlq"}
+    config = make_config(table | {"maintenance": {"interval": "1d"}})
+    identifier = config.identifier(config.tables[0])
+    stop, counts = threading.Event(), []
+
+    def snapshots(name: str) -> int:
+        return IcebergTable(spark, name).java().operations().current().snapshots().size()
+
+    def on_result(result) -> None:
+        counts.append((snapshots(f"{identifier}_deletes"), snapshots(f"{identifier}_dlq")))
+        if len(counts) == 10:
+            stop.set()
+        else:
+            produce(broker.bootstrap_servers, topic, changes(len(counts)))
+
+    run_continuously(spark, config, list(config.tables), state_dir, on_result, stop, poll_s=0.1)
+    print("delete-marker and dead-letter snapshots after each micro-batch:", counts)
+    assert max(max(pair) for pair in counts[2:]) <= 2 * 3 + 2, counts
+    rows = read_pyiceberg(state_dir, identifier)
+    assert sorted(r["n"] for r in rows) == [9], "every key but the last deleted"
+    assert len(read_pyiceberg(state_dir, f"{identifier}_dlq")) == 10
+
+
 def test_an_unexpected_failure_in_one_table_leaves_the_others_committing_and_heals(spark, broker, state_dir, topic, make_config, monkeypatch):
     """A failure no icefloe error describes (a RuntimeError from a step of one table's batch) must not end the
     continuous job: the other table goes on committing, and the failing table commits again once the cause is gone."""

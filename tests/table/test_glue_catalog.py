@@ -11,8 +11,10 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
+import threading
 from functools import partial
 from pathlib import Path
 
@@ -23,7 +25,7 @@ import test_materialize as orders
 from icefloe.errors import ConfigError
 from icefloe.spec import CatalogSpec, parse_config
 from icefloe.table.catalog import CATALOG, spark_catalog_conf
-from support import WatchedRun, ancestry, avro_serializer, by_position, produce, race_to_publish
+from support import WatchedRun, ancestry, avro_serializer, by_position, produce, race_to_publish, stop_at
 
 ICEFLOE = [sys.executable, "-m", "icefloe.cli"]
 PREFIX = f"spark.sql.catalog.{CATALOG}"
@@ -275,3 +277,81 @@ def test_two_maintains_at_once_on_glue_one_maintains_the_other_skips(broker, reg
     assert sum("maintenance skipped" in log for log in logs) == 1, [log[-2000:] for log in logs]
     rows = moto_aws.pyiceberg_catalog().load_table(identifier).scan().to_arrow().to_pylist()
     assert sorted(by_position(rows)) == sorted(produced), "every (partition, offset) exactly once"
+
+
+@pytest.mark.broker
+def test_an_upsert_deleting_from_files_maintenance_compacts_at_once_on_glue(broker, registry, moto_aws, topic, tmp_path):
+    """An upsert run publishes deletes and updates into the data files that an `icefloe maintain` of the same Glue
+    table is compacting at that moment: the run is stopped as it logs its publish step, maintenance as it has claimed
+    the table, the server holds the table's next two `UpdateTable` requests (the run's fast-forward, the first
+    compaction commit) and both go on. Whichever wins, the other may not undo it: the compaction is refused
+    (Iceberg's validation: new deletes against the files it replaced) or the run re-plans on the compacted files.
+    Both exit 0, no delete is lost and no deleted key comes back."""
+    bucket = "icefloe-upmaint-" + topic.replace("_", "-")[:40].strip("-")
+    moto_aws.client("s3").create_bucket(Bucket=bucket)
+    broker.create_topic(topic, 2)
+    schema = {"fields": [{"name": "k", "type": "long"}, {"name": "v", "type": "long"}]}
+    table = {"topic": topic, "format": "json", "schema": schema, "mode": "upsert", "maintenance": {"enabled": False}}
+    config = tmp_path / "Pulumi.upmaint.yaml"
+    config.write_text(yaml.safe_dump({"config": {
+        "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers}],
+        "icefloe:tables": [{"sourceCluster": "local", **table}],
+        "icefloe:catalog": {"type": "glue", "warehouse": f"s3://{bucket}/warehouse",
+                            "endpoints": moto_aws.catalog_endpoints()},
+    }}))  # fmt: skip
+    env = glue_env(moto_aws) | {"ICEFLOE_SPARK_MASTER": "local[1]"}
+    state = tmp_path / "state"
+
+    def change(k: int, v: int | None) -> dict:
+        value = None if v is None else json.dumps({"k": k, "v": v}).encode()
+        return {"key": f"k{k}".encode(), "value": value, "partition": k % 2}
+
+    expected: dict[int, int] = {}
+    for v in (1, 2):  # two batches: small files and position deletes for compaction to rewrite
+        produce(broker.bootstrap_servers, topic, [change(k, v) for k in range(40)])
+        run_once(config, state, env)
+        expected |= dict.fromkeys(range(40), v)
+    produce(broker.bootstrap_servers, topic, [change(k, None) for k in range(20)] + [change(k, 3) for k in range(20, 30)])
+    expected = {k: 3 if k < 30 else v for k, v in expected.items() if k >= 20}
+
+    identifier = f"local.{topic}"
+    run = WatchedRun([*ICEFLOE, "run", "--once", "--json", "--state-dir", str(state), "--config", str(config)], env)
+    report_path = tmp_path / "maintain.json"
+    maintain_command = [*ICEFLOE, "maintain", "--json", "--state-dir", str(state), "--config", str(config)]
+    # exec: the signals reach the Python process itself; its JSON report goes to a file (WatchedRun drops stdout)
+    maintain = WatchedRun(["sh", "-c", f'exec "$@" > {report_path}', "sh", *maintain_command], env)
+    processes = [run, maintain]
+    try:
+        stoppers = [
+            threading.Thread(target=stop_at, args=(process, marker))
+            for process, marker in ((run, "publishing branch"), (maintain, "maintenance claimed"))
+        ]
+        for stopper in stoppers:
+            stopper.start()
+        for stopper in stoppers:
+            stopper.join(600)
+        assert run.stopped and maintain.stopped, [p.lines[-5:] for p in processes]
+        assert not maintain.seen("compaction"), "maintenance went on past its claim before it was stopped"
+        moto_aws.gate_updates(identifier, 2)
+        for process in processes:
+            process.process.send_signal(signal.SIGCONT)
+        codes = [process.process.wait(timeout=600) for process in processes]
+    finally:
+        for process in processes:
+            if process.process.poll() is None:
+                process.process.send_signal(signal.SIGCONT)
+                process.process.kill()
+    logs = ["".join(process.lines) for process in processes]
+    assert codes == [0, 0], [log[-3000:] for log in logs]
+    assert held_updates(moto_aws, identifier)[0] == "2 requests held, released together"
+    report = json.loads(report_path.read_text().strip().splitlines()[-1])
+    compaction_lost = "compaction" in report["lost_races"] or report["compaction_failed_files"] > 0
+    assert compaction_lost or "commit conflict, re-planning" in logs[0], "one of the two lost the race"
+    print("maintenance:", report, "run:", [line for line in logs[0].splitlines() if "icefloe.r" in line][-3:])
+
+    # The batch is in the table whole, or (its run yielded to maintenance's commits) not at all: never a part of it.
+    rows = moto_aws.pyiceberg_catalog().load_table(identifier).scan().to_arrow().to_pylist()
+    assert sorted((r["k"], r["v"]) for r in rows) in (sorted(expected.items()), [(k, 2) for k in range(40)]), rows
+    run_once(config, state, env)  # the next run reads on from what is committed
+    rows = moto_aws.pyiceberg_catalog().load_table(identifier).scan().to_arrow().to_pylist()
+    assert sorted((r["k"], r["v"]) for r in rows) == sorted(expected.items()), "no delete lost, nothing resurrected"

@@ -187,10 +187,6 @@ def test_rest_catalog_materializes_with_a_bearer_token_and_pyiceberg_reads_it_ba
 
 
 @pytest.mark.broker
-@pytest.mark.skip(
-    reason="fails on the merged main: one of the two runs ends with a Java error before it publishes (it passed on "
-    "its branch); open in issue 33"
-)
 def test_two_runs_publishing_at_once_over_rest_keep_every_reported_commit(
     broker, registry, rest_server, proxy, topic, tmp_path
 ):

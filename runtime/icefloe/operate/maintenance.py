@@ -116,7 +116,8 @@ def bound_snapshots(table: IcebergTable, spec: TableSpec, loaded=None) -> int:
     newest CONTINUOUS_SNAPSHOTS_KEPT of main's history, whatever `snapshotRetention` says; never the snapshot carrying
     the checkpoint (older than it only), nor the history of a run's branch (a branch keeps as many); returns how many
     were expired. Otherwise a micro-batch every few seconds piles hours of snapshots into every metadata file
-    between two maintenance runs, and every commit of every batch rewrites that file."""
+    between two maintenance runs, and every commit of every batch rewrites that file. Also for the tables a batch
+    commits to beside it (`<table>_deletes`, `<table>_dlq`)."""
     loaded = table.java() if loaded is None else loaded
     count = loaded.operations().current().snapshots().size()
     if count <= 2 * CONTINUOUS_SNAPSHOTS_KEPT:

@@ -27,6 +27,8 @@ from icefloe.errors import (
 from icefloe.materialize import progress
 from icefloe.materialize.batch import BatchResult, materialize_once
 from icefloe.materialize.budget import Deadline
+from icefloe.materialize.dead_letters import dead_letter_identifier
+from icefloe.materialize.upsert import delete_markers_identifier
 from icefloe.operate.heartbeat import RUNNING, STOPPED, Heartbeat, write_heartbeat
 from icefloe.operate.lag import measure_lag
 from icefloe.operate.maintenance import bound_snapshots, is_due, maintain
@@ -312,6 +314,10 @@ def _maintain_after_batch(
             if not is_due(iceberg, table, loaded):
                 if continuous and not config.catalog.managed_maintenance:
                     bound_snapshots(iceberg, table, loaded)
+                    # The tables a micro-batch may commit to beside it: their snapshots pile up just the same.
+                    for side in (IcebergTable(spark, name) for name in side_tables(identifier, table)):
+                        if side.exists():
+                            bound_snapshots(side, table)
                 return None, ""
             return maintain(iceberg, table, config.catalog.managed_maintenance, only_if_due=True).as_dict(), ""
     except CommitConflict as error:  # another run on this machine holds the table (local catalog)
@@ -326,6 +332,12 @@ def _maintain_after_batch(
             exc_info=True,
         )
         return None, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500]
+
+
+def side_tables(identifier: str, table: TableSpec) -> list[str]:
+    """The tables a batch of `table` commits to beside it: upsert's delete markers, the dead letters."""
+    sides = [delete_markers_identifier(identifier)] if table.mode == "upsert" else []
+    return sides + ([dead_letter_identifier(identifier)] if table.errors == "dlq" else [])
 
 
 def stop_on_signals() -> threading.Event:
