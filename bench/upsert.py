@@ -210,13 +210,13 @@ def job_config(bootstrap: str, registry_url: str, tables: list[dict]) -> dict:
             "tables": [{"sourceCluster": "bench", "format": "avro", **t} for t in tables]}  # fmt: skip
 
 
-def run_job(state: Path, config: dict, table: str, base_keys: int = 0) -> dict:
+def run_job(state: Path, config: dict, table: str, base_keys: int = 0, profile: bool = False) -> dict:
     """One batch of `table` in a fresh process (a new driver and Spark JVM, as a scheduled job); `base_keys`: write
     that many base rows under the table's first checkpoint after the batch (`write_base`)."""
     import subprocess
     import sys
 
-    job = {"state": str(state), "config": config, "table": table, "base_keys": base_keys}
+    job = {"state": str(state), "config": config, "table": table, "base_keys": base_keys, "profile": profile}
     done = subprocess.run([sys.executable, __file__, "--job", json.dumps(job)], capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -231,6 +231,7 @@ def job(spec: dict) -> None:
     from icefloe.operate.runner import run_table
     from icefloe.spec import parse_config
 
+    timings = profile_hooks() if spec.get("profile") else None
     config = parse_config(spec["config"])
     table = next(t for t in config.tables if config.identifier(t).endswith(spec["table"]))
     started = time.monotonic()
@@ -244,10 +245,49 @@ def job(spec: dict) -> None:
     found = {"seconds": round(seconds, 2), "spark_start_s": round(spark_start_s, 1), "rows": result.rows_written,
              "spark_cpu_s": round(cpu_seconds(jvm_pid) - cpu, 1), "load_1m": round(max(load, os.getloadavg()[0]), 1),
              "read_path": result.read_path}  # fmt: skip
+    if timings is not None:
+        found["profile_s"] = {name: round(t, 2) for name, t in timings.items()}
     if spec["base_keys"]:
         write_base(spark, config.identifier(table), spec["base_keys"])
     spark.stop()
     print(json.dumps(found), flush=True)
+
+
+def profile_hooks() -> dict[str, float]:
+    """Wall seconds spent in the steps of a batch (`--profile`): each step wrapped where the batch calls it (nested
+    steps count in their callers too)."""
+    from pyspark.sql import DataFrame, SparkSession
+
+    from icefloe.materialize import batch, read_paths, upsert
+
+    timings: dict[str, float] = {}
+
+    def timed(owner, name: str, label: str | None = None, by_statement: bool = False) -> None:
+        original = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            started = time.monotonic()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                key = label or name
+                if by_statement:
+                    key = f"sql {str(args[1]).split()[0]} {str(args[1]).split()[2].split('.')[-1][:40]}"
+                timings[key] = timings.get(key, 0.0) + time.monotonic() - started
+
+        setattr(owner, name, wrapper)
+
+    timed(read_paths.JvmBatch, "rows_with_status")
+    timed(batch, "_apply_error_mode")
+    timed(batch, "positioned")
+    timed(batch, "commit_on_branch", "commit_on_branch (all of the write)")
+    timed(upsert, "_commit_delete_markers")
+    timed(upsert, "merge_batch")
+    timed(SparkSession, "sql", by_statement=True)
+    timed(DataFrame, "count", "DataFrame.count")
+    timed(DataFrame, "isEmpty", "DataFrame.isEmpty")
+    timed(DataFrame, "collect", "DataFrame.collect")
+    return timings
 
 
 def write_base(spark, identifier: str, keys: int) -> None:
@@ -269,7 +309,7 @@ def write_base(spark, identifier: str, keys: int) -> None:
     frame.writeTo(full).append()
 
 
-def throughput(work: Path, keys_list: list[int], changes: int, rounds: int) -> dict:
+def throughput(work: Path, keys_list: list[int], changes: int, rounds: int, profile: bool = False) -> dict:
     from icefloe_dev.kafka_broker import KafkaBroker
     from icefloe_dev.processes import start_together
     from icefloe_dev.schema_registry import SchemaRegistry
@@ -301,7 +341,7 @@ def throughput(work: Path, keys_list: list[int], changes: int, rounds: int) -> d
                 produce(bootstrap, url, append_topic, batch)
                 order = ("append", "upsert") if round_ % 2 else ("upsert", "append")
                 for mode in order:
-                    found = run_job(state, config, f"{mode}_{keys}")
+                    found = run_job(state, config, f"{mode}_{keys}", profile=profile and mode == "upsert")
                     assert found["rows"] > 0, found
                     runs[mode].append(found)
                 print(f"{keys:,} keys round {round_}: " + ", ".join(f"{m} {r[-1]}" for m, r in runs.items()), flush=True)
@@ -319,7 +359,7 @@ def summarize(runs: list[dict], changes: int, cores: int) -> dict:
     import statistics
 
     seconds = statistics.median(r["seconds"] for r in runs)
-    cpu = statistics.median(r["spark_cpu_s"] for r in runs)
+    cpu = round(statistics.median(r["spark_cpu_s"] for r in runs), 1)
     return {"seconds": round(seconds, 2), "seconds_all": [r["seconds"] for r in runs],
             "changes_per_s": round(changes / seconds), "changes_per_s_per_core": round(changes / seconds / cores),
             "spark_cpu_s": cpu, "changes_per_spark_cpu_s": round(changes / cpu) if cpu else None,
@@ -377,6 +417,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=10, help="(2): upsert batches before the read comparison")
     parser.add_argument("--cost-only", action="store_true", help="only (3), the cost of the upsert order")
     parser.add_argument("--repeats", type=int, default=2, help="(3): merges per variant (the best counts)")
+    parser.add_argument("--profile", action="store_true", help="(1): seconds per step of the upsert batches")
     parser.add_argument("--job", help=argparse.SUPPRESS)  # the fresh process of one batch (`run_job`)
     args = parser.parse_args()
     if args.job:
@@ -387,7 +428,8 @@ def main() -> None:
     if not args.cost_only and not args.reads:
         load = [round(x, 1) for x in os.getloadavg()]
         try:
-            report = throughput(work, [args.keys, *([10 * args.keys] if args.large else [])], args.changes, args.rounds)
+            report = throughput(work, [args.keys, *([10 * args.keys] if args.large else [])], args.changes, args.rounds,
+                                args.profile)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         report.update(changes=args.changes, rounds=args.rounds, load_avg_at_start=load,
