@@ -38,7 +38,7 @@ from icefloe.materialize.upsert import merge_batch, positioned
 from icefloe.operate.maintenance import maintain
 from icefloe.session import spark_session
 from icefloe.spec import CatalogSpec, TableSpec
-from icefloe.table.iceberg import IcebergTable
+from icefloe.table.iceberg import ROW_LEVEL_PROPERTIES, IcebergTable
 from icefloe.table.refs import new_run_id
 from icefloe_dev.readers import duckdb_connect, pyiceberg_catalog
 
@@ -66,10 +66,12 @@ def rows(spark, first: int, count: int, seed: int, tombstone_every: int = 0):
     return frame.withColumn("kafka_clock", F.col("kafka_timestamp")).withColumn("icefloe_tombstone", tombstone)
 
 
-def create(spark, identifier: str) -> IcebergTable:
+def create(spark, identifier: str, format_version: int = 2) -> IcebergTable:
     table = IcebergTable(spark, identifier)
     spark.sql(f"DROP TABLE IF EXISTS {table.full_name} PURGE")
-    table.ensure(STRUCT, (), 128, Checkpoint("bench").to_summary())
+    spark.sql(f"DROP TABLE IF EXISTS {table.full_name}_deletes PURGE")
+    properties = ROW_LEVEL_PROPERTIES if format_version == 3 else {"format-version": str(format_version)}
+    table.ensure(STRUCT, (), 128, Checkpoint("bench").to_summary(), properties)
     return table
 
 
@@ -395,17 +397,30 @@ def render_throughput(report: dict) -> list[str]:
 
 
 def read_cost(spark, state: Path, table: IcebergTable) -> dict:
-    query = "SELECT count(*), sum(balance), count(DISTINCT account) FROM {scan}"
-    started = time.monotonic()
-    duck = duckdb_connect().execute(query.format(scan=f"iceberg_scan('{table.metadata_location()}')")).fetchone()
-    duck_s = time.monotonic() - started
-    started = time.monotonic()
-    arrow = pyiceberg_catalog(state).load_table(table.identifier).scan(selected_fields=("account", "balance")).to_arrow()
-    pyiceberg_s = time.monotonic() - started
-    files = spark.sql(f"SELECT content, count(*) AS n FROM {table.full_name}.files GROUP BY content").collect()
-    return {"duckdb_s": round(duck_s, 3), "pyiceberg_s": round(pyiceberg_s, 3), "rows": int(duck[0]),
-            "pyiceberg_rows": arrow.num_rows, "files": {str(r.content): r.n for r in files}}  # fmt: skip
+    """Seconds of a full scan + aggregate and of a point lookup by key, with DuckDB, pyiceberg and Spark."""
+    from pyiceberg.expressions import EqualTo
 
+    query = "SELECT count(*), sum(balance), count(DISTINCT account) FROM {scan}"
+    key = "acct-123457"
+    timings: dict = {}
+
+    def timed(name: str, action):
+        started = time.monotonic()
+        found = action()
+        timings[name] = round(time.monotonic() - started, 3)
+        return found
+
+    scan = f"iceberg_scan('{table.metadata_location()}')"
+    duck = timed("duckdb_scan_s", lambda: duckdb_connect().execute(query.format(scan=scan)).fetchone())
+    timed("duckdb_lookup_s", lambda: duckdb_connect().execute(f"SELECT * FROM {scan} WHERE account = '{key}'").fetchall())
+    loaded = pyiceberg_catalog(state).load_table(table.identifier)
+    arrow = timed("pyiceberg_scan_s", lambda: loaded.scan(selected_fields=("account", "balance")).to_arrow())
+    timed("pyiceberg_lookup_s", lambda: loaded.scan(row_filter=EqualTo("account", key)).to_arrow())
+    spark_rows = timed("spark_scan_s", lambda: spark.sql(query.format(scan=table.full_name)).first())
+    timed("spark_lookup_s", lambda: spark.sql(f"SELECT * FROM {table.full_name} WHERE account = '{key}'").collect())
+    files = spark.sql(f"SELECT content, count(*) AS n FROM {table.full_name}.files GROUP BY content").collect()
+    assert int(duck[0]) == arrow.num_rows == spark_rows[0], (duck, arrow.num_rows, spark_rows)
+    return {**timings, "rows": int(duck[0]), "files": {str(r.content): r.n for r in files}}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -415,6 +430,7 @@ def main() -> None:
     parser.add_argument("--large", action="store_true", help="(1): also a table of 10N keys (slow)")
     parser.add_argument("--reads", action="store_true", help="only (2), reads after --batches upserts")
     parser.add_argument("--batches", type=int, default=10, help="(2): upsert batches before the read comparison")
+    parser.add_argument("--format-version", type=int, default=3, help="(2): the upserted table's (3: as icefloe now)")
     parser.add_argument("--cost-only", action="store_true", help="only (3), the cost of the upsert order")
     parser.add_argument("--repeats", type=int, default=2, help="(3): merges per variant (the best counts)")
     parser.add_argument("--profile", action="store_true", help="(1): seconds per step of the upsert batches")
@@ -451,13 +467,14 @@ def main() -> None:
         print(render_cost(cost, os.cpu_count()))
         return
     report: dict = {"keys": args.keys, "changes": args.changes, "batches": args.batches, "cores": os.cpu_count(),
+                    "format_version": args.format_version,
                     "load_avg_at_start": [round(x, 1) for x in os.getloadavg()]}  # fmt: skip
     try:
-        upserted = create(spark, "bench.after_upserts")
+        upserted = create(spark, "bench.after_upserts", args.format_version)
         rows(spark, 0, args.keys, seed=0).drop("icefloe_tombstone").writeTo(upserted.full_name).append()
         per_batch = args.changes
         for batch in range(1, args.batches + 1):
-            changes = rows(spark, (batch * per_batch) % args.keys, per_batch, seed=batch, tombstone_every=50).persist()
+            changes = rows(spark, (batch * per_batch) % args.keys, per_batch, seed=batch, tombstone_every=10).persist()
             upsert(spark, upserted, changes, batch)
             changes.unpersist()
         final = spark.table(upserted.full_name)
@@ -474,18 +491,26 @@ def main() -> None:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
     report["load_avg_at_end"] = [round(x, 1) for x in os.getloadavg()]
-    (RESULTS / "upsert_reads.json").write_text(json.dumps(report, indent=2) + "\n")
+    name = f"upsert_reads_v{args.format_version}"
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     reads = report["reads"]
     lines = [
-        f"# Upsert: reads after {args.batches} upsert batches of {args.changes:,} changes on {args.keys:,} keys",
+        f"# Upsert: reads after {args.batches} upsert batches of {args.changes:,} changes on {args.keys:,} keys, "
+        f"format v{args.format_version}",
         "",
-        f"Full scan + aggregate; load average at start {report['load_avg_at_start']}, at end {report['load_avg_at_end']}.",
+        f"Full scan + aggregate, and a point lookup by key (seconds); load average at start "
+        f"{report['load_avg_at_start']}, at end {report['load_avg_at_end']} ({report['cores']} cores, shared).",
         "",
-        "| table | rows | data/delete files | DuckDB s | pyiceberg s |",
-        "|---|---:|---|---:|---:|",
-        *[f"| {name} | {r['rows']:,} | {r['files']} | {r['duckdb_s']} | {r['pyiceberg_s']} |" for name, r in reads.items()],
+        "| table | rows | data/delete files | DuckDB scan | DuckDB lookup | pyiceberg scan | pyiceberg lookup | Spark scan | Spark lookup |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        *[f"| {name} | {r['rows']:,} | {r['files']} | {r['duckdb_scan_s']} | {r['duckdb_lookup_s']} | {r['pyiceberg_scan_s']} | "
+          f"{r['pyiceberg_lookup_s']} | {r['spark_scan_s']} | {r['spark_lookup_s']} |" for name, r in reads.items()],
+        "",
+        "After upserts / append-only, same rows: " + ", ".join(
+            f"{k.replace('_s', '')} x{round(reads['after_upserts'][k] / max(reads['append_only_same_rows'][k], 0.001), 2)}"
+            for k in reads["after_upserts"] if k.endswith("_s")) + ".",
     ]  # fmt: skip
-    (RESULTS / "upsert_reads.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
