@@ -507,7 +507,7 @@ def main() -> None:
           f"{r['pyiceberg_lookup_s']} | {r['spark_scan_s']} | {r['spark_lookup_s']} |" for name, r in reads.items()],
         "",
         "After upserts / append-only, same rows: " + ", ".join(
-            f"{k.replace('_s', '')} x{round(reads['after_upserts'][k] / max(reads['append_only_same_rows'][k], 0.001), 2)}"
+            f"{k[:-2]} x{round(reads['after_upserts'][k] / max(reads['append_only_same_rows'][k], 0.001), 2)}"
             for k in reads["after_upserts"] if k.endswith("_s")) + ".",
     ]  # fmt: skip
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
