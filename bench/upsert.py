@@ -1,16 +1,20 @@
-"""Upsert benchmark: merge cost as the table grows tenfold, and read cost after many upserts vs. append-only.
+"""Upsert benchmark: a batch of changes as the materializer takes it, beside an append table taking the same records.
 
-(1) Merge: a fixed batch of changes (updates, inserts, deletes) merged with icefloe's own merge (`merge_batch` on
-    a run branch, merge-on-read) into tables of N and 10N keys.
-(2) Reads: after B upsert batches, a full scan + aggregate with DuckDB and with pyiceberg, against an append-only
-    table holding the same final rows, and again after `maintain` (compaction folds the delete files away).
-(3) The cost of the upsert order (review F2): the same batch merged into the same table (a) as before it, ranked by
-    timestamp and merged unconditionally (`merge_before`, the code of 552f38b), (b) as now: each change's clock
-    (`upsert.positioned`, a second aggregation and a window over the batch), the conditional MERGE and the delete
-    markers' commit to `<table>_deletes`, (c) as now with no deletes in the batch (no markers commit).
-    `--cost-only` runs this part alone.
-Tables are built with Spark directly (the Kafka path is measured by bench/throughput.py).
-Results: bench/results/upsert.{json,md}. Run: `.venv/bin/python bench/upsert.py [--keys 1000000 --changes 100000]`.
+(1) Throughput (the default): a table of N keys (default 1,000,000) in upsert mode on the Kafka key; each round a
+    batch of C changes (default 200,000: 80% updates of existing keys, 10% new keys, 10% tombstones) goes to its
+    topic (Avro, Confluent framing, a local Apache Kafka broker and Apicurio registry, 4 partitions), and the same C
+    records to a second topic read by an append table. Each batch runs as a scheduled job does: a fresh process
+    (`--job`: a new Python driver and Spark JVM, `run_table`), Spark's start timed apart. Rounds alternate the two
+    tables, so load from other users hits both alike; medians are reported, with changes/s, changes/s per core, the
+    Spark JVM's CPU seconds and the ratio upsert/append of the same run. The table's N base rows are written by Spark
+    directly under icefloe's first checkpoint (a Kafka topic of 10M records would take longer to produce than to
+    measure), with positions older than every change. `--large` adds the same batch into a table of 10N keys.
+(2) Reads (`--reads`): after B upsert batches, a full scan + aggregate with DuckDB and with pyiceberg, against an
+    append-only table holding the same final rows, and again after `maintain`.
+(3) The cost of the upsert order (review F2, `--cost-only`): the same batch merged (a) as before it, ranked by
+    timestamp and merged unconditionally (`merge_before`, the code of 552f38b), (b) as now, (c) as now with no
+    deletes in the batch (no markers commit).
+Results: bench/results/upsert.{json,md} (and upsert_order_cost.*). Run: `.venv/bin/python bench/upsert.py`.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from icefloe.materialize.upsert import merge_batch, positioned
 from icefloe.operate.maintenance import maintain
 from icefloe.session import spark_session
 from icefloe.spec import CatalogSpec, TableSpec
-from icefloe.table.iceberg import IcebergTable
+from icefloe.table.iceberg import IcebergTable, format_properties
 from icefloe.table.refs import new_run_id
 from icefloe_dev.readers import duckdb_connect, pyiceberg_catalog
 
@@ -62,10 +66,12 @@ def rows(spark, first: int, count: int, seed: int, tombstone_every: int = 0):
     return frame.withColumn("kafka_clock", F.col("kafka_timestamp")).withColumn("icefloe_tombstone", tombstone)
 
 
-def create(spark, identifier: str) -> IcebergTable:
+def create(spark, identifier: str, format_version: int = 2) -> IcebergTable:
     table = IcebergTable(spark, identifier)
     spark.sql(f"DROP TABLE IF EXISTS {table.full_name} PURGE")
-    table.ensure(STRUCT, (), 128, Checkpoint("bench").to_summary())
+    spark.sql(f"DROP TABLE IF EXISTS {table.full_name}_deletes PURGE")
+    properties = format_properties(format_version)
+    table.ensure(STRUCT, (), 128, Checkpoint("bench").to_summary(), properties)
     return table
 
 
@@ -135,28 +141,320 @@ def order_cost(spark, keys: int, changes_count: int, repeats: int) -> dict:
             "markers_commit_s": round(best["now"] - best["now_without_deletes"], 2)}  # fmt: skip
 
 
-def read_cost(spark, state: Path, table: IcebergTable) -> dict:
-    query = "SELECT count(*), sum(balance), count(DISTINCT account) FROM {scan}"
-    started = time.monotonic()
-    duck = duckdb_connect().execute(query.format(scan=f"iceberg_scan('{table.metadata_location()}')")).fetchone()
-    duck_s = time.monotonic() - started
-    started = time.monotonic()
-    arrow = pyiceberg_catalog(state).load_table(table.identifier).scan(selected_fields=("account", "balance")).to_arrow()
-    pyiceberg_s = time.monotonic() - started
-    files = spark.sql(f"SELECT content, count(*) AS n FROM {table.full_name}.files GROUP BY content").collect()
-    return {"duckdb_s": round(duck_s, 3), "pyiceberg_s": round(pyiceberg_s, 3), "rows": int(duck[0]),
-            "pyiceberg_rows": arrow.num_rows, "files": {str(r.content): r.n for r in files}}  # fmt: skip
+PARTITIONS = 4
+ACCOUNT = {"type": "record", "name": "Account", "namespace": "bench", "fields": [
+    {"name": "account", "type": "string"}, {"name": "balance", "type": "long"}, {"name": "currency", "type": "string"},
+    {"name": "updated_at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    {"name": "note", "type": "string"}]}  # fmt: skip
+NOTE = "standing order 42; branch 0815; overdraft limit reviewed; statements monthly by post and email. " * 2
+BASE_CLOCK_MS = 1_577_836_800_000  # 2020-01-01: the base rows' positions, older than every change
 
+
+def account_key(index: int) -> bytes:
+    return f"acct-{index:09d}".encode()
+
+
+def change_batch(keys: int, changes: int, round_: int, seed: int = 17) -> list[tuple[bytes, dict | None]]:
+    """80% updates of existing keys, 10% new keys (after those of earlier rounds), 10% tombstones of existing keys;
+    shuffled, each key once."""
+    import random
+
+    rng = random.Random(seed + round_)
+    new = changes // 10
+    existing = rng.sample(range(keys), changes - new)
+    deleted = set(existing[: changes // 10])
+    now_ms = int(time.time() * 1000)
+    batch: list[tuple[bytes, dict | None]] = []
+    for index in [*existing, *range(keys + round_ * new, keys + (round_ + 1) * new)]:
+        value = None if index in deleted else {
+            "account": f"acct-{index:09d}", "balance": rng.randint(0, 10**9), "currency": rng.choice(["EUR", "USD"]),
+            "updated_at": now_ms, "note": NOTE[: 120 + index % 60]}  # fmt: skip
+        batch.append((account_key(index), value))
+    rng.shuffle(batch)
+    return batch
+
+
+def produce(bootstrap: str, registry_url: str, topic: str, records) -> int:
+    import io
+    import struct
+
+    import fastavro
+    from confluent_kafka import Producer
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    schema_id = SchemaRegistryClient({"url": registry_url}).register_schema(f"{topic}-value", Schema(json.dumps(ACCOUNT), "AVRO"))
+    parsed, header = fastavro.parse_schema(ACCOUNT), b"\x00" + struct.pack(">I", schema_id)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10_000,
+                         "compression.type": "lz4", "enable.idempotence": True,
+                         "queue.buffering.max.messages": 500_000})  # fmt: skip
+    size = 0
+    for key, value in records:
+        payload = None
+        if value is not None:
+            buffer = io.BytesIO()
+            buffer.write(header)
+            fastavro.schemaless_writer(buffer, parsed, value)
+            payload = buffer.getvalue()
+        while True:
+            try:
+                producer.produce(topic, key=key, value=payload)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+        size += len(key) + len(payload or b"")
+    assert producer.flush(120) == 0
+    return size
+
+
+def job_config(bootstrap: str, registry_url: str, tables: list[dict]) -> dict:
+    return {"sourceClusters": [{"name": "bench", "bootstrapServers": bootstrap, "schemaRegistry": {"url": registry_url}}],
+            "tables": [{"sourceCluster": "bench", "format": "avro", **t} for t in tables]}  # fmt: skip
+
+
+def run_job(state: Path, config: dict, table: str, base_keys: int = 0, profile: bool = False) -> dict:
+    """One batch of `table` in a fresh process (a new driver and Spark JVM, as a scheduled job); `base_keys`: write
+    that many base rows under the table's first checkpoint after the batch (`write_base`)."""
+    import subprocess
+    import sys
+
+    job = {"state": str(state), "config": config, "table": table, "base_keys": base_keys, "profile": profile}
+    done = subprocess.run([sys.executable, __file__, "--job", json.dumps(job)], capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"job for {table} failed ({done.returncode}): {done.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def job(spec: dict) -> None:
+    """The `--job` process: Spark's start, then one `run_table` timed with the JVM's CPU seconds."""
+    from process_stats import cpu_seconds
+
+    from icefloe.operate.runner import run_table
+    from icefloe.spec import parse_config
+
+    timings = profile_hooks() if spec.get("profile") else None
+    config = parse_config(spec["config"])
+    table = next(t for t in config.tables if config.identifier(t).endswith(spec["table"]))
+    started = time.monotonic()
+    spark = spark_session(config.catalog, Path(spec["state"]))
+    spark_start_s = time.monotonic() - started
+    jvm_pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())
+    cpu, load = cpu_seconds(jvm_pid), os.getloadavg()[0]
+    started = time.monotonic()
+    result = run_table(spark, config, table, Path(spec["state"]))
+    seconds = time.monotonic() - started
+    found = {"seconds": round(seconds, 2), "spark_start_s": round(spark_start_s, 1), "rows": result.rows_written,
+             "spark_cpu_s": round(cpu_seconds(jvm_pid) - cpu, 1), "load_1m": round(max(load, os.getloadavg()[0]), 1),
+             "read_path": result.read_path}  # fmt: skip
+    if timings is not None:
+        found["profile_s"] = {name: round(t, 2) for name, t in timings.items()}
+    if spec["base_keys"]:
+        write_base(spark, config.identifier(table), spec["base_keys"])
+    spark.stop()
+    print(json.dumps(found), flush=True)
+
+
+def profile_hooks() -> dict[str, float]:
+    """Wall seconds spent in the steps of a batch (`--profile`): each step wrapped where the batch calls it (nested
+    steps count in their callers too)."""
+    from pyspark.sql import DataFrame, SparkSession
+
+    from icefloe.materialize import batch, read_paths, upsert
+
+    timings: dict[str, float] = {}
+
+    def timed(owner, name: str, label: str | None = None, by_statement: bool = False) -> None:
+        original = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            started = time.monotonic()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                key = label or name
+                if by_statement:
+                    key = f"sql {str(args[1]).split()[0]} {str(args[1]).split()[2].split('.')[-1][:40]}"
+                timings[key] = timings.get(key, 0.0) + time.monotonic() - started
+
+        setattr(owner, name, wrapper)
+
+    timed(read_paths.JvmBatch, "rows_with_status")
+    timed(batch, "_apply_error_mode")
+    timed(batch, "positioned")
+    timed(batch, "commit_on_branch", "commit_on_branch (all of the write)")
+    timed(upsert, "_commit_delete_markers")
+    timed(upsert, "merge_batch")
+    timed(SparkSession, "sql", by_statement=True)
+    timed(DataFrame, "count", "DataFrame.count")
+    timed(DataFrame, "isEmpty", "DataFrame.isEmpty")
+    timed(DataFrame, "collect", "DataFrame.collect")
+    return timings
+
+
+def write_base(spark, identifier: str, keys: int) -> None:
+    """`keys` rows (keys 0..keys-1) appended by Spark, positioned before every change (clock 2020)."""
+    full = f"icefloe.{identifier}"
+    columns = {
+        "account": F.format_string("acct-%09d", F.col("id")), "balance": F.col("id") * 7,
+        "currency": F.lit("EUR"), "updated_at": F.timestamp_millis(F.lit(BASE_CLOCK_MS)),
+        "note": F.expr(f"substr('{NOTE}', 1, 120 + id % 60)"), "kafka_topic": F.lit("base"),
+        "kafka_partition": (F.col("id") % PARTITIONS).cast("int"), "kafka_offset": F.col("id"),
+        "kafka_timestamp": F.timestamp_millis(F.lit(BASE_CLOCK_MS)), "kafka_timestamp_type": F.lit(0),
+        "kafka_key": F.encode(F.format_string("acct-%09d", F.col("id")), "utf-8"),
+        "kafka_clock": F.timestamp_millis(F.lit(BASE_CLOCK_MS)),
+    }  # fmt: skip
+    schema = spark.table(full).schema
+    frame = spark.range(0, keys, numPartitions=max(1, keys // 1_000_000)).select(
+        *[(columns[f.name] if f.name in columns else F.lit(None)).cast(f.dataType).alias(f.name) for f in schema]
+    )
+    frame.writeTo(full).append()
+
+
+def throughput(work: Path, keys_list: list[int], changes: int, rounds: int, profile: bool = False) -> dict:
+    from icefloe_dev.kafka_broker import KafkaBroker
+    from icefloe_dev.processes import start_together
+    from icefloe_dev.schema_registry import SchemaRegistry
+
+    broker, registry = KafkaBroker(work / "kafka", heap="1g"), SchemaRegistry(work / "registry")
+    start_together(broker, registry)
+    state, cores = work / "state", os.cpu_count() or 1
+    try:
+        bootstrap, url = broker.bootstrap_servers, registry.url
+        sizes = []
+        for keys in keys_list:
+            upsert_topic, append_topic = f"upserts_{keys}", f"appends_{keys}"
+            for topic in (upsert_topic, append_topic):
+                broker.create_topic(topic, PARTITIONS)
+            config = job_config(bootstrap, url, [
+                {"topic": upsert_topic, "table": f"upsert_{keys}", "mode": "upsert"},
+                {"topic": append_topic, "table": f"append_{keys}"}])  # fmt: skip
+            # First batches (not measured): one record each creates the tables; the upsert table gets its base rows.
+            produce(bootstrap, url, upsert_topic, [(account_key(keys + 10**8), None)])
+            produce(bootstrap, url, append_topic, [(account_key(keys + 10**8), None)])
+            started = time.monotonic()
+            run_job(state, config, f"upsert_{keys}", base_keys=keys)
+            run_job(state, config, f"append_{keys}")
+            print(f"{keys:,} keys: tables ready in {time.monotonic() - started:.0f} s", flush=True)
+            runs: dict[str, list[dict]] = {"upsert": [], "append": []}
+            for round_ in range(rounds):
+                batch = change_batch(keys, changes, round_)
+                size = produce(bootstrap, url, upsert_topic, batch)
+                produce(bootstrap, url, append_topic, batch)
+                order = ("append", "upsert") if round_ % 2 else ("upsert", "append")
+                for mode in order:
+                    found = run_job(state, config, f"{mode}_{keys}", profile=profile and mode == "upsert")
+                    assert found["rows"] > 0, found
+                    runs[mode].append(found)
+                print(f"{keys:,} keys round {round_}: " + ", ".join(f"{m} {r[-1]}" for m, r in runs.items()), flush=True)
+            sizes.append({"keys": keys, "changes": changes, "mib": round(size / 2**20, 1),
+                          **{mode: summarize(found, changes, cores) for mode, found in runs.items()}})  # fmt: skip
+            sizes[-1]["ratio_upsert_to_append"] = round(sizes[-1]["upsert"]["seconds"] and
+                                                        sizes[-1]["append"]["seconds"] / sizes[-1]["upsert"]["seconds"], 3)  # fmt: skip
+    finally:
+        registry.stop()
+        broker.stop()
+    return {"cores": cores, "sizes": sizes}
+
+
+def summarize(runs: list[dict], changes: int, cores: int) -> dict:
+    import statistics
+
+    seconds = statistics.median(r["seconds"] for r in runs)
+    cpu = round(statistics.median(r["spark_cpu_s"] for r in runs), 1)
+    return {"seconds": round(seconds, 2), "seconds_all": [r["seconds"] for r in runs],
+            "changes_per_s": round(changes / seconds), "changes_per_s_per_core": round(changes / seconds / cores),
+            "spark_cpu_s": cpu, "changes_per_spark_cpu_s": round(changes / cpu) if cpu else None,
+            "spark_start_s": [r["spark_start_s"] for r in runs], "load_1m": [r["load_1m"] for r in runs],
+            "read_path": sorted({r["read_path"] for r in runs}), "rows": [r["rows"] for r in runs]}  # fmt: skip
+
+
+def render_throughput(report: dict) -> list[str]:
+    lines = [
+        f"## Throughput: one batch of {report['changes']:,} changes (80% updates, 10% new keys, 10% tombstones)",
+        "",
+        f"Each batch a fresh process as a scheduled job (Spark's start excluded, listed apart), {report['cores']} cores "
+        f"shared with other users; load average (1, 5, 15 min) at start {report['load_avg_at_start']}, at end "
+        f"{report['load_avg_at_end']}; median of {report['rounds']} rounds, upsert and append alternating. The append "
+        "table takes the same records from a topic of its own. Per core = changes/s / cores.",
+        "",
+        "| table keys | mode | seconds (median) | all | changes/s | changes/s per core | Spark CPU s | changes per Spark CPU-s | Spark start s | load (1 min) |",
+        "|---:|---|---:|---|---:|---:|---:|---:|---|---|",
+    ]
+    for size in report["sizes"]:
+        for mode in ("upsert", "append"):
+            m = size[mode]
+            lines.append(f"| {size['keys']:,} | {mode} | {m['seconds']} | {m['seconds_all']} | {m['changes_per_s']:,} | "
+                         f"{m['changes_per_s_per_core']:,} | {m['spark_cpu_s']} | {m['changes_per_spark_cpu_s']:,} | "
+                         f"{m['spark_start_s']} | {m['load_1m']} |")  # fmt: skip
+    lines += ["", "Upsert / append rate, same run: " + ", ".join(
+        f"{s['keys']:,} keys {s['ratio_upsert_to_append']}" for s in report["sizes"]) + "."]  # fmt: skip
+    if len(report["sizes"]) > 1:
+        small, large = report["sizes"][0], report["sizes"][-1]
+        lines.append(f"Cost at {large['keys']:,} keys / at {small['keys']:,} keys: "
+                     f"x{round(large['upsert']['seconds'] / small['upsert']['seconds'], 2)}.")  # fmt: skip
+    return [*lines, ""]
+
+
+def read_cost(spark, state: Path, table: IcebergTable) -> dict:
+    """Seconds of a full scan + aggregate and of a point lookup by key, with DuckDB, pyiceberg and Spark."""
+    from pyiceberg.expressions import EqualTo
+
+    query = "SELECT count(*), sum(balance), count(DISTINCT account) FROM {scan}"
+    key = "acct-123457"
+    timings: dict = {}
+
+    def timed(name: str, action):
+        started = time.monotonic()
+        found = action()
+        timings[name] = round(time.monotonic() - started, 3)
+        return found
+
+    scan = f"iceberg_scan('{table.metadata_location()}')"
+    duck = timed("duckdb_scan_s", lambda: duckdb_connect().execute(query.format(scan=scan)).fetchone())
+    timed("duckdb_lookup_s", lambda: duckdb_connect().execute(f"SELECT * FROM {scan} WHERE account = '{key}'").fetchall())
+    loaded = pyiceberg_catalog(state).load_table(table.identifier)
+    arrow = timed("pyiceberg_scan_s", lambda: loaded.scan(selected_fields=("account", "balance")).to_arrow())
+    timed("pyiceberg_lookup_s", lambda: loaded.scan(row_filter=EqualTo("account", key)).to_arrow())
+    spark_rows = timed("spark_scan_s", lambda: spark.sql(query.format(scan=table.full_name)).first())
+    timed("spark_lookup_s", lambda: spark.sql(f"SELECT * FROM {table.full_name} WHERE account = '{key}'").collect())
+    files = spark.sql(f"SELECT content, count(*) AS n FROM {table.full_name}.files GROUP BY content").collect()
+    assert int(duck[0]) == arrow.num_rows == spark_rows[0], (duck, arrow.num_rows, spark_rows)
+    return {**timings, "rows": int(duck[0]), "files": {str(r.content): r.n for r in files}}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--keys", type=int, default=1_000_000, help="N: the small table; the large one has 10N")
-    parser.add_argument("--changes", type=int, default=100_000, help="the fixed batch merged into each")
-    parser.add_argument("--batches", type=int, default=10, help="upsert batches before the read comparison")
+    parser.add_argument("--keys", type=int, default=1_000_000, help="N: the table's keys")
+    parser.add_argument("--changes", type=int, default=200_000, help="the batch of changes")
+    parser.add_argument("--rounds", type=int, default=3, help="(1): batches per table (the median counts)")
+    parser.add_argument("--large", action="store_true", help="(1): also a table of 10N keys (slow)")
+    parser.add_argument("--reads", action="store_true", help="only (2), reads after --batches upserts")
+    parser.add_argument("--batches", type=int, default=10, help="(2): upsert batches before the read comparison")
+    parser.add_argument("--format-version", type=int, default=3, help="the upserted table's formatVersion (2 or 3)")
     parser.add_argument("--cost-only", action="store_true", help="only (3), the cost of the upsert order")
     parser.add_argument("--repeats", type=int, default=2, help="(3): merges per variant (the best counts)")
+    parser.add_argument("--profile", action="store_true", help="(1): seconds per step of the upsert batches")
+    parser.add_argument("--job", help=argparse.SUPPRESS)  # the fresh process of one batch (`run_job`)
     args = parser.parse_args()
+    if args.job:
+        job(json.loads(args.job))
+        return
     work = Path(tempfile.mkdtemp(prefix="icefloe-upsert-"))
+    RESULTS.mkdir(exist_ok=True)
+    if not args.cost_only and not args.reads:
+        load = [round(x, 1) for x in os.getloadavg()]
+        try:
+            report = throughput(work, [args.keys, *([10 * args.keys] if args.large else [])], args.changes, args.rounds,
+                                args.profile)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        report.update(changes=args.changes, rounds=args.rounds, load_avg_at_start=load,
+                      load_avg_at_end=[round(x, 1) for x in os.getloadavg()])  # fmt: skip
+        (RESULTS / "upsert.json").write_text(json.dumps(report, indent=2) + "\n")
+        text = "\n".join(["# Upsert benchmark", "", *render_throughput(report)])
+        (RESULTS / "upsert.md").write_text(text)
+        print(text)
+        return
     spark = spark_session(CatalogSpec(), work)
     if args.cost_only:
         try:
@@ -164,32 +462,19 @@ def main() -> None:
         finally:
             spark.stop()
             shutil.rmtree(work, ignore_errors=True)
-        RESULTS.mkdir(exist_ok=True)
         (RESULTS / "upsert_order_cost.json").write_text(json.dumps(cost, indent=2) + "\n")
         (RESULTS / "upsert_order_cost.md").write_text(render_cost(cost, os.cpu_count()))
         print(render_cost(cost, os.cpu_count()))
         return
-    report: dict = {"keys": args.keys, "changes": args.changes, "batches": args.batches, "cores": os.cpu_count()}
+    report: dict = {"keys": args.keys, "changes": args.changes, "batches": args.batches, "cores": os.cpu_count(),
+                    "format_version": args.format_version,
+                    "load_avg_at_start": [round(x, 1) for x in os.getloadavg()]}  # fmt: skip
     try:
-        merges = []
-        for size in (args.keys, 10 * args.keys):
-            table = create(spark, f"bench.upsert_{size}")
-            rows(spark, 0, size, seed=1).drop("icefloe_tombstone").writeTo(table.full_name).append()
-            # Half the changes update existing keys, half insert new ones, 5% of them are deletes.
-            changes = rows(spark, size - args.changes // 2, args.changes, seed=2, tombstone_every=20).persist()
-            changes.count()
-            seconds = upsert(spark, table, changes, 1)
-            changes.unpersist()
-            merges.append({"table_keys": size, "changes": args.changes, "merge_s": round(seconds, 2),
-                           "changes_per_s": round(args.changes / seconds)})  # fmt: skip
-        report["merge"] = merges
-        report["merge_growth"] = round(merges[1]["merge_s"] / merges[0]["merge_s"], 2)
-
-        upserted = create(spark, "bench.after_upserts")
+        upserted = create(spark, "bench.after_upserts", args.format_version)
         rows(spark, 0, args.keys, seed=0).drop("icefloe_tombstone").writeTo(upserted.full_name).append()
         per_batch = args.changes
         for batch in range(1, args.batches + 1):
-            changes = rows(spark, (batch * per_batch) % args.keys, per_batch, seed=batch, tombstone_every=50).persist()
+            changes = rows(spark, (batch * per_batch) % args.keys, per_batch, seed=batch, tombstone_every=10).persist()
             upsert(spark, upserted, changes, batch)
             changes.unpersist()
         final = spark.table(upserted.full_name)
@@ -205,31 +490,28 @@ def main() -> None:
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "upsert.json").write_text(json.dumps(report, indent=2) + "\n")
+    report["load_avg_at_end"] = [round(x, 1) for x in os.getloadavg()]
+    name = f"upsert_reads_v{args.format_version}"
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     reads = report["reads"]
     lines = [
-        "# Upsert benchmark",
+        f"# Upsert: reads after {args.batches} upsert batches of {args.changes:,} changes on {args.keys:,} keys, "
+        f"format v{args.format_version}",
         "",
-        f"Merge of a fixed batch of {args.changes:,} changes (50% updates, 50% inserts, 5% deletes), merge-on-read, "
-        f"{report['cores']} cores:",
+        f"Full scan + aggregate, and a point lookup by key (seconds); load average at start "
+        f"{report['load_avg_at_start']}, at end {report['load_avg_at_end']} ({report['cores']} cores, shared).",
         "",
-        "| table keys | merge s | changes/s |",
-        "|---:|---:|---:|",
-        *[f"| {m['table_keys']:,} | {m['merge_s']} | {m['changes_per_s']:,} |" for m in report["merge"]],
+        "| table | rows | data/delete files | DuckDB scan | DuckDB lookup | pyiceberg scan | pyiceberg lookup | Spark scan | Spark lookup |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        *[f"| {name} | {r['rows']:,} | {r['files']} | {r['duckdb_scan_s']} | {r['duckdb_lookup_s']} | {r['pyiceberg_scan_s']} | "
+          f"{r['pyiceberg_lookup_s']} | {r['spark_scan_s']} | {r['spark_lookup_s']} |" for name, r in reads.items()],
         "",
-        f"Table 10x larger -> merge time x{report['merge_growth']}.",
-        "",
-        f"Reads after {args.batches} upsert batches of {args.changes:,} changes on {args.keys:,} keys (full scan + aggregate):",
-        "",
-        "| table | rows | data/delete files | DuckDB s | pyiceberg s |",
-        "|---|---:|---|---:|---:|",
-        *[f"| {name} | {r['rows']:,} | {r['files']} | {r['duckdb_s']} | {r['pyiceberg_s']} |" for name, r in reads.items()],
+        "After upserts / append-only, same rows: " + ", ".join(
+            f"{k[:-2]} x{round(reads['after_upserts'][k] / max(reads['append_only_same_rows'][k], 0.001), 2)}"
+            for k in reads["after_upserts"] if k.endswith("_s")) + ".",
     ]  # fmt: skip
-    (RESULTS / "upsert.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-
 
 
 def render_cost(cost: dict, cores: int | None) -> str:

@@ -383,6 +383,9 @@ class TableSpec(Model):
     mode: Literal["append", "upsert"] = "append"
     # A change-data envelope: `debezium` (README "Change data"): upsert = the mirror table, append = the changelog.
     envelope: Literal["debezium"] | None = None
+    # Iceberg's table format, at creation: 3 keeps an upsert table's deletes as deletion vectors (one per data file,
+    # reads stay fast between compactions) but needs readers of v3 (docs "Table modes"); 2 is read by every engine.
+    format_version: Literal[2, 3] = 2
     deletes: Literal["hard", "soft"] = "hard"  # soft: a mirror table keeps deleted rows, flagged (cdc_deleted)
     # What Debezium sends for a value it does not have (PostgreSQL's unchanged TOAST): the row's value is kept.
     unavailable_value_placeholder: Annotated[str, StringConstraints(min_length=1)] = DEBEZIUM_PLACEHOLDER

@@ -309,3 +309,29 @@ def test_maintenance_expires_delete_markers_older_than_their_retention(spark, br
     maintained = maintain(IcebergTable(spark, result.identifier), config.tables[0])
     assert sorted(r["account"] for r in read_pyiceberg(state_dir, markers)) == ["new"]
     assert maintained.delete_markers is not None and maintained.delete_markers.rows_expired_by_ttl == 1
+
+
+def test_deletes_are_one_deletion_vector_per_data_file_and_every_reader_reads_them(spark, broker, state_dir, topic, make_config):
+    """Issue 30: with `formatVersion: 3`, an upsert table's (and its markers') deletes are deletion vectors, at most one per data file
+    whatever the number of batches (v2's position-delete files piled up, one set per batch, until compaction); Spark,
+    pyiceberg and DuckDB read the table as the topic implies."""
+    broker.create_topic(topic, 3)
+    rng = random.Random(30)
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert", "formatVersion": 3})
+    sent: list[dict] = []
+    for batch in range(4):
+        records = changes(rng, keys=40, count=150, start_seq=batch * 150)
+        produce(broker.bootstrap_servers, topic, records)
+        sent += records
+        result = run_table(spark, config, config.tables[0], state_dir)
+    for table in (result.identifier, f"{result.identifier}_deletes"):
+        name = f"icefloe.{table}"
+        assert spark.sql(f"SHOW TBLPROPERTIES {name} ('format-version')").first().value == "3", table
+        deletes = spark.sql(f"SELECT file_format, referenced_data_file FROM {name}.delete_files").collect()
+        assert deletes and {r.file_format for r in deletes} == {"PUFFIN"}, (table, deletes)
+        assert len({r.referenced_data_file for r in deletes}) == len(deletes), f"{table}: two deletion vectors for one file"
+    expected = expected_state(sent)
+    assert table_state(read_pyiceberg(state_dir, result.identifier)) == expected
+    assert table_state(read_duckdb(result.metadata_location)) == expected
+    spark_rows = [{**r.asDict(), "kafka_key": bytes(r.kafka_key)} for r in spark.table(f"icefloe.{result.identifier}").collect()]
+    assert table_state(spark_rows) == expected

@@ -41,7 +41,7 @@ from icefloe.materialize.upsert import key_columns, merge_batch, positioned
 from icefloe.source.kafka import TRUNCATED, OffsetRange, client_config, plan_ranges, with_known_records
 from icefloe.source.spark_kafka import kafka_timestamp_overflow, source_failure
 from icefloe.spec import IcefloeConfig, TableSpec
-from icefloe.table.iceberg import IcebergTable, conformed, quoted
+from icefloe.table.iceberg import IcebergTable, conformed, format_properties, quoted
 from icefloe.table.refs import new_run_id
 
 log = logging.getLogger(__name__)
@@ -162,7 +162,11 @@ def materialize_once(
     first = Checkpoint(table.topic).to_summary()  # a first, empty checkpoint: the base of the first commit
     upsert = table.mode == "upsert"
     if iceberg.ensure(
-        table_struct(value_fields or [], upsert), table.partitions, table.maintenance.target_file_size_mb, first
+        table_struct(value_fields or [], upsert),
+        table.partitions,
+        table.maintenance.target_file_size_mb,
+        first,
+        format_properties(table.format_version),
     ):
         log.info("%s: created table", identifier)
     branches = drop_stale_branches(iceberg, table.run_timeout_seconds)

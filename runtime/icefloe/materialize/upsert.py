@@ -57,7 +57,7 @@ from icefloe.batch_columns import (
 from icefloe.commit.branch import Branch, commit_on_branch, drop_stale_branches
 from icefloe.commit.checkpoint import Checkpoint, committed_state
 from icefloe.errors import ConfigError
-from icefloe.table.iceberg import IcebergTable, quoted
+from icefloe.table.iceberg import IcebergTable, format_properties, quoted
 
 # The running max is taken per block of a partition's offsets (sorting whole partitions would run in one task each);
 # the blocks before a record contribute their maxima.
@@ -192,7 +192,12 @@ def merge_batch(
         .persist()
     )
     try:
-        markers = _commit_delete_markers(changes, branch, struct, key_columns, run_timeout_s, truncate)
+        # One pass over the reduced batch counts it and its deletes (it is kept from here on for the merges).
+        counted = changes.agg(F.count(F.lit(1)).alias("n"), F.count(F.when(F.col(TOMBSTONE), 1)).alias("deletes"))
+        total, deleting = counted.first()  # type: ignore[misc]  # an aggregate has its row
+        markers = _commit_delete_markers(
+            changes, branch, struct, key_columns, run_timeout_s, truncate, has_deletes=deleting > 0
+        )
         view = f"icefloe_changes_{branch.name}"
         changes.createOrReplaceTempView(view)
         # soft deletes: a delete of a key the table lacks (inserted and deleted in one batch) is a flagged row too
@@ -236,7 +241,7 @@ def merge_batch(
             )
             branch.wrote()
         spark.catalog.dropTempView(view)
-        return changes.count()
+        return total
     finally:
         changes.unpersist()
 
@@ -449,9 +454,11 @@ def _commit_delete_markers(
     key_columns: list[str],
     run_timeout_s: float,
     truncate: tuple | None = None,
+    has_deletes: bool = True,
 ) -> str | None:
     """Record the batch's deletes (key and position) in `<table>_deletes`, each key's marker moving only forward;
-    returns that table's name, or None while the table has none (never had a delete).
+    returns that table's name, or None while the table has none (never had a delete). `has_deletes`: `changes`
+    holds a delete (the caller counted them).
 
     This commit comes before the main table's publish, and a crash between the two is harmless: the rerun reads the
     same records from the same checkpoint, so they get the same positions and merging their markers again changes
@@ -478,11 +485,13 @@ def _commit_delete_markers(
             F.lit(offset).cast("long").alias("kafka_offset"),
         )
         deletes = deletes.unionByName(marker)
-    if deletes.isEmpty():
+    if not has_deletes and truncate is None:
         return markers.full_name if markers.exists() else None
     topic, marks = branch.checkpoint.topic, branch.checkpoint.offsets
     marker_struct = T.StructType([*[f for f in struct.fields if f.name in key_columns], *position_fields])
-    markers.ensure(marker_struct, (), 128, Checkpoint(topic).to_summary())
+    # The markers are merged like the table: the same format (deletion vectors at v3).
+    version = format_properties(table.format_version())
+    markers.ensure(marker_struct, (), 128, Checkpoint(topic).to_summary(), version)
     markers.evolve(marker_struct)
     drop_stale_branches(markers, run_timeout_s)
     state = committed_state(markers, topic)  # type: ignore[arg-type]  # a batch's checkpoint names its topic

@@ -49,6 +49,14 @@ DEFAULT_PROPERTIES = {
 }
 
 
+def format_properties(version: int) -> dict[str, str]:
+    """A table's format version at creation (`formatVersion`). At 3 a row-level MERGE (upsert) writes deletion vectors,
+    one per data file that a write merges with the file's earlier one, so deletes never pile up in front of readers as
+    v2's position-delete files do (bench/results/upsert.md); Spark (Iceberg >= 1.8), pyiceberg >= 0.10 and DuckDB >= 1.4
+    read them."""
+    return {"format-version": str(version)}
+
+
 # Table loads from the catalog by kind (`exists`, `java`, `schema`): each reads the table's current metadata file.
 # Counted for the per-batch cost (tests/operate/test_continuous.py, bench/continuous_cost.py); Spark's own loads for a
 # write or a SQL statement are not counted here.
@@ -99,23 +107,31 @@ class IcebergTable:
             self.spark._jsparkSession, self.full_name
         )
 
+    def format_version(self) -> int:
+        return int(self.java().operations().current().formatVersion())
+
     def ensure(
         self,
         struct: T.StructType,
         partitions: tuple[PartitionField, ...],
         target_file_size_mb: int,
         first_summary: Mapping[str, str],
+        properties: Mapping[str, str] | None = None,
     ) -> bool:
         """Create the table (and its database) on first use, with a first, empty snapshot whose summary carries
         `first_summary`; True if it was created now. A table created by a run that died before that first snapshot
-        gets it now."""
+        gets it now. `properties`: over `DEFAULT_PROPERTIES`, at creation only."""
         if self.exists():
             if self.main_snapshot_id() is None:
                 self._first_snapshot(first_summary)
             return False
         self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.`{self.database}`")
         jvm_type = jvm_gateway(self.spark).org.apache.spark.sql.types.DataType.fromJson(struct.json())
-        properties = DEFAULT_PROPERTIES | {"write.target-file-size-bytes": str(target_file_size_mb * 1024 * 1024)}
+        properties = (
+            DEFAULT_PROPERTIES
+            | {"write.target-file-size-bytes": str(target_file_size_mb * 1024 * 1024)}
+            | dict(properties or {})
+        )
         props = ", ".join(f"'{k}'='{v}'" for k, v in properties.items())
         partitioned = f"PARTITIONED BY ({', '.join(p.spark_ddl() for p in partitions)})" if partitions else ""
         self.spark.sql(
