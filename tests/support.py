@@ -198,18 +198,17 @@ def stop_at(run: WatchedRun, marker: str) -> None:
         run.stopped = True
 
 
-def race_to_publish(commands: list[list[str]], env: dict, hold: Callable[[], None]) -> list[str]:
-    """Two (or more) runs stopped as each logs "publishing branch", `hold()` (the catalog's server then holds their
-    commits and lets them through together), continued; returns their logs once all exited 0."""
-    runs = [WatchedRun(command, env) for command in commands]
+def race(stops: list[tuple[WatchedRun, str]], hold: Callable[[], None]) -> list[str]:
+    """Runs each stopped as it logs its marker, `hold()` (the catalog's server then holds their commits and lets
+    them through together), continued; returns their logs once all exited 0."""
+    runs = [run for run, _ in stops]
     try:
-        stoppers = [threading.Thread(target=stop_at, args=(run, "publishing branch")) for run in runs]
+        stoppers = [threading.Thread(target=stop_at, args=stop) for stop in stops]
         for stopper in stoppers:
             stopper.start()
         for stopper in stoppers:
             stopper.join(600)
         assert all(run.stopped for run in runs), [run.lines[-5:] for run in runs]
-        assert not any(run.seen("published branch") for run in runs), "a run published before the other got there"
         hold()
         for run in runs:
             run.process.send_signal(signal.SIGCONT)
@@ -222,6 +221,17 @@ def race_to_publish(commands: list[list[str]], env: dict, hold: Callable[[], Non
     logs = ["".join(run.lines) for run in runs]
     assert codes == [0] * len(runs), [log[-3000:] for log in logs]
     return logs
+
+
+def race_to_publish(commands: list[list[str]], env: dict, hold: Callable[[], None]) -> list[str]:
+    """Two (or more) runs stopped as each logs "publishing branch", their commits held and let through together."""
+    runs = [WatchedRun(command, env) for command in commands]
+
+    def all_there() -> None:
+        assert not any(run.seen("published branch") for run in runs), "a run published before the other got there"
+        hold()
+
+    return race([(run, "publishing branch") for run in runs], all_there)
 
 
 def ancestry(table) -> set[int]:

@@ -11,10 +11,8 @@ import json
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
-import threading
 from functools import partial
 from pathlib import Path
 
@@ -25,7 +23,7 @@ import test_materialize as orders
 from icefloe.errors import ConfigError
 from icefloe.spec import CatalogSpec, parse_config
 from icefloe.table.catalog import CATALOG, spark_catalog_conf
-from support import WatchedRun, ancestry, avro_serializer, by_position, produce, race_to_publish, stop_at
+from support import WatchedRun, ancestry, avro_serializer, by_position, produce, race, race_to_publish
 
 ICEFLOE = [sys.executable, "-m", "icefloe.cli"]
 PREFIX = f"spark.sql.catalog.{CATALOG}"
@@ -320,29 +318,12 @@ def test_an_upsert_deleting_from_files_maintenance_compacts_at_once_on_glue(brok
     maintain_command = [*ICEFLOE, "maintain", "--json", "--state-dir", str(state), "--config", str(config)]
     # exec: the signals reach the Python process itself; its JSON report goes to a file (WatchedRun drops stdout)
     maintain = WatchedRun(["sh", "-c", f'exec "$@" > {report_path}', "sh", *maintain_command], env)
-    processes = [run, maintain]
-    try:
-        stoppers = [
-            threading.Thread(target=stop_at, args=(process, marker))
-            for process, marker in ((run, "publishing branch"), (maintain, "maintenance claimed"))
-        ]
-        for stopper in stoppers:
-            stopper.start()
-        for stopper in stoppers:
-            stopper.join(600)
-        assert run.stopped and maintain.stopped, [p.lines[-5:] for p in processes]
+
+    def both_there() -> None:
         assert not maintain.seen("compaction"), "maintenance went on past its claim before it was stopped"
         moto_aws.gate_updates(identifier, 2)
-        for process in processes:
-            process.process.send_signal(signal.SIGCONT)
-        codes = [process.process.wait(timeout=600) for process in processes]
-    finally:
-        for process in processes:
-            if process.process.poll() is None:
-                process.process.send_signal(signal.SIGCONT)
-                process.process.kill()
-    logs = ["".join(process.lines) for process in processes]
-    assert codes == [0, 0], [log[-3000:] for log in logs]
+
+    logs = race([(run, "publishing branch"), (maintain, "maintenance claimed")], both_there)
     assert held_updates(moto_aws, identifier)[0] == "2 requests held, released together"
     report = json.loads(report_path.read_text().strip().splitlines()[-1])
     compaction_lost = "compaction" in report["lost_races"] or report["compaction_failed_files"] > 0
