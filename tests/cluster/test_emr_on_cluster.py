@@ -35,8 +35,7 @@ from test_poison import JSON_SCHEMA, good_json, json_poisons, lay_out
 from test_upsert import SCHEMA as ACCOUNT_SCHEMA
 from test_upsert import changes, expected_state, table_state
 
-# One xdist worker runs the module (`--dist loadgroup`): its cluster is one module-scoped fixture.
-pytestmark = [pytest.mark.cluster, pytest.mark.broker, pytest.mark.bundle, pytest.mark.xdist_group("cluster")]
+pytestmark = [pytest.mark.cluster, pytest.mark.broker, pytest.mark.bundle]
 
 EMR_PYTHON = "/usr/bin/python3.11"  # EmrSpec's default `python`: here the system's, without this project's packages
 DATABASE = "local"  # the source cluster's name

@@ -45,8 +45,7 @@ from icefloe_dev.cdc_workload import (
 from icefloe_dev.kafka_connect import CONVERTERS, KafkaConnect, debezium_postgres
 from support import read_duckdb, read_pyiceberg
 
-# One xdist worker runs the whole module (with `--dist loadgroup`): its platform is one module-scoped fixture.
-pytestmark = [pytest.mark.cdc, pytest.mark.broker, pytest.mark.xdist_group("cdc")]
+pytestmark = [pytest.mark.cdc, pytest.mark.broker]
 log = logging.getLogger(__name__)
 SEED = int(os.environ.get("ICEFLOE_CDC_SEED", "29"))
 PARTITIONS = 3
