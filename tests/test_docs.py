@@ -55,10 +55,10 @@ def test_ci_runs_the_readme_commands():
     commands = [line for block in fenced(README, "bash") for line in block.splitlines() if line.startswith("./")]
     assert commands == [
         "./scripts/setup.sh && .venv/bin/icefloe demo",
-        "./scripts/setup.sh && .venv/bin/python -m pytest",
+        "./scripts/setup.sh && .venv/bin/python -m pytest -n 2 --dist loadfile",
     ]
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert "./scripts/setup.sh" in ci and ".venv/bin/python -m pytest" in ci
+    assert "./scripts/setup.sh" in ci and commands[1].split(" && ")[1] in ci
 
 
 def keys(model: type[BaseModel]) -> set[str]:

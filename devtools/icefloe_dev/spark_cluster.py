@@ -272,7 +272,10 @@ class DeployedStack:
             self.local_paths[f"s3://{bucket}/{key}"] = download(s3, f"s3://{bucket}/{key}", self.root / "artifacts")
         for database in program.of_type("aws:glue/catalogDatabase:CatalogDatabase"):
             inputs = database.inputs
-            glue.create_database(DatabaseInput={"Name": inputs["name"], "LocationUri": inputs["locationUri"]})
+            try:
+                glue.create_database(DatabaseInput={"Name": inputs["name"], "LocationUri": inputs["locationUri"]})
+            except glue.exceptions.AlreadyExistsException:  # the session's moto server: another module made it
+                pass
         self.requests: dict[str, dict] = {}
         for schedule in program.of_type("aws:scheduler/schedule:Schedule"):
             request = json.loads(schedule.inputs["target"]["input"])

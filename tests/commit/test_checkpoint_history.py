@@ -113,10 +113,12 @@ def test_maintenance_carries_the_checkpoint_and_a_batch_committing_meanwhile_nev
     from icefloe.commit.checkpoint import CARRIED_KEY, OFFSETS_KEY, committed_state
 
     broker.create_topic(topic, 2)
-    produce(broker.bootstrap_servers, topic, records(0, 10))
     config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "maintenance": {"enabled": False}})
     table_spec = config.tables[0]
-    first = materialize_once(spark, config, table_spec)
+    # Two batches: compaction (after which maintenance carries the checkpoint) leaves the files of one batch alone.
+    for start, count in ((0, 6), (6, 4)):
+        produce(broker.bootstrap_servers, topic, records(start, count))
+        first = materialize_once(spark, config, table_spec)
     table = IcebergTable(spark, first.identifier)
     produce(broker.bootstrap_servers, topic, records(10, 6))
     original = commit_state.append_with_properties
