@@ -89,8 +89,3 @@ def guarded(parsed: Any) -> Any:
         named.setdefault(SENTINEL, _SENTINEL_TYPE)
         parsed[_GUARDED] = True
     return parsed
-
-
-def unpadded(text: str) -> str:
-    """An error text of fastavro's that quotes a guarded union, without the sentinels."""
-    return text.replace(f", '{SENTINEL}'", "")

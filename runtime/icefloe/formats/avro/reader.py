@@ -1,8 +1,9 @@
-"""The Avro decoders of the Python path, on one fastavro reader (`schemaless`): fastavro's gaps registered and the
-schemas guarded (`fastavro_gaps`), a union branch index out of range raised as itself, and any other failure on
-corrupt input a `BadRecord` whose text the caller's error policy writes (`withheld`, or `quoted` where the decoder's
-messages have always carried fastavro's text). The decoders: Confluent wire format with an inline schema, through a
-Confluent-compatible registry (confluent-kafka's deserializer, on the same guarded schemas), and AWS Glue payloads.
+"""The Avro decoders of the Python path, on one fastavro reader (`schemaless`) and one error policy: fastavro's gaps
+registered and the schemas guarded (`fastavro_gaps`), a union branch index out of range raised as itself, and any
+other failure on corrupt input a `BadRecord` naming what failed and the exception's type only (`withheld`: fastavro's
+text may quote the payload, e.g. the bytes that are not UTF-8). The decoders: Confluent wire format with an inline
+schema, through a Confluent-compatible registry (confluent-kafka's deserializer, which resolves the writer schema by
+its id and its references, on the same guarded schemas), and AWS Glue payloads.
 """
 
 from __future__ import annotations
@@ -26,11 +27,6 @@ ErrorPolicy = Callable[[Exception], str]
 def withheld(what: str) -> ErrorPolicy:
     """`what` and the exception's type only: fastavro's text may quote data."""
     return lambda error: f"{what} ({type(error).__name__})"
-
-
-def quoted(what: str) -> ErrorPolicy:
-    """`what`, the exception's type and fastavro's text (without the guard's sentinels)."""
-    return lambda error: f"{what}: {type(error).__name__}: {fastavro_gaps.unpadded(str(error))}"
 
 
 def parsed(schema_str: str) -> Any:
@@ -95,6 +91,7 @@ def registry_avro_decoder(spec: DecoderSpec, reader_schema: str | None, key: boo
             return fastavro_gaps.guarded(super()._get_parsed_schema(schema))
 
     fastavro_gaps.register()
+    undecodable = withheld("Avro payload cannot be decoded")
     client = SchemaRegistryClient(registry_client_conf(spec.registry))
     deserializer = GuardedAvroDeserializer(client, schema_str=reader_schema, return_record_name=names)
     context = SerializationContext(spec.topic, MessageField.KEY if key else MessageField.VALUE)
@@ -107,7 +104,7 @@ def registry_avro_decoder(spec: DecoderSpec, reader_schema: str | None, key: boo
         except BadRecord:
             raise
         except ValueError as error:  # fastavro's own, on corrupt input
-            raise BadRecord(f"Avro payload cannot be decoded: ValueError: {error}") from None
+            raise BadRecord(undecodable(error)) from None
 
     return registry_checked(spec, avro, "Avro", opaque=True)
 
@@ -119,5 +116,5 @@ def glue_payload(writer: str, reader: str | None, message_type: str | None = Non
     writer_schema, reader_schema = parsed(writer), parsed(reader)
     names = needs_record_names(reader)
     rewrite = rewriter(reader, names) or (lambda value: value)
-    read = schemaless(writer_schema, reader_schema, names, quoted("Avro payload cannot be decoded"))
+    read = schemaless(writer_schema, reader_schema, names, withheld("Avro payload cannot be decoded"))
     return lambda payload: rewrite(read(io.BytesIO(payload)))
