@@ -489,9 +489,12 @@ def _commit_delete_markers(
         return markers.full_name if markers.exists() else None
     topic, marks = branch.checkpoint.topic, branch.checkpoint.offsets
     marker_struct = T.StructType([*[f for f in struct.fields if f.name in key_columns], *position_fields])
+
     # The markers are merged like the table: the same format (deletion vectors at v3).
-    version = format_properties(table.format_version())
-    markers.ensure(marker_struct, (), 128, Checkpoint(topic).to_summary(), version)
+    def table_format() -> dict[str, str]:  # loads the table: called only when the markers are created
+        return format_properties(table.format_version())
+
+    markers.ensure(marker_struct, (), 128, Checkpoint(topic).to_summary(), table_format)
     markers.evolve(marker_struct)
     drop_stale_branches(markers, run_timeout_s)
     state = committed_state(markers, topic)  # type: ignore[arg-type]  # a batch's checkpoint names its topic

@@ -116,11 +116,12 @@ class IcebergTable:
         partitions: tuple[PartitionField, ...],
         target_file_size_mb: int,
         first_summary: Mapping[str, str],
-        properties: Mapping[str, str] | None = None,
+        properties: Mapping[str, str] | Callable[[], Mapping[str, str]] | None = None,
     ) -> bool:
         """Create the table (and its database) on first use, with a first, empty snapshot whose summary carries
         `first_summary`; True if it was created now. A table created by a run that died before that first snapshot
-        gets it now. `properties`: over `DEFAULT_PROPERTIES`, at creation only."""
+        gets it now. `properties`: over `DEFAULT_PROPERTIES`, at creation only (a callable is called then only: what
+        costs a catalog call is not paid by every batch)."""
         if self.exists():
             if self.main_snapshot_id() is None:
                 self._first_snapshot(first_summary)
@@ -130,7 +131,7 @@ class IcebergTable:
         properties = (
             DEFAULT_PROPERTIES
             | {"write.target-file-size-bytes": str(target_file_size_mb * 1024 * 1024)}
-            | dict(properties or {})
+            | dict((properties() if callable(properties) else properties) or {})
         )
         props = ", ".join(f"'{k}'='{v}'" for k, v in properties.items())
         partitioned = f"PARTITIONED BY ({', '.join(p.spark_ddl() for p in partitions)})" if partitions else ""
