@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import io
 import json
 import os
 import platform
 import random
 import shutil
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -38,11 +36,9 @@ import uuid
 from decimal import Decimal
 from pathlib import Path
 
-import fastavro
 import iceberg_sink
 import yaml
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from process_stats import cpu_seconds, status_kib, tree_rss_kib
 
 from icefloe.operate.runner import run_table
@@ -54,6 +50,7 @@ from icefloe.table.iceberg import DEFAULT_PROPERTIES
 from icefloe_dev import stock_trades
 from icefloe_dev.kafka_broker import KafkaBroker
 from icefloe_dev.processes import start_together
+from icefloe_dev.producer import produce_avro_quickly
 from icefloe_dev.schema_registry import SchemaRegistry
 
 RESULTS = Path(__file__).parent / "results"
@@ -116,31 +113,6 @@ def orders(count: int, seed: int = 11):
 
 
 SHAPES = {"trades": (TRADES, trades), "orders": (ORDERS, orders)}
-
-
-def produce(bootstrap: str, registry_url: str, topic: str, schema: dict, records) -> tuple[int, int]:
-    """Serialize with fastavro (Confluent framing, the id registered under the topic's subject); (records, bytes)."""
-    schema_id = SchemaRegistryClient({"url": registry_url}).register_schema(f"{topic}-value", Schema(json.dumps(schema), "AVRO"))
-    parsed, header = fastavro.parse_schema(schema), b"\x00" + struct.pack(">I", schema_id)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10_000,
-                         "compression.type": "lz4", "enable.idempotence": True,
-                         "queue.buffering.max.messages": 500_000})  # fmt: skip
-    count = size = 0
-    for key, value in records:
-        buffer = io.BytesIO()
-        buffer.write(header)
-        fastavro.schemaless_writer(buffer, parsed, value)
-        payload = buffer.getvalue()
-        while True:
-            try:
-                producer.produce(topic, key=key, value=payload)
-                break
-            except BufferError:
-                producer.poll(0.1)
-        producer.poll(0)
-        count, size = count + 1, size + len(key) + len(payload)
-    assert producer.flush(120) == 0
-    return count, size
 
 
 def consume_all(bootstrap: str, topic: str) -> tuple[int, int]:
@@ -264,7 +236,7 @@ def bench_shape(spark, state: Path, shape: str, records: int, rounds: int, broke
     topic = f"bench_{shape}"
     broker.create_topic(topic, PARTITIONS)
     started = time.monotonic()
-    count, size = produce(broker.bootstrap_servers, registry.url, topic, schema, generate(records))
+    count, size = produce_avro_quickly(broker.bootstrap_servers, registry.url, topic, schema, generate(records))
     produce_s = time.monotonic() - started
     print(f"{shape}: produced {count:,} records, {size / count:.0f} B each, in {produce_s:.0f} s", flush=True)
 
@@ -452,7 +424,7 @@ def bench_fresh(work: Path, shape: str, count: int, size: int, rounds: int, brok
 def bench_memory(spark, state: Path, records: int, broker, registry, stage: Stage, peaks, jvm_pid: int) -> dict:
     topic = "bench_memory"
     broker.create_topic(topic, PARTITIONS)
-    count, size = produce(broker.bootstrap_servers, registry.url, topic, TRADES, trades(records, seed=3))
+    count, size = produce_avro_quickly(broker.bootstrap_servers, registry.url, topic, TRADES, trades(records, seed=3))
     config = table_config(broker.bootstrap_servers, registry.url, topic, "memory", records)
     sampler = RssSampler(jvm_pid)
     sampler.start()
@@ -509,11 +481,11 @@ def bench_one_for_python(spark, state: Path, records: int, broker, registry, sta
     record going through Python. Compared with the clean trades batches of the same size (`bench_shape`)."""
     topic = "bench_one_for_python"
     broker.create_topic(topic, PARTITIONS)
-    first, first_size = produce(broker.bootstrap_servers, registry.url, topic, TRADES, trades(records // 2, seed=5))
+    first, first_size = produce_avro_quickly(broker.bootstrap_servers, registry.url, topic, TRADES, trades(records // 2, seed=5))
     producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
     producer.produce(topic, value=b"not Avro in Confluent framing", partition=0)
     assert producer.flush(30) == 0
-    second, second_size = produce(broker.bootstrap_servers, registry.url, topic, TRADES, trades(records - records // 2, seed=6))
+    second, second_size = produce_avro_quickly(broker.bootstrap_servers, registry.url, topic, TRADES, trades(records - records // 2, seed=6))
     timed = []
     for run in range(runs + 1):  # run 0 warms this path up: reported apart
         config = table_config(broker.bootstrap_servers, registry.url, topic, f"one_for_python_{run}", records + 1, "skip")
@@ -571,7 +543,7 @@ def main() -> None:
                     topic = f"bench_{shape}"
                     broker.create_topic(topic, PARTITIONS)
                     schema, generate = SHAPES[shape]
-                    count, size = produce(broker.bootstrap_servers, registry.url, topic, schema, generate(records))
+                    count, size = produce_avro_quickly(broker.bootstrap_servers, registry.url, topic, schema, generate(records))
                     shapes.append({"shape": shape, "records": count, "avg_record_bytes": round(size / count, 1),
                                    "mib": round(size / 2**20, 1), "bytes": size, "stages": []})  # fmt: skip
                 else:

@@ -40,6 +40,7 @@ from icefloe.session import spark_session
 from icefloe.spec import CatalogSpec, TableSpec
 from icefloe.table.iceberg import IcebergTable, format_properties
 from icefloe.table.refs import new_run_id
+from icefloe_dev.producer import produce_avro_quickly
 from icefloe_dev.readers import duckdb_connect, pyiceberg_catalog
 
 RESULTS = Path(__file__).parent / "results"
@@ -175,36 +176,8 @@ def change_batch(keys: int, changes: int, round_: int, seed: int = 17) -> list[t
 
 
 def produce(bootstrap: str, registry_url: str, topic: str, records) -> int:
-    import io
-    import struct
-
-    import fastavro
-    from confluent_kafka import Producer
-    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-
-    schema_id = SchemaRegistryClient({"url": registry_url}).register_schema(f"{topic}-value", Schema(json.dumps(ACCOUNT), "AVRO"))
-    parsed, header = fastavro.parse_schema(ACCOUNT), b"\x00" + struct.pack(">I", schema_id)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10_000,
-                         "compression.type": "lz4", "enable.idempotence": True,
-                         "queue.buffering.max.messages": 500_000})  # fmt: skip
-    size = 0
-    for key, value in records:
-        payload = None
-        if value is not None:
-            buffer = io.BytesIO()
-            buffer.write(header)
-            fastavro.schemaless_writer(buffer, parsed, value)
-            payload = buffer.getvalue()
-        while True:
-            try:
-                producer.produce(topic, key=key, value=payload)
-                break
-            except BufferError:
-                producer.poll(0.1)
-        producer.poll(0)
-        size += len(key) + len(payload or b"")
-    assert producer.flush(120) == 0
-    return size
+    """Key and value bytes of `records` produced to `topic` (ACCOUNT values, None: a tombstone)."""
+    return produce_avro_quickly(bootstrap, registry_url, topic, ACCOUNT, records)[1]
 
 
 def job_config(bootstrap: str, registry_url: str, tables: list[dict]) -> dict:

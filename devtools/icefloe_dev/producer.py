@@ -105,3 +105,51 @@ def produce_avro(
     if failures:
         raise RuntimeError(f"{len(failures)} records were not delivered to {topic}: {failures[0]}")
     return delivered
+
+
+def produce_avro_quickly(
+    bootstrap: str, registry_url: str, topic: str, schema: dict, records: Iterable[tuple[bytes, dict | None]]
+) -> tuple[int, int]:
+    """Benchmarks' producer: (key bytes, value) pairs, a None value a tombstone, serialized with fastavro in Confluent
+    framing (the schema registered under the topic's subject) and sent in large lz4 batches: several times the rate
+    of `produce_avro`, so producing a benchmark's topic stays short. Returns (records, key and value bytes)."""
+    import io
+    import json
+    import struct
+
+    import fastavro
+    from confluent_kafka.schema_registry import Schema
+
+    registered = SchemaRegistryClient({"url": registry_url}).register_schema(
+        f"{topic}-value", Schema(json.dumps(schema), "AVRO")
+    )
+    parsed, header = fastavro.parse_schema(schema), b"\x00" + struct.pack(">I", registered)
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "batch.num.messages": 10_000,
+            "compression.type": "lz4",
+            "enable.idempotence": True,
+            "queue.buffering.max.messages": 500_000,
+        }
+    )
+    count = size = 0
+    for key, value in records:
+        payload = None
+        if value is not None:
+            buffer = io.BytesIO()
+            buffer.write(header)
+            fastavro.schemaless_writer(buffer, parsed, value)
+            payload = buffer.getvalue()
+        while True:
+            try:
+                producer.produce(topic, key=key, value=payload)
+                break
+            except BufferError:  # local queue full: let deliveries drain
+                producer.poll(0.1)
+        producer.poll(0)
+        count, size = count + 1, size + len(key) + len(payload or b"")
+    if producer.flush(120) != 0:
+        raise RuntimeError(f"records were not delivered to {topic} within 120 s")
+    return count, size
