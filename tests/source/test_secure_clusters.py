@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from icefloe import cli
-from icefloe.errors import ConfigError, SourceAuthError, SourceError
+from icefloe.errors import ConfigError, SourceAuthError, SourceError, is_transient
 from icefloe.operate.runner import run_table
 from icefloe.source.kafka import client_config, close_admin_clients, list_partitions
 from icefloe.source.spark_kafka import kafka_options, read_ranges, source_failure, unencrypted_key
@@ -209,31 +209,53 @@ def test_unknown_ca_says_certificate_verify_failed(secured, pki, monkeypatch):
                 "certificate verify failed")  # fmt: skip
 
 
-def test_a_refused_client_certificate_says_so(secured, pki, monkeypatch, tmp_path):
-    """A client certificate from a CA the broker does not trust: the broker closes the connection, which librdkafka
-    reports only as a transport error; the failure quotes its cause ("bad certificate") and ends at the timeout."""
-    stranger = pki["other_ca"].client("stranger")
+@pytest.mark.parametrize("refused", ["other-ca", "expired"])
+def test_a_refused_client_certificate_says_so(secured, pki, monkeypatch, refused):
+    """A client certificate the broker does not accept (from a CA it does not trust, or expired): the broker ends the
+    handshake with an alert, which librdkafka reports as a transport error (as any broken connection) and retries
+    for ever. The alert in its text makes it an authentication failure naming the cluster, not retried, and raised
+    before the metadata timeout (a `SourceError` would be that timeout's)."""
+    stranger = pki["other_ca"].client("stranger") if refused == "other-ca" else pki["ca"].client("old", expired=True)
     _secret_env(monkeypatch, pki, "mtls")
     monkeypatch.setenv("SEC_CERT", stranger.certificate_text)
     monkeypatch.setenv("SEC_KEY", stranger.key_text)
     conf = client_config(parse_config({"sourceClusters": [_cluster(secured, "mtls")]}).source_clusters[0])
-    with pytest.raises(SourceError, match="bad certificate") as raised:
+    with pytest.raises(SourceAuthError, match="sourceCluster secured: the broker refused the client certificate") as raised:
         list_partitions(conf, "any")
-    assert _body(stranger.key_text) not in str(raised.value)
+    assert not is_transient(raised.value)
+    assert _body(stranger.key_text) not in str(raised.value) and _body(stranger.certificate_text) not in str(raised.value)
+
+
+def test_an_outage_of_a_tls_broker_stays_transient(pki, monkeypatch):
+    """Nothing listening where the mutual-TLS cluster should be: an outage, not a refusal, so it is retried."""
+    from icefloe_dev.processes import free_port
+
+    class Gone:
+        sasl_ssl_servers = ssl_servers = f"127.0.0.1:{free_port()}"
+
+    _secret_env(monkeypatch, pki, "mtls")
+    conf = client_config(parse_config({"sourceClusters": [_cluster(Gone, "mtls")]}).source_clusters[0])
+    with pytest.raises(SourceError) as raised:
+        list_partitions(conf, "any")
+    assert not isinstance(raised.value, SourceAuthError) and is_transient(raised.value)
 
 
 @pytest.mark.spark
 def test_java_client_failures_are_classified(spark, secured, pki, monkeypatch):
-    """Spark's Kafka source with a wrong password and with an untrusted CA: not retried, the cluster named."""
+    """Spark's Kafka source with a wrong password, an untrusted CA and a client certificate the broker refuses: not
+    retried, the cluster named."""
     from icefloe.source.kafka import OffsetRange
 
     secured.create_topic("secure_java_failures", 1)
-    for auth, env, value, message in [
-        ("scram", "SEC_PASSWORD", "not-the-password", "authentication failed"),
-        ("mtls", "SEC_CA", pki["other_ca"].certificate.read_text(), "TLS handshake failed"),
+    stranger = pki["other_ca"].client("java-stranger")
+    for auth, env, message in [
+        ("scram", {"SEC_PASSWORD": "not-the-password"}, "authentication failed"),
+        ("mtls", {"SEC_CA": pki["other_ca"].certificate.read_text()}, "TLS handshake failed"),
+        ("mtls", {"SEC_CERT": stranger.certificate_text, "SEC_KEY": stranger.key_text}, "TLS handshake failed"),
     ]:
         _secret_env(monkeypatch, pki, auth)
-        monkeypatch.setenv(env, value)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
         conf = client_config(parse_config({"sourceClusters": [_cluster(secured, auth)]}).source_clusters[0])
         with pytest.raises(Exception) as raised:
             read_ranges(spark, conf, [OffsetRange("secure_java_failures", 0, 0, 1)]).count()
