@@ -335,3 +335,43 @@ def test_registry_tls_material_goes_to_private_local_files(pki, monkeypatch):
         assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
     assert not any("BEGIN" in str(value) for value in conf.values())
     assert registry_client_conf(registry_config(registry, "c"))["ssl.key.location"] == conf["ssl.key.location"]
+
+
+def test_no_secret_in_sparks_event_log(secured, pki, state_dir, monkeypatch, tmp_path):
+    """Spark's event log (EMR Serverless writes one for every job) holds the session's settings, every SQL
+    execution's plans and each job's properties: `icefloe run` over mutual TLS with the PBES2 key and over SCRAM, both
+    read paths (raw: Spark's Kafka source; JSON: executors' librdkafka), writes none of the password, key or
+    certificate into it. A subprocess: the event log is set when a SparkContext starts (the session's is running)."""
+    import os
+    import subprocess
+    import sys
+
+    _secret_env(monkeypatch, pki, "mtls-pbes2")  # both clusters' secrets: SCRAM's user and password, the PBES2 key
+    topic = "secure_event_log"
+    secured.create_topic(topic, 1)
+    produce(secured.bootstrap_servers, topic, [{"value": json.dumps({"id": i, "name": f"n{i}"}).encode()} for i in range(3)])
+    clusters, tables = [], []
+    for auth in ("mtls-pbes2", "scram"):
+        name = f"secured_{auth.replace('-', '_')}"
+        clusters.append({**_cluster(secured, auth), "name": name})
+        tables += [{"sourceCluster": name, "topic": topic, "table": f"eventlog_{name}_raw", "format": "raw"},
+                   {"sourceCluster": name, "topic": topic, "table": f"eventlog_{name}_json", "format": "json",
+                    "schema": SCHEMA}]  # fmt: skip
+    path = tmp_path / "Pulumi.eventlog.yaml"
+    path.write_text(yaml.safe_dump({"config": {"icefloe:sourceClusters": clusters, "icefloe:tables": tables}}))
+    events = tmp_path / "spark-events"
+    events.mkdir()
+    env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[2]", "PYSPARK_SUBMIT_ARGS": (
+        f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir=file://{events} pyspark-shell")}  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "icefloe.cli", "run", "--config", str(path), "--once", "--json",
+                           "--state-dir", str(state_dir)], env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["read_path"] for r in results) == ["jvm", "jvm", "python", "python"], done.stdout
+    logged = "\n".join(p.read_text(errors="replace") for p in events.rglob("*") if p.is_file())
+    # The log holds what a leak would be in: the settings, the Kafka reads' plans, the Python path's plan.
+    for part in ("SparkListenerEnvironmentUpdate", "SparkListenerSQLExecutionStart", "KafkaRelation", "PythonMapInArrow"):
+        assert part in logged, part
+    for secret in _secrets(pki):
+        assert secret not in logged, f"a secret ({secret[:6]}...) is in Spark's event log"
+        assert secret not in done.stdout + done.stderr, f"a secret ({secret[:6]}...) is in the run's output"
