@@ -2,7 +2,9 @@
 
 `PrivateCa(directory)` writes `ca.pem`/`ca.key`; `server(name)` a broker certificate for 127.0.0.1 and localhost;
 `client(name, password=...)` a client certificate whose key is unencrypted, or encrypted as openssl 3 writes it by
-default (PKCS#8 with PBES2/AES-256), or as PBES1 (`legacy=True`). Each is a `Pem` of file paths and their text.
+default (PKCS#8 with PBES2/AES-256), or as PBES1 (`legacy=True`); `expired=True` one whose validity ended yesterday
+(openssl 3.0's `x509` cannot date a certificate in the past: `cryptography` signs that one). Each is a `Pem` of file
+paths and their text.
 """
 
 from __future__ import annotations
@@ -68,14 +70,40 @@ class PrivateCa:
                  "-CAcreateserial", "-days", DAYS, "-extfile", str(ext), "-out", str(cert), cwd=self.directory)  # fmt: skip
         return Pem(cert, key)
 
+    def _backdate(self, certificate: Path) -> None:
+        import datetime
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+
+        issued = x509.load_pem_x509_certificate(certificate.read_bytes())
+        ca = x509.load_pem_x509_certificate(self.pem.certificate.read_bytes())
+        ca_key = serialization.load_pem_private_key(self.pem.key.read_bytes(), None)
+        now = datetime.datetime.now(datetime.UTC)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(issued.subject)
+            .issuer_name(ca.subject)
+            .public_key(issued.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=3))
+            .not_valid_after(now - datetime.timedelta(days=1))
+        )
+        for extension in issued.extensions:
+            builder = builder.add_extension(extension.value, extension.critical)
+        signed = builder.sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]  # the CA's key is RSA
+        certificate.write_bytes(signed.public_bytes(serialization.Encoding.PEM))
+
     def server(self, name: str = "broker") -> Pem:
         """A server certificate for 127.0.0.1 and localhost (the names clients check)."""
         return self._signed(name, "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
 
-    def client(self, name: str, password: str | None = None, legacy: bool = False) -> Pem:
+    def client(self, name: str, password: str | None = None, legacy: bool = False, expired: bool = False) -> Pem:
         """A client certificate; with `password` its key is encrypted (PBES2 as openssl 3 writes it, or PBES1 with
-        `legacy`)."""
+        `legacy`); `expired`: valid from three days ago until yesterday."""
         pem = self._signed(name, "extendedKeyUsage=clientAuth\n")
+        if expired:
+            self._backdate(pem.certificate)
         if password is None:
             return pem
         encrypted = self.directory / f"{name}.enc.key"

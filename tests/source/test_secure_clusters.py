@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from icefloe import cli
-from icefloe.errors import ConfigError, SourceAuthError, SourceError
+from icefloe.errors import ConfigError, SourceAuthError, SourceError, is_transient
 from icefloe.operate.runner import run_table
 from icefloe.source.kafka import client_config, close_admin_clients, list_partitions
 from icefloe.source.spark_kafka import kafka_options, read_ranges, source_failure, unencrypted_key
@@ -209,31 +209,53 @@ def test_unknown_ca_says_certificate_verify_failed(secured, pki, monkeypatch):
                 "certificate verify failed")  # fmt: skip
 
 
-def test_a_refused_client_certificate_says_so(secured, pki, monkeypatch, tmp_path):
-    """A client certificate from a CA the broker does not trust: the broker closes the connection, which librdkafka
-    reports only as a transport error; the failure quotes its cause ("bad certificate") and ends at the timeout."""
-    stranger = pki["other_ca"].client("stranger")
+@pytest.mark.parametrize("refused", ["other-ca", "expired"])
+def test_a_refused_client_certificate_says_so(secured, pki, monkeypatch, refused):
+    """A client certificate the broker does not accept (from a CA it does not trust, or expired): the broker ends the
+    handshake with an alert, which librdkafka reports as a transport error (as any broken connection) and retries
+    for ever. The alert in its text makes it an authentication failure naming the cluster, not retried, and raised
+    before the metadata timeout (a `SourceError` would be that timeout's)."""
+    stranger = pki["other_ca"].client("stranger") if refused == "other-ca" else pki["ca"].client("old", expired=True)
     _secret_env(monkeypatch, pki, "mtls")
     monkeypatch.setenv("SEC_CERT", stranger.certificate_text)
     monkeypatch.setenv("SEC_KEY", stranger.key_text)
     conf = client_config(parse_config({"sourceClusters": [_cluster(secured, "mtls")]}).source_clusters[0])
-    with pytest.raises(SourceError, match="bad certificate") as raised:
+    with pytest.raises(SourceAuthError, match="sourceCluster secured: the broker refused the client certificate") as raised:
         list_partitions(conf, "any")
-    assert _body(stranger.key_text) not in str(raised.value)
+    assert not is_transient(raised.value)
+    assert _body(stranger.key_text) not in str(raised.value) and _body(stranger.certificate_text) not in str(raised.value)
+
+
+def test_an_outage_of_a_tls_broker_stays_transient(pki, monkeypatch):
+    """Nothing listening where the mutual-TLS cluster should be: an outage, not a refusal, so it is retried."""
+    from icefloe_dev.processes import free_port
+
+    class Gone:
+        sasl_ssl_servers = ssl_servers = f"127.0.0.1:{free_port()}"
+
+    _secret_env(monkeypatch, pki, "mtls")
+    conf = client_config(parse_config({"sourceClusters": [_cluster(Gone, "mtls")]}).source_clusters[0])
+    with pytest.raises(SourceError) as raised:
+        list_partitions(conf, "any")
+    assert not isinstance(raised.value, SourceAuthError) and is_transient(raised.value)
 
 
 @pytest.mark.spark
 def test_java_client_failures_are_classified(spark, secured, pki, monkeypatch):
-    """Spark's Kafka source with a wrong password and with an untrusted CA: not retried, the cluster named."""
+    """Spark's Kafka source with a wrong password, an untrusted CA and a client certificate the broker refuses: not
+    retried, the cluster named."""
     from icefloe.source.kafka import OffsetRange
 
     secured.create_topic("secure_java_failures", 1)
-    for auth, env, value, message in [
-        ("scram", "SEC_PASSWORD", "not-the-password", "authentication failed"),
-        ("mtls", "SEC_CA", pki["other_ca"].certificate.read_text(), "TLS handshake failed"),
+    stranger = pki["other_ca"].client("java-stranger")
+    for auth, env, message in [
+        ("scram", {"SEC_PASSWORD": "not-the-password"}, "authentication failed"),
+        ("mtls", {"SEC_CA": pki["other_ca"].certificate.read_text()}, "TLS handshake failed"),
+        ("mtls", {"SEC_CERT": stranger.certificate_text, "SEC_KEY": stranger.key_text}, "TLS handshake failed"),
     ]:
         _secret_env(monkeypatch, pki, auth)
-        monkeypatch.setenv(env, value)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
         conf = client_config(parse_config({"sourceClusters": [_cluster(secured, auth)]}).source_clusters[0])
         with pytest.raises(Exception) as raised:
             read_ranges(spark, conf, [OffsetRange("secure_java_failures", 0, 0, 1)]).count()
@@ -313,3 +335,43 @@ def test_registry_tls_material_goes_to_private_local_files(pki, monkeypatch):
         assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
     assert not any("BEGIN" in str(value) for value in conf.values())
     assert registry_client_conf(registry_config(registry, "c"))["ssl.key.location"] == conf["ssl.key.location"]
+
+
+def test_no_secret_in_sparks_event_log(secured, pki, state_dir, monkeypatch, tmp_path):
+    """Spark's event log (EMR Serverless writes one for every job) holds the session's settings, every SQL
+    execution's plans and each job's properties: `icefloe run` over mutual TLS with the PBES2 key and over SCRAM, both
+    read paths (raw: Spark's Kafka source; JSON: executors' librdkafka), writes none of the password, key or
+    certificate into it. A subprocess: the event log is set when a SparkContext starts (the session's is running)."""
+    import os
+    import subprocess
+    import sys
+
+    _secret_env(monkeypatch, pki, "mtls-pbes2")  # both clusters' secrets: SCRAM's user and password, the PBES2 key
+    topic = "secure_event_log"
+    secured.create_topic(topic, 1)
+    produce(secured.bootstrap_servers, topic, [{"value": json.dumps({"id": i, "name": f"n{i}"}).encode()} for i in range(3)])
+    clusters, tables = [], []
+    for auth in ("mtls-pbes2", "scram"):
+        name = f"secured_{auth.replace('-', '_')}"
+        clusters.append({**_cluster(secured, auth), "name": name})
+        tables += [{"sourceCluster": name, "topic": topic, "table": f"eventlog_{name}_raw", "format": "raw"},
+                   {"sourceCluster": name, "topic": topic, "table": f"eventlog_{name}_json", "format": "json",
+                    "schema": SCHEMA}]  # fmt: skip
+    path = tmp_path / "Pulumi.eventlog.yaml"
+    path.write_text(yaml.safe_dump({"config": {"icefloe:sourceClusters": clusters, "icefloe:tables": tables}}))
+    events = tmp_path / "spark-events"
+    events.mkdir()
+    env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[2]", "PYSPARK_SUBMIT_ARGS": (
+        f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir=file://{events} pyspark-shell")}  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "icefloe.cli", "run", "--config", str(path), "--once", "--json",
+                           "--state-dir", str(state_dir)], env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["read_path"] for r in results) == ["jvm", "jvm", "python", "python"], done.stdout
+    logged = "\n".join(p.read_text(errors="replace") for p in events.rglob("*") if p.is_file())
+    # The log holds what a leak would be in: the settings, the Kafka reads' plans, the Python path's plan.
+    for part in ("SparkListenerEnvironmentUpdate", "SparkListenerSQLExecutionStart", "KafkaRelation", "PythonMapInArrow"):
+        assert part in logged, part
+    for secret in _secrets(pki):
+        assert secret not in logged, f"a secret ({secret[:6]}...) is in Spark's event log"
+        assert secret not in done.stdout + done.stderr, f"a secret ({secret[:6]}...) is in the run's output"

@@ -115,6 +115,9 @@ def registry_checked(spec: DecoderSpec, decode: Decoder, what: str | None = None
     def classified(error: Exception, schema_id: int | None) -> Exception:
         if isinstance(error, BadRecord):
             return error
+        refused = confluent.refusal(spec.registry["url"], error)
+        if refused is not None:  # on an executor too: not retried (python_tasks marks it so for the driver)
+            return refused
         if isinstance(error, SchemaRegistryError):
             if unknown_id(error):
                 return BadRecord(

@@ -1,7 +1,9 @@
 """A Confluent-compatible schema registry (Confluent's, Apicurio's ccompat API): the client's settings (credentials,
 TLS material as private files), subjects (TopicNameStrategy), the latest Avro schema, the window of a subject's
-newest versions (cached per process), and its failures as icefloe's: a missing subject is a config error, anything
-else the environment's (`SourceError`), the HTTP libraries' exceptions by their types (`transport_errors`).
+newest versions (cached per process), and its failures as icefloe's: a missing subject is a config error; a refusal
+(HTTP 401/403, a certificate that does not verify, a handshake the registry refuses) an authentication failure
+(`SourceAuthError`, not retried: `refusal`); anything else the environment's (`SourceError`), the HTTP libraries'
+exceptions by their types (`transport_errors`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from icefloe.credentials import resolve_credentials, resolve_tls
-from icefloe.errors import ConfigError, IcefloeError, SourceError
+from icefloe.errors import ConfigError, IcefloeError, SourceAuthError, SourceError
 from icefloe.spec import SchemaRegistrySpec
 
 
@@ -130,9 +132,40 @@ def registry_errors(conf: dict[str, str], subject: str) -> Iterator[None]:
     except SchemaRegistryError as error:
         if error.http_status_code == 404:
             raise ConfigError(f"no schema registered under subject {subject!r} at {conf['url']}") from None
-        raise SourceError(f"schema registry {conf['url']}: {error}") from None
+        raise refusal(conf["url"], error) or SourceError(f"schema registry {conf['url']}: {error}") from None
     except Exception as error:  # connection failures surface as the HTTP library's own types
-        raise SourceError(f"schema registry {conf['url']} unreachable: {error}") from None
+        raise refusal(conf["url"], error) or SourceError(
+            f"schema registry {conf['url']} unreachable: {error}"
+        ) from None
+
+
+def refusal(url: str, error: BaseException) -> SourceAuthError | None:
+    """The registry's refusal of icefloe's credentials or TLS, as an authentication failure naming it (retrying gives
+    the same answer), else None: HTTP 401/403, a registry certificate that does not verify against the CA icefloe
+    trusts (`tls.caCertificate`, else the system's), a handshake the registry ends with an alert (a client certificate
+    it does not accept, with TLS 1.2; with TLS 1.3 it only closes the connection, which reads as any lost connection).
+    Found in the HTTP library's cause chain (the ssl module's own exceptions); their text holds no secret."""
+    import ssl
+
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    if isinstance(error, SchemaRegistryError) and error.http_status_code in (401, 403):
+        what = "authentication failed" if error.http_status_code == 401 else "access denied"
+        return SourceAuthError(
+            f"schema registry {url}: {what} (HTTP {error.http_status_code}; check its credentialsSecret)"
+        )
+    seen: BaseException | None = error
+    for _ in range(10):  # the HTTP library's error, its transport's, the ssl module's
+        if seen is None:
+            break
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return SourceAuthError(
+                f"schema registry {url}: certificate verify failed ({seen.verify_message}; check its tls.caCertificate)"
+            )
+        if isinstance(seen, ssl.SSLError) and "ALERT" in str(seen.reason or ""):
+            return SourceAuthError(f"schema registry {url}: TLS handshake refused by the registry ({seen.reason})")
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def transport_errors() -> tuple[type[BaseException], ...]:

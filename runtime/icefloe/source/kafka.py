@@ -56,9 +56,10 @@ class RefusedConnection:
     librdkafka retries these for ever and tells only this callback why (its calls just time out with a generic
     transport error), so the callback turns them into a failure, classified by error code: `_AUTHENTICATION` (a
     wrong password or user) and `_SSL` (the server's certificate does not verify). A broker that refuses the client's
-    certificate only closes the connection (`_TRANSPORT`, as any broken connection), so that is not raised here but
-    kept as `last_transport_error`, quoted when the call then fails. Picklable (a plain class): executors' clients
-    get their own."""
+    certificate ends the handshake with a TLS alert, which librdkafka reports as `_TRANSPORT` (as any broken
+    connection) but quotes: a certificate alert received (`REFUSED_CERTIFICATE_ALERTS`) is that refusal; any other
+    transport error (an outage) is kept as `last_transport_error`, quoted when the call then fails, and retried.
+    Picklable (a plain class): executors' clients get their own."""
 
     def __init__(self, cluster: str):
         self.cluster = cluster
@@ -71,7 +72,20 @@ class RefusedConnection:
         if code == KafkaError._SSL:
             raise SourceAuthError(f"sourceCluster {self.cluster}: TLS handshake failed: {error.str()}")
         if code == KafkaError._TRANSPORT:
+            alert = _ALERT.search(error.str())
+            if alert is not None and int(alert.group(1)) in REFUSED_CERTIFICATE_ALERTS:
+                raise SourceAuthError(
+                    f"sourceCluster {self.cluster}: the broker refused the client certificate (tls.clientCertificate: "
+                    f"signed by a CA the broker trusts? still valid?): {error.str()}"
+                )
             self.last_transport_error = error.str()
+
+
+# TLS alerts (RFC 8446 6.2) a server sends when it does not accept the client's certificate: bad_certificate,
+# unsupported_certificate, certificate_revoked, certificate_expired, certificate_unknown, unknown_ca, access_denied,
+# certificate_required. OpenSSL's text for a received one ends "SSL alert number N" (librdkafka quotes it).
+REFUSED_CERTIFICATE_ALERTS = {42, 43, 44, 45, 46, 48, 49, 116}
+_ALERT = re.compile(r"SSL alert number (\d+)")
 
 
 def client_config(cluster: SourceCluster) -> dict:
@@ -182,7 +196,7 @@ def _unreachable(conf: dict[str, str], error: KafkaException) -> SourceError:
     _forget_admin(conf)  # a client of an unreachable cluster would go on reconnecting (and logging) for ever
     seen = [c.last_transport_error for c in callbacks if isinstance(c, RefusedConnection) and c.last_transport_error]
     last = seen[0] if seen else None
-    # A broker that refuses the client certificate closes the connection: librdkafka's last word says so.
+    # librdkafka's last word on the connection says why (refused, reset, a TLS alert that is not a refusal).
     cause = f" (last connection error: {last})" if last else ""
     return SourceError(f"cannot reach Kafka at {conf['bootstrap.servers']}: {error.args[0].str()}{cause}")
 
