@@ -53,10 +53,11 @@ def pytest_configure(config) -> None:
     # One crash seed for the whole run (support.crash_seed), also under pytest-xdist: its workers import support.py
     # each on their own, and inherit this environment from the controller that starts them.
     os.environ.setdefault("ICEFLOE_CRASH_SEED", str(int(time.time())))
-    # Every Spark driver JVM of the run (the session's, and each `icefloe run` or spark-submit a test starts: they
-    # inherit this environment) compiles with C1 only and collects with the serial collector. A test's driver lives
-    # seconds to minutes on small data, where C2's compilations and G1's threads cost more CPU than they save: about
-    # half the CPU time of a short Iceberg job here, on 2 cores shared by two workers. What Spark computes is unchanged.
+    # Every Spark driver JVM of the run (the session's, and each `icefloe run` a test starts: they inherit this
+    # environment; the cluster tests' jobs leave Spark settings out, as deployed) compiles with C1 only and collects
+    # with the serial collector. A test's driver lives seconds to minutes on small data, where C2's compilations and
+    # G1's threads cost more CPU than they save: about half the CPU time of a short Iceberg job here, on 2 cores shared
+    # by two workers. What Spark computes is unchanged.
     os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
     # pytest-xdist's loadfile would hand out the modules with the most tests first (its default --loadscope-reorder):
     # the long modules, which have few tests, came last, and one worker ran them alone for many minutes. Collection
