@@ -22,11 +22,48 @@ from icefloe.spec import CatalogSpec, IcefloeConfig, parse_config
 # `secured`: tests/source/test_secure_clusters.py's own broker (TLS, SASL).
 PROCESS_FIXTURES = {"_services", "broker", "registry", "spark", "moto_aws", "secured"}
 
+# The modules that take minutes (runs in their own processes, a platform of their own), longest first, from the
+# `--durations` of full runs. `-n 2 --dist loadfile` hands out whole modules in collection order (see
+# pytest_configure): these start first, and the short modules after them fill in, so both workers end together
+# instead of one running a long module alone at the end.
+LONG_MODULES = (
+    "tests/table/test_glue_catalog.py",
+    "tests/operate/test_cli.py",
+    "tests/cluster/test_emr_on_cluster.py",
+    "tests/operate/test_continuous.py",
+    "tests/materialize/test_upsert.py",
+    "tests/formats/test_cdc_postgres.py",
+    "tests/materialize/test_materialize.py",
+    "tests/table/test_rest_catalog.py",
+    "tests/materialize/test_poison.py",
+    "tests/source/test_kafka_semantics.py",
+    "tests/formats/test_glue_protobuf.py",
+    "tests/registries/test_glue_registry.py",
+    "tests/formats/test_cdc_envelope.py",
+    "tests/commit/test_concurrent_runs.py",
+    "tests/table/test_schema_evolution.py",
+    "tests/operate/test_maintenance_overlap.py",
+    "tests/source/test_secure_clusters.py",
+    "tests/operate/test_status.py",
+    "tests/infra/test_infra_bundle.py",
+)
+
 
 def pytest_configure(config) -> None:
     # One crash seed for the whole run (support.crash_seed), also under pytest-xdist: its workers import support.py
     # each on their own, and inherit this environment from the controller that starts them.
     os.environ.setdefault("ICEFLOE_CRASH_SEED", str(int(time.time())))
+    # Every Spark driver JVM of the run (the session's, and each `icefloe run` a test starts: they inherit this
+    # environment; the cluster tests' jobs leave Spark settings out, as deployed) compiles with C1 only and collects
+    # with the serial collector. A test's driver lives seconds to minutes on small data, where C2's compilations and
+    # G1's threads cost more CPU than they save: about half the CPU time of a short Iceberg job here, on 2 cores shared
+    # by two workers. What Spark computes is unchanged.
+    os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+    # pytest-xdist's loadfile would hand out the modules with the most tests first (its default --loadscope-reorder):
+    # the long modules, which have few tests, came last, and one worker ran them alone for many minutes. Collection
+    # order instead, which pytest_collection_modifyitems starts with LONG_MODULES.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_finish(session) -> None:
@@ -43,6 +80,10 @@ def pytest_collection_modifyitems(config, items) -> None:
         uses = set(getattr(item, "fixturenames", ()))
         if not uses & PROCESS_FIXTURES and not any(item.get_closest_marker(name) for name in ("process", "bundle")):
             item.add_marker(pytest.mark.unit)
+    # The long modules first, longest first (a stable sort: every other module, and each module's tests, keep their
+    # order). Every worker collects the same order, as xdist requires.
+    rank = {module: i for i, module in enumerate(LONG_MODULES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
 @pytest.fixture(scope="session")

@@ -182,7 +182,10 @@ class KafkaBroker(JvmService):
         libs = lib_dir("kafka")
         config = self.state_dir / "server.properties"
         log4j = self.state_dir / "log4j2.properties"
-        base = [java(), f"-Dlog4j2.configurationFile={log4j}", "-cp", f"{libs}/*"]
+        # As Kafka Connect's worker: C1 only and the serial collector start a test's broker in about half the CPU
+        # time (the optimizing compiler's threads would compete with Spark on a 2-core machine for little gain).
+        base = [java(), "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", f"-Dlog4j2.configurationFile={log4j}"]
+        base += ["-cp", f"{libs}/*"]
         if self.port is None:
             if self.security is None:
                 self.port, self.controller_port = free_ports(2)

@@ -94,6 +94,8 @@ class SchemaRegistry(JvmService):
         return [
             java(),
             f"-Xmx{self.heap}",
+            "-XX:+UseSerialGC",  # as the broker's: a start-up in about half the CPU time
+            "-XX:TieredStopAtLevel=1",
             "-Dquarkus.http.host=127.0.0.1",
             *(self._tls_options() if self.tls else [f"-Dquarkus.http.port={self.port}"]),
             "-Dquarkus.log.level=WARN",

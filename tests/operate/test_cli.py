@@ -11,6 +11,7 @@ import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
+from itertools import islice
 from pathlib import Path
 
 import pytest
@@ -104,8 +105,18 @@ def test_two_overlapping_writers_one_killed_at_random_is_exactly_once(broker, re
     # A victim may end on its own before its kill point: it lost a catalog commit race, or the local catalog's SQLite
     # answered SQLITE_BUSY through all of the run's retries (seen on this 2-core machine in full-suite runs).
     attempts = 3 * trials + 3
-    records = batch * (2 * attempts + 1)  # an attempt commits at most two batches: the rerun always has one left
-    path = trades_stack(tmp_path / "Pulumi.crash2.yaml", broker, registry, topic, records, max_records=batch)
+    # The trades are produced as the attempts need them, not all up front for every attempt there may be (most runs
+    # of the suite make one): an attempt commits at most two batches, so two more before each one, and one more for
+    # the rerun after them (it always has one left).
+    trades = stock_trades.trades(batch * (2 * attempts + 1))
+    path = trades_stack(tmp_path / "Pulumi.crash2.yaml", broker, registry, topic, 0, max_records=batch)
+    records = 0
+
+    def produce_batches(count: int) -> None:
+        nonlocal records
+        records += produce_avro(broker.bootstrap_servers, registry.url, topic, stock_trades.SCHEMA,
+                                islice(trades, count * batch))  # fmt: skip
+
     env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[1]"}
     arguments = ["run", "--once", "--json", "--state-dir", str(state_dir)]
     seed = crash_seed()
@@ -114,6 +125,7 @@ def test_two_overlapping_writers_one_killed_at_random_is_exactly_once(broker, re
     for attempt in range(attempts):
         if kills == trials:
             break
+        produce_batches(2)
         first = WatchedRun([*UNLOCKED, *arguments, "--config", str(path)], env)
         time.sleep(rng.uniform(0.0, 3.0))  # the second writer starts while the first plans, reads or commits
         second = WatchedRun([*UNLOCKED, *arguments, "--config", str(path)], env)
@@ -124,6 +136,7 @@ def test_two_overlapping_writers_one_killed_at_random_is_exactly_once(broker, re
         victim.process.wait(timeout=120)
         assert survivor.process.wait(timeout=600) in (0, 1), f"attempt {attempt} (seed {seed}): the surviving writer crashed"
     assert kills == trials, f"seed {seed}: {kills} of {trials} victims still running when killed; the test did not test a crash"
+    produce_batches(1)
     run_to_the_end([*ICEFLOE, *arguments, "--config", str(catch_up_stack(path))], env)
     assert_exactly_once(state_dir, f"local.{topic}", records)
 
