@@ -3,7 +3,8 @@
 The settings are checked as rendered for Spark and pyiceberg (secrets only at run time, never in job parameters);
 then the real `icefloe run --once` writes through the server in its own process, and pyiceberg's REST catalog reads
 the table back. Two runs race to publish through a proxy that holds both commits until both have arrived; a commit
-answered with a server error after the server applied it is resolved by reading the table back.
+answered with a server error after the server applied it is resolved by reading the table back. A second server keeps
+its warehouse on `s3://` on the moto server and vends its S3 credentials to a run that has none.
 """
 
 from __future__ import annotations
