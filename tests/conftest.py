@@ -151,7 +151,7 @@ def spark(request, _local_spark):
     jvm_session = jvm.org.apache.spark.sql.SparkSession
     jvm_session.setActiveSession(session._jsparkSession)
     jvm_session.setDefaultSession(session._jsparkSession)
-    if kind == "glue":  # the JVM started before the moto server: its AWS SDK takes the credentials as system properties
+    if kind == "glue":  # the JVM started before the moto server: its AWS SDK takes credentials as system properties
         from icefloe_dev.moto_server import ACCESS_KEY_ID, SECRET_ACCESS_KEY
 
         jvm.java.lang.System.setProperty("aws.accessKeyId", ACCESS_KEY_ID)
@@ -184,8 +184,9 @@ def catalog(request, monkeypatch) -> dict | None:
         from icefloe_dev.readers import duckdb_over_s3_copy
 
         moto = request.getfixturevalue("moto_aws")
-        bucket = block["warehouse"].removeprefix("s3://").split("/")[0]
-        monkeypatch.setattr(support, "pyiceberg_catalog", lambda _state_dir: moto.pyiceberg_catalog(warehouse=block["warehouse"]))
+        warehouse = block["warehouse"]
+        bucket = warehouse.removeprefix("s3://").split("/")[0]
+        monkeypatch.setattr(support, "pyiceberg_catalog", lambda _: moto.pyiceberg_catalog(warehouse=warehouse))
         # DuckDB has no S3 client here: it reads copies of the bucket's objects, taken when it is asked
         monkeypatch.setattr(support, "duckdb_connect", lambda: duckdb_over_s3_copy(moto.client("s3"), bucket))
         for key, value in moto.aws_env().items():
