@@ -128,56 +128,111 @@ def rest_catalog_server(state_dir):
         yield server
 
 
-@pytest.fixture(scope="session")
-def _rest_spark(_local_spark, rest_catalog_server):
-    """A session of the same local Spark whose `icefloe` catalog is the REST server: catalogs are per session."""
+def _catalog_session(local_spark, catalog: dict):
+    """A session of the same local Spark whose `icefloe` catalog is `catalog` (a stack file's `icefloe:catalog`):
+    catalogs are per session."""
     from icefloe.table.catalog import CATALOG, spark_catalog_conf
 
-    session = _local_spark.newSession()
+    session = local_spark.newSession()
     prefix = f"spark.sql.catalog.{CATALOG}"
     for key in [k for k, _ in session.sparkContext.getConf().getAll() if k.startswith(prefix + ".")]:
         session.conf.unset(key)  # the JDBC catalog's settings
-    for key, value in spark_catalog_conf(CatalogSpec.model_validate(rest_catalog_server.catalog())).items():
+    for key, value in spark_catalog_conf(CatalogSpec.model_validate(catalog)).items():
         if key.startswith(prefix):
             session.conf.set(key, value)
     return session
 
 
+@pytest.fixture(scope="session")
+def _rest_spark(_local_spark, rest_catalog_server):
+    return _catalog_session(_local_spark, rest_catalog_server.catalog())
+
+
+@pytest.fixture(scope="session")
+def glue_on_moto(moto_aws) -> dict:
+    """A Glue catalog on the session's moto server, its warehouse in a bucket of its own: the `icefloe:catalog`
+    block of `support.ANY_CATALOG`'s "glue"."""
+    bucket = "icefloe-any-catalog"
+    moto_aws.client("s3").create_bucket(Bucket=bucket)
+    return {"type": "glue", "warehouse": f"s3://{bucket}/warehouse", "endpoints": moto_aws.catalog_endpoints()}
+
+
+@pytest.fixture(scope="session")
+def _glue_spark(_local_spark, glue_on_moto):
+    return _catalog_session(_local_spark, glue_on_moto)
+
+
 def catalog_kind(request) -> str:
-    """The catalog a test runs against: "rest" when parametrized so (`support.ANY_CATALOG`), else "local"."""
+    """The catalog a test runs against: "glue" or "rest" when parametrized so (`support.ANY_CATALOG`), else "local"."""
     callspec = getattr(request.node, "callspec", None)
     return callspec.params.get("catalog", "local") if callspec else "local"
 
 
+def catalog_block(request) -> dict | None:
+    """The test's `icefloe:catalog` block: None for the local default."""
+    kind = catalog_kind(request)
+    if kind == "rest":
+        return request.getfixturevalue("rest_catalog_server").catalog()
+    if kind == "glue":
+        return request.getfixturevalue("glue_on_moto")
+    return None
+
+
 @pytest.fixture
 def spark(request, _local_spark):
-    """The local SparkSession; for a test parametrized with catalog "rest", a session writing through the REST server,
-    made the JVM's active and default session for the test (Iceberg's actions and procedures use the active one)."""
-    if catalog_kind(request) != "rest":
+    """The local SparkSession; for a test parametrized with catalog "glue" or "rest", a session writing through that
+    catalog, made the JVM's active and default session for the test (Iceberg's actions and procedures use the active
+    one)."""
+    kind = catalog_kind(request)
+    if kind == "local":
         yield _local_spark
         return
-    session = request.getfixturevalue("_rest_spark")
-    jvm_session = session._jvm.org.apache.spark.sql.SparkSession
+    session = request.getfixturevalue(f"_{kind}_spark")
+    jvm = session._jvm
+    jvm_session = jvm.org.apache.spark.sql.SparkSession
     jvm_session.setActiveSession(session._jsparkSession)
     jvm_session.setDefaultSession(session._jsparkSession)
+    if kind == "glue":  # the JVM started before the moto server: its AWS SDK takes credentials as system properties
+        from icefloe_dev.moto_server import ACCESS_KEY_ID, SECRET_ACCESS_KEY
+
+        jvm.java.lang.System.setProperty("aws.accessKeyId", ACCESS_KEY_ID)
+        jvm.java.lang.System.setProperty("aws.secretAccessKey", SECRET_ACCESS_KEY)
     try:
         yield session
     finally:
+        if kind == "glue":
+            jvm.java.lang.System.clearProperty("aws.accessKeyId")
+            jvm.java.lang.System.clearProperty("aws.secretAccessKey")
         jvm_session.setActiveSession(_local_spark._jsparkSession)
         jvm_session.setDefaultSession(_local_spark._jsparkSession)
 
 
 @pytest.fixture
 def catalog(request, monkeypatch) -> dict | None:
-    """The test's `icefloe:catalog` block (None: the local default). With "rest", `support.read_pyiceberg` reads
-    through the REST server too, so a test's assertions read back from where it wrote."""
-    if getattr(request, "param", "local") != "rest":
+    """The test's `icefloe:catalog` block (None: the local default). With "glue" or "rest", `support.read_pyiceberg`
+    and `support.read_duckdb` read from that catalog too, so a test's assertions read back from where it wrote; with
+    "glue", a process the test starts (`icefloe run`) has the moto server's credentials in its environment."""
+    kind = getattr(request, "param", "local")
+    if kind == "local":
         return None
     import support
 
-    server = request.getfixturevalue("rest_catalog_server")
-    monkeypatch.setattr(support, "pyiceberg_catalog", lambda _state_dir: server.pyiceberg_catalog())
-    return server.catalog()
+    block = catalog_block(request)
+    if kind == "rest":
+        server = request.getfixturevalue("rest_catalog_server")
+        monkeypatch.setattr(support, "pyiceberg_catalog", lambda _state_dir: server.pyiceberg_catalog())
+    else:
+        from icefloe_dev.readers import duckdb_over_s3_copy
+
+        moto = request.getfixturevalue("moto_aws")
+        warehouse = block["warehouse"]
+        bucket = warehouse.removeprefix("s3://").split("/")[0]
+        monkeypatch.setattr(support, "pyiceberg_catalog", lambda _: moto.pyiceberg_catalog(warehouse=warehouse))
+        # DuckDB has no S3 client here: it reads copies of the bucket's objects, taken when it is asked
+        monkeypatch.setattr(support, "duckdb_connect", lambda: duckdb_over_s3_copy(moto.client("s3"), bucket))
+        for key, value in moto.aws_env().items():
+            monkeypatch.setenv(key, value)
+    return block
 
 
 @pytest.fixture
@@ -191,8 +246,6 @@ def topic(request, broker) -> str:
 
 @pytest.fixture
 def make_config(request, broker, registry):
-    rest = catalog_kind(request) == "rest"
-
     def build(*tables: dict, registry_url: str | None = None, bootstrap: str | None = None) -> IcefloeConfig:
         cluster = {
             "name": "local",
@@ -200,8 +253,9 @@ def make_config(request, broker, registry):
             "schemaRegistry": {"url": registry_url or registry.url},
         }
         raw = {"sourceClusters": [cluster], "tables": [{"sourceCluster": "local", **t} for t in tables]}
-        if rest:
-            raw["catalog"] = request.getfixturevalue("rest_catalog_server").catalog()
+        block = catalog_block(request)
+        if block is not None:
+            raw["catalog"] = block
         return parse_config(raw)
 
     return build

@@ -23,9 +23,14 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from icefloe_dev.protos import compile_protos, message_class  # noqa: F401 (re-exported for tests)
 from icefloe_dev.readers import duckdb_connect, pyiceberg_catalog
 
-# Runs a test against the local JDBC catalog and against Iceberg's REST catalog server: the test takes `catalog` (its
-# `icefloe:catalog` block, None locally); `spark`, `make_config` and `read_pyiceberg` follow it (tests/conftest.py).
-ANY_CATALOG = pytest.mark.parametrize("catalog", ["local", pytest.param("rest", marks=pytest.mark.rest)], indirect=True)
+# Runs a test against the local JDBC catalog, Glue on the session's moto server and Iceberg's REST catalog server: the
+# test takes `catalog` (its `icefloe:catalog` block, None locally); `spark`, `make_config`, `read_pyiceberg` and
+# `read_duckdb` follow it (tests/conftest.py).
+ANY_CATALOG = pytest.mark.parametrize(
+    "catalog",
+    ["local", pytest.param("glue", marks=pytest.mark.glue), pytest.param("rest", marks=pytest.mark.rest)],
+    indirect=True,
+)
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[dict[str, Any]]) -> list[tuple[int, int]]:

@@ -32,16 +32,28 @@ COMMIT_PATH = re.compile(r"/v1/(?:.+/)?namespaces/([^/]+)/tables/([^/?]+)$")
 
 class RestCatalogServer(LocalService):
     """One Iceberg REST catalog server on a free port. `warehouse`: `file:` under the state directory by default;
-    an `s3://` warehouse needs `s3` (a moto server: its endpoint and credentials for the server's S3FileIO)."""
+    an `s3://` warehouse needs `s3` (a moto server: its endpoint and credentials for the server's S3FileIO).
+
+    `vend_credentials`: the server hands its S3 credentials to clients in every table it loads (the `config` of
+    LoadTableResponse, as `s3.access-key-id`...): the fixture's `include-credentials`. It vends them whatever the
+    request's `X-Iceberg-Access-Delegation` says (the fixture reads no such header), as static keys, not the
+    short-lived, table-scoped ones a vendor's server gives."""
 
     name = "rest-catalog"
 
     def __init__(
-        self, state_dir: Path, warehouse: str | None = None, s3=None, heap: str = "384m", startup_timeout: float = 60.0
+        self,
+        state_dir: Path,
+        warehouse: str | None = None,
+        s3=None,
+        vend_credentials: bool = False,
+        heap: str = "384m",
+        startup_timeout: float = 60.0,
     ) -> None:
         super().__init__(state_dir, startup_timeout)
         self.warehouse = warehouse or (Path(state_dir).resolve() / "rest-warehouse").as_uri()
         self.s3 = s3
+        self.vend_credentials = vend_credentials
         self.heap = heap
         self.port: int | None = None
 
@@ -72,6 +84,13 @@ class RestCatalogServer(LocalService):
                 "CATALOG_S3_ENDPOINT": self.s3.endpoint,
                 "CATALOG_S3_PATH__STYLE__ACCESS": "true",
             }
+            if self.vend_credentials:
+                aws = self.s3.aws_env()
+                env |= {
+                    "CATALOG_INCLUDE__CREDENTIALS": "true",
+                    "CATALOG_S3_ACCESS__KEY__ID": aws["AWS_ACCESS_KEY_ID"],
+                    "CATALOG_S3_SECRET__ACCESS__KEY": aws["AWS_SECRET_ACCESS_KEY"],
+                }
         return env
 
     def probe(self) -> str | None:
@@ -85,14 +104,31 @@ class RestCatalogServer(LocalService):
             return f"the REST catalog server did not answer at {url} ({error})"
 
     def catalog(self, uri: str | None = None) -> dict:
-        """The `icefloe:catalog` block (stack-file spelling) for this server (or a proxy of it at `uri`)."""
-        return {"type": "rest", "uri": uri or self.uri, "warehouse": self.warehouse}
+        """The `icefloe:catalog` block (stack-file spelling) for this server (or a proxy of it at `uri`); with an
+        `s3://` warehouse, the S3 endpoint clients write the data to, and (vending) the access-delegation ask."""
+        block = {"type": "rest", "uri": uri or self.uri, "warehouse": self.warehouse}
+        if self.warehouse.startswith("s3://"):
+            block["endpoints"] = {key: value for key, value in self.s3.catalog_endpoints().items() if key != "glue"}
+            if self.vend_credentials:
+                block["accessDelegation"] = "vended-credentials"
+        return block
 
     def pyiceberg_catalog(self, name: str = "icefloe"):
-        """pyiceberg's REST catalog on this server: an independent reader."""
+        """pyiceberg's REST catalog on this server: an independent reader (an `s3://` warehouse's credentials from
+        the server when it vends them, else the moto server's)."""
         from pyiceberg.catalog.rest import RestCatalog
 
-        return RestCatalog(name, uri=self.uri, warehouse=self.warehouse)
+        properties = {}
+        if self.warehouse.startswith("s3://"):
+            endpoints = self.s3.catalog_endpoints()
+            properties = {"s3.endpoint": endpoints["s3"], "client.region": endpoints["region"]}
+            if not self.vend_credentials:
+                aws = self.s3.aws_env()
+                properties |= {
+                    "s3.access-key-id": aws["AWS_ACCESS_KEY_ID"],
+                    "s3.secret-access-key": aws["AWS_SECRET_ACCESS_KEY"],
+                }
+        return RestCatalog(name, uri=self.uri, warehouse=self.warehouse, **properties)
 
 
 class CommitProxy:
@@ -103,6 +139,7 @@ class CommitProxy:
         self.upstream = upstream
         self.events: list[tuple[str, str]] = []
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Authorization's scheme)
+        self.delegations: list[tuple[str, str, str | None]] = []  # (method, path, X-Iceberg-Access-Delegation)
         self._lock = threading.Condition()
         self._gates: dict[str, list] = {}  # table -> [count, arrived, timeout]
         self._failures: dict[str, list[int]] = {}  # table -> statuses to answer after forwarding
@@ -153,6 +190,7 @@ class CommitProxy:
     def _handle(self, request: http.server.BaseHTTPRequestHandler) -> None:
         authorization = request.headers.get("Authorization")
         self.requests.append((request.command, request.path, authorization.split(" ")[0] if authorization else None))
+        self.delegations.append((request.command, request.path, request.headers.get("X-Iceberg-Access-Delegation")))
         length = int(request.headers.get("Content-Length") or 0)
         body = request.rfile.read(length) if length else None
         match = COMMIT_PATH.search(request.path.split("?")[0])

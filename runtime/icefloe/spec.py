@@ -543,13 +543,14 @@ class TableSpec(Model):
 
 
 class CatalogEndpoints(Model):
-    """Where a Glue catalog's AWS APIs answer when a run is off AWS, e.g. a moto server on loopback.
+    """Where a Glue catalog's AWS APIs, or the S3 holding a REST catalog's tables, answer when a run is off AWS, e.g.
+    a moto server on loopback (`glue` for a glue catalog only, where it is needed).
 
     For local runs only: the Pulumi program renders the EMR job's catalog itself and never sets these. Credentials
-    never go here; they come from the environment, as on EMR.
+    never go here; they come from the environment, as on EMR, or a REST server vends them.
     """
 
-    glue: str
+    glue: str | None = None
     s3: str
     region: str | None = None  # else the AWS SDK's default chain (AWS_REGION); without any region it fails
 
@@ -623,8 +624,15 @@ class CatalogSpec(Model):
 
     @model_validator(mode="after")
     def _endpoints_need_glue(self) -> CatalogSpec:
-        if self.endpoints is not None and self.type != "glue":
-            raise ValueError("endpoints apply to a glue catalog only (type: glue)")
+        if self.endpoints is not None:
+            if self.type not in ("glue", "rest"):
+                raise ValueError("endpoints apply to a glue or rest catalog only (type: glue, type: rest)")
+            if self.type == "glue" and self.endpoints.glue is None:
+                raise ValueError("endpoints.glue: a glue catalog's endpoints name Glue's")
+            if self.type == "rest" and self.endpoints.glue is not None:
+                raise ValueError(
+                    "endpoints.glue applies to a glue catalog only: a rest catalog's endpoints are s3, region"
+                )
         if self.type == "s3tables" and not TABLE_BUCKET_ARN.match(self.warehouse or ""):
             raise ValueError(
                 "an s3tables catalog's warehouse is its table bucket's ARN "

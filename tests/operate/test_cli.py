@@ -67,7 +67,7 @@ def test_unreachable_broker_is_a_clear_source_error(spark, state_dir, make_confi
 def test_sigkill_midway_then_rerun_is_exactly_once(catalog, broker, registry, spark, state_dir, topic, tmp_path):
     records = 60_000
     path = trades_stack(tmp_path / "Pulumi.crash.yaml", broker, registry, topic, records, max_records=40_000)
-    if catalog is not None:  # the REST server (support.ANY_CATALOG)
+    if catalog is not None:  # Glue on moto or the REST server (support.ANY_CATALOG)
         document = yaml.safe_load(path.read_text())
         document["config"]["icefloe:catalog"] = catalog
         path.write_text(yaml.safe_dump(document))

@@ -60,7 +60,7 @@ def test_the_emr_job_parameters_carry_no_endpoints():
     ("catalog", "message"),
     [
         ({"type": "local", "endpoints": {"glue": "http://h:1", "s3": "http://h:1"}},
-         r"icefloe:catalog: endpoints apply to a glue catalog only"),
+         r"icefloe:catalog: endpoints apply to a glue or rest catalog only"),
         ({"type": "glue", "warehouse": "s3://w", "endpoints": {"glue": "h:1", "s3": "http://h:1"}},
          r"icefloe:catalog\.endpoints\.glue: an endpoint must be an http"),
         ({"type": "glue", "warehouse": "s3://w", "endpoints": {"glue": "http://h:1"}},

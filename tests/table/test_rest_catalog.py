@@ -3,7 +3,8 @@
 The settings are checked as rendered for Spark and pyiceberg (secrets only at run time, never in job parameters);
 then the real `icefloe run --once` writes through the server in its own process, and pyiceberg's REST catalog reads
 the table back. Two runs race to publish through a proxy that holds both commits until both have arrived; a commit
-answered with a server error after the server applied it is resolved by reading the table back.
+answered with a server error after the server applied it is resolved by reading the table back. A second server keeps
+its warehouse on `s3://` on the moto server and vends its S3 credentials to a run that has none.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import test_materialize as orders
 from icefloe.errors import ConfigError
 from icefloe.spec import CatalogSpec, parse_config
 from icefloe.table.catalog import CATALOG, rest_properties, spark_catalog_conf, spark_secret_conf
-from support import WatchedRun, ancestry, by_position, race_to_publish
+from support import WatchedRun, ancestry, by_position, race_to_publish, read_duckdb
 
 ICEFLOE = [sys.executable, "-m", "icefloe.cli"]
 PREFIX = f"spark.sql.catalog.{CATALOG}"
@@ -56,6 +57,9 @@ def rest(**fields) -> CatalogSpec:
          r"signing .* takes no credential or token"),
         ({"type": "rest", "uri": "https://h", "accessDelegation": "vended"}, r"icefloe:catalog\.accessDelegation"),
         ({"type": "glue", "warehouse": "s3://b/w", "uri": "https://h"}, r"uri apply to a rest catalog only"),
+        ({"type": "rest", "uri": "https://h", "endpoints": {"glue": "http://h:1", "s3": "http://h:1"}},
+         r"endpoints\.glue applies to a glue catalog only"),
+        ({"type": "glue", "warehouse": "s3://b/w", "endpoints": {"s3": "http://h:1"}}, r"endpoints\.glue: a glue catalog"),
         ({"type": "s3tables", "warehouse": "arn:aws:s3tables:eu-west-1:123456789012:bucket/tables",
           "signing": {"region": "eu-west-1", "service": "s3tables"}}, r"s3tables is a preset"),
     ],
@@ -88,6 +92,13 @@ def test_rest_settings_for_spark_and_pyiceberg_are_one_set_without_secrets(monke
     monkeypatch.delenv("UNITY_TOKEN")
     with pytest.raises(ConfigError, match="token missing: set UNITY_TOKEN"):
         spark_secret_conf(rest(uri="https://h", token={"env": "UNITY"}))
+
+
+def test_a_rest_catalogs_s3_endpoints_off_aws_reach_spark_and_pyiceberg_alike():
+    catalog = rest(uri="http://127.0.0.1:1", warehouse="s3://b/w", endpoints={"s3": "http://127.0.0.1:2", "region": "us-east-1"})
+    s3 = {"s3.endpoint": "http://127.0.0.1:2", "s3.path-style-access": "true", "client.region": "us-east-1"}
+    assert rest_properties(catalog) == {"type": "rest", "uri": "http://127.0.0.1:1", "warehouse": "s3://b/w"} | s3
+    assert {k.removeprefix(PREFIX + "."): v for k, v in spark_catalog_conf(catalog).items()}.items() >= s3.items()
 
 
 def test_s3_tables_is_a_preset_of_the_rest_catalog():
@@ -257,3 +268,52 @@ def test_a_5xx_on_an_applied_commit_is_resolved_by_reading_the_table(
     assert sorted(by_position(rows)) == sorted(produced), "every (partition, offset) exactly once"
     again, _ = run_once(config, tmp_path / "state")
     assert again["status"] == "up-to-date"
+
+
+@pytest.mark.broker
+def test_rest_catalog_with_an_s3_warehouse_vends_the_credentials_the_run_writes_with(
+    broker, registry, moto_aws, state_dir, topic, tmp_path
+):
+    """The REST server keeps its warehouse in a bucket on the moto server (S3FileIO, iceberg-aws-bundle) and vends its
+    S3 credentials with every table it loads. The run asks for them (`accessDelegation: vended-credentials`: the
+    `X-Iceberg-Access-Delegation` header, on every request) and has no AWS credentials of its own (no AWS_* in its
+    environment, no credential files, no instance metadata): its Spark writes the data files through S3FileIO with
+    the vended keys only. pyiceberg (through the server) and DuckDB (the bucket's files) read back what was produced.
+    (Iceberg's fixture vends its own static keys whatever the header says: the header is verified as sent here, a
+    vendor's short-lived, table-scoped credentials only there.)"""
+    from icefloe_dev.readers import duckdb_over_s3_copy
+    from icefloe_dev.rest_catalog import CommitProxy, RestCatalogServer
+
+    bucket = "icefloe-rest-warehouse"
+    s3 = moto_aws.client("s3")
+    s3.create_bucket(Bucket=bucket)
+    warehouse = f"s3://{bucket}/warehouse"
+    broker.create_topic(topic, 3)
+    produced = orders.produce_orders(broker, registry, topic, range(150), random.Random(13))
+    server = RestCatalogServer(state_dir / "rest-on-s3", warehouse=warehouse, s3=moto_aws, vend_credentials=True)
+    with server, CommitProxy(server.uri) as proxy:
+        catalog = server.catalog(proxy.uri)
+        assert catalog["accessDelegation"] == "vended-credentials" and catalog["endpoints"]["s3"] == moto_aws.endpoint
+        config = rest_stack(tmp_path / "Pulumi.rest-s3.yaml", broker, registry, catalog, {"topic": topic})
+        nowhere = str(tmp_path / "no-such-file")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | {
+            "AWS_SHARED_CREDENTIALS_FILE": nowhere, "AWS_CONFIG_FILE": nowhere, "AWS_EC2_METADATA_DISABLED": "true",
+        }  # fmt: skip
+
+        first, log = run_once(config, tmp_path / "state", env)
+
+        identifier = f"local.{topic}"
+        assert first["status"] == "committed" and first["rows_written"] == len(produced), first
+        assert first["metadata_location"].startswith(f"{warehouse}/local/{topic}/metadata/"), first
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=f"warehouse/local/{topic}/")["Contents"]]
+        assert any(k.endswith(".parquet") for k in keys) and any(k.endswith(".metadata.json") for k in keys), keys
+        table_requests = [(m, p.split("?")[0], d) for m, p, d in proxy.delegations if "/tables" in p]
+        assert table_requests and all(d == "vended-credentials" for _, _, d in table_requests), table_requests
+
+        # The first run also maintained the new table through the same FileIO (compaction, expiry, orphan listing).
+        assert not first.get("maintenance_error"), first
+        table = server.pyiceberg_catalog().load_table(identifier)
+        assert table.io.properties.get("s3.access-key-id"), "pyiceberg read with the keys the server vended"
+        orders.assert_rows_match(table.scan().to_arrow().to_pylist(), produced, topic, empty_for_null_struct_list=True)
+        duck = duckdb_over_s3_copy(s3, bucket, f"warehouse/local/{topic}/")
+        orders.assert_rows_match(read_duckdb(table.metadata_location, con=duck), produced, topic)

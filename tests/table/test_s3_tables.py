@@ -169,7 +169,7 @@ def test_sparks_iceberg_signs_its_catalog_requests_for_s3_tables(spark, endpoint
     ({"type": "s3tables"}, "warehouse is its table bucket's ARN"),
     ({"type": "s3tables", "warehouse": BUCKET_ARN.replace("icefloe-tables-eu", "Bad_Name")}, "table bucket's ARN"),
     ({"type": "s3tables", "warehouse": BUCKET_ARN, "endpoints": {"glue": "http://h:1", "s3": "http://h:1"}},
-     "endpoints apply to a glue catalog only"),
+     "endpoints apply to a glue or rest catalog only"),
 ])  # fmt: skip
 def test_an_s3_tables_catalog_needs_its_bucket_arn(catalog, message):
     with pytest.raises(ConfigError, match=message):

@@ -67,7 +67,7 @@ def spark_catalog_conf(catalog: CatalogSpec, state_dir: Path | None = None) -> d
         if catalog.endpoints is not None:
             # Off AWS only (e.g. a moto server): the EMR job's settings never carry endpoints (see CatalogEndpoints).
             conf |= {
-                f"{prefix}.glue.endpoint": catalog.endpoints.glue,
+                f"{prefix}.glue.endpoint": catalog.endpoints.glue or "",  # set for a glue catalog (validated)
                 f"{prefix}.s3.endpoint": catalog.endpoints.s3,
                 f"{prefix}.s3.path-style-access": "true",  # an endpoint like 127.0.0.1:port has no bucket subdomains
             }
@@ -100,6 +100,10 @@ def rest_properties(catalog: CatalogSpec) -> dict[str, str]:
             "rest.signing-name": rest.signing.service,
             "rest.signing-region": rest.signing.region,
         }
+    if rest.endpoints is not None:  # off AWS only (a moto server): the S3 holding the server's tables
+        properties |= {"s3.endpoint": rest.endpoints.s3, "s3.path-style-access": "true"}
+        if rest.endpoints.region:
+            properties["client.region"] = rest.endpoints.region
     return properties
 
 
@@ -157,7 +161,7 @@ def pyiceberg_catalog(catalog: CatalogSpec, state_dir: Path | None = None, read_
         raise ValueError("a glue catalog needs a warehouse (s3://bucket/prefix)")
     properties = {"warehouse": catalog.warehouse}
     if catalog.endpoints is not None:  # off AWS (a moto server); credentials still come from the environment
-        properties |= {"glue.endpoint": catalog.endpoints.glue, "s3.endpoint": catalog.endpoints.s3}
+        properties |= {"glue.endpoint": catalog.endpoints.glue or "", "s3.endpoint": catalog.endpoints.s3}
         if catalog.endpoints.region:
             properties["client.region"] = catalog.endpoints.region
     return GlueCatalog(CATALOG, **properties)
