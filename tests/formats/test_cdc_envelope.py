@@ -291,3 +291,34 @@ def test_soft_deletes_keep_the_row_flagged(spark, broker, registry, state_dir, t
     result = run_table(spark, config, config.tables[0], state_dir)
     rows = {r["id"]: r for r in read_pyiceberg(state_dir, result.identifier)}
     assert (rows[1]["name"], rows[1]["cdc_deleted"]) == ("again", False)
+
+
+@pytest.mark.parametrize("encoding", ["json-plain", "json-schema"])
+def test_truncate_alone_in_a_json_batch_takes_effect_in_order(spark, broker, registry, state_dir, topic, make_config, encoding):
+    """A JSON batch holding only a truncate knows no key columns (a `t` has no key): first when the table has none
+    yet, then when the table has them. Either way the truncate removes the rows older than it, keeps the newer ones,
+    and keeps older events read in later batches (a late partition, a connector's replay) out."""
+    broker.create_topic(topic, 2)
+    events = Events(topic, encoding)
+    config = table_config(make_config, topic, encoding)
+
+    def run(records: list[dict]) -> dict:
+        produce(broker.bootstrap_servers, topic, records)
+        result = run_table(spark, config, config.tables[0], state_dir)
+        assert result.status == "committed" and result.records_failed == 0
+        return {k: v[0] for k, v in state(read_pyiceberg(state_dir, result.identifier)).items()}
+
+    early = events.upsert("c", 1, "early", partition=1)  # older than the truncate, read after it
+    truncate = events.event("t", None, partition=1)
+    events.commit()
+    later, newer = events.upsert("c", 2, "later"), events.upsert("c", 3, "newer")
+    old = events.upsert("u", 2, "old", partition=1)  # older than the second truncate, read after it
+    truncate_2 = events.event("t", None, partition=1)
+    events.commit()
+    assert run([truncate]) == {}  # the table's first batch: no columns, no key known yet
+    assert run([early, later, newer]) == {2: "later", 3: "newer"}
+    newest = events.upsert("c", 4, "newest")  # after the second truncate, read before it
+    assert run([newest]) == {2: "later", 3: "newer", 4: "newest"}
+    assert run([truncate_2]) == {4: "newest"}  # the table knows its key, the batch does not
+    assert run([old]) == {4: "newest"}
+
