@@ -3,7 +3,7 @@
 # (jvm/pom.xml: Iceberg, Spark's Kafka source and Avro, the Apache Kafka broker, Apicurio Registry) into the
 # git-ignored jvm/lib/, the test-only ones (jvm/test-pom.xml: the AWS Glue Schema Registry's Java serde, and its module
 # test-rest-catalog-pom.xml: Apache Iceberg's REST catalog server) into jvm/test-lib/, the change-data test platform
-# (PostgreSQL from Debian; Kafka Connect, Debezium and Apicurio's converter from jvm/cdc/*.xml into jvm/cdc-lib/), a
+# (PostgreSQL and MariaDB from Debian; Kafka Connect, Debezium and Apicurio's converter from jvm/cdc/*.xml into jvm/cdc-lib/), a
 # virtualenv, and the project with every extra. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +16,8 @@ command -v mvn >/dev/null || APT_PACKAGES+=(maven)
 [ -x /usr/bin/python3.11 ] || APT_PACKAGES+=(python3.11)
 # The CDC tests' private PostgreSQL cluster (initdb, pg_ctl, psql): Debian's, any version with logical decoding.
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null && command -v psql >/dev/null || APT_PACKAGES+=(postgresql)
+# ... and their private MariaDB server (mariadb-install-db, mariadbd, the mariadb client).
+command -v mariadbd >/dev/null && command -v mariadb-install-db >/dev/null || APT_PACKAGES+=(mariadb-server)
 if [ ${#APT_PACKAGES[@]} -gt 0 ]; then
   echo "setup: installing ${APT_PACKAGES[*]} (Debian)"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
@@ -51,6 +53,8 @@ fetch_cdc() {  # fetch_cdc NAME FOLDER [MAVEN ARGS...]
 fetch_cdc connect connect
 # Connect's plugin.path is jvm/cdc-lib/plugins: each folder in it is one plugin with its own class loader.
 fetch_cdc debezium-postgres plugins/debezium-postgres
+# The MariaDB connector in a plugin.path of its own (jvm/cdc/debezium-mariadb.xml says why its version differs).
+fetch_cdc debezium-mariadb plugins-mariadb/debezium-mariadb
 # Apicurio's converter 3.0.9: its parent pom is not served here; the served 3.0.7 parent stands in for it, in a
 # private local repository so that the shared ~/.m2 never holds a made-up artifact (jvm/cdc/apicurio-converter.xml).
 APICURIO_M2="$PWD/jvm/cdc-lib/m2-apicurio"

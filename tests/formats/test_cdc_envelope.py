@@ -4,16 +4,18 @@ JsonConverter's wrapper), and never regress (replays, truncates, deletes), read 
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from pyiceberg.types import ListType, StructType
 
 from icefloe.errors import RecordError
 from icefloe.operate.runner import run_table
-from support import produce, read_duckdb, read_pyiceberg
+from support import load_pyiceberg, produce, read_duckdb, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 PLACEHOLDER = "__debezium_unavailable_value"
@@ -291,3 +293,72 @@ def test_soft_deletes_keep_the_row_flagged(spark, broker, registry, state_dir, t
     result = run_table(spark, config, config.tables[0], state_dir)
     rows = {r["id"]: r for r in read_pyiceberg(state_dir, result.identifier)}
     assert (rows[1]["name"], rows[1]["cdc_deleted"]) == ("again", False)
+
+
+@pytest.mark.parametrize("encoding", ["json-plain", "json-schema"])
+def test_truncate_alone_in_a_json_batch_takes_effect_in_order(spark, broker, registry, state_dir, topic, make_config, encoding):
+    """A JSON batch holding only a truncate knows no key columns (a `t` has no key): first when the table has none
+    yet, then when the table has them. Either way the truncate removes the rows older than it, keeps the newer ones,
+    and keeps older events read in later batches (a late partition, a connector's replay) out."""
+    broker.create_topic(topic, 2)
+    events = Events(topic, encoding)
+    config = table_config(make_config, topic, encoding)
+
+    def run(records: list[dict]) -> dict:
+        produce(broker.bootstrap_servers, topic, records)
+        result = run_table(spark, config, config.tables[0], state_dir)
+        assert result.status == "committed" and result.records_failed == 0
+        return {k: v[0] for k, v in state(read_pyiceberg(state_dir, result.identifier)).items()}
+
+    early = events.upsert("c", 1, "early", partition=1)  # older than the truncate, read after it
+    truncate = events.event("t", None, partition=1)
+    events.commit()
+    later, newer = events.upsert("c", 2, "later"), events.upsert("c", 3, "newer")
+    old = events.upsert("u", 2, "old", partition=1)  # older than the second truncate, read after it
+    truncate_2 = events.event("t", None, partition=1)
+    events.commit()
+    assert run([truncate]) == {}  # the table's first batch: no columns, no key known yet
+    assert run([early, later, newer]) == {2: "later", 3: "newer"}
+    newest = events.upsert("c", 4, "newest")  # after the second truncate, read before it
+    assert run([newest]) == {2: "later", 3: "newer", 4: "newest"}
+    assert run([truncate_2]) == {4: "newest"}  # the table knows its key, the batch does not
+    assert run([old]) == {4: "newest"}
+
+
+def test_schemaless_json_columns_are_typed_by_inference(spark, broker, state_dir, topic, make_config):
+    """The JsonConverter without schemas carries no semantic types: each column is what its JSON values infer to
+    (docs/change-data.md, "JSON without schemas"), values as the converter wrote them. An unchanged TOASTed `bytea`
+    (its placeholder's bytes, as base64 text) keeps the row's value."""
+    broker.create_topic(topic, 1)
+    placeholder_b64 = base64.b64encode(PLACEHOLDER.encode()).decode()
+    after = {
+        "id": 1, "born": 19000, "seen_at": 1_700_000_000_123_456, "zoned": "2024-02-29T12:00:00.5Z",
+        "price": "MBE=", "price_numeric": 123.05, "amount": {"scale": 3, "value": "MDk="}, "blob": "AAE=",
+        "tags": ["x"], "doc": '{"a": 1}', "shape": {"wkb": "AQEAAAAAAAAAAADwPwAAAAAAAABA", "srid": None},
+    }  # fmt: skip
+    source = {"connector": "postgresql", "lsn": 10, "ts_ms": 1}
+    changes = [("c", after), ("u", {**after, "born": 19001, "blob": placeholder_b64})]
+    produce(broker.bootstrap_servers, topic, [
+        {"key": json.dumps({"id": 1}).encode(),
+         "value": json.dumps({"before": None, "after": image, "op": op, "source": {**source, "lsn": 10 * (i + 1)}}).encode()}
+        for i, (op, image) in enumerate(changes)
+    ])  # fmt: skip
+    config = table_config(make_config, topic, "json-plain")
+    result = run_table(spark, config, config.tables[0], state_dir)
+    assert result.status == "committed" and result.records_failed == 0
+    schema = load_pyiceberg(state_dir, result.identifier).schema()
+
+    def kind(of) -> str:
+        if isinstance(of, StructType):
+            return "struct<" + ", ".join(f"{f.name}: {kind(f.field_type)}" for f in of.fields) + ">"
+        return f"list<{kind(of.element_type)}>" if isinstance(of, ListType) else str(of)
+
+    kinds = {f.name: kind(f.field_type) for f in schema.fields if not f.name.startswith(("kafka_", "cdc_"))}
+    assert kinds == {
+        "id": "int", "born": "int", "seen_at": "long", "zoned": "string", "price": "string", "price_numeric": "double",
+        "amount": "struct<scale: int, value: string>", "blob": "string", "tags": "list<string>", "doc": "string",
+        "shape": "struct<wkb: string>",
+    }, kinds  # fmt: skip
+    [row] = read_pyiceberg(state_dir, result.identifier)
+    assert {k: row[k] for k in after if k != "shape"} == {**{k: v for k, v in after.items() if k != "shape"}, "born": 19001}
+    assert row["shape"] == {"wkb": after["shape"]["wkb"]}  # a key only ever null has no column yet

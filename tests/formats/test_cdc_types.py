@@ -1,6 +1,7 @@
 """Debezium's semantic types to table types and values (pure logic: the Connect schemas as both converters write
 them), and the source positions' order."""
 
+import base64
 import datetime as dt
 import json
 from decimal import Decimal
@@ -92,3 +93,27 @@ def test_source_positions_order_as_the_source_does():
              [("bin.000002", 900, 0), ("bin.000010", 4, 0), ("bin.000010", 4, 1)]]  # fmt: skip
     assert mysql == sorted(mysql)
     assert position({"connector": "sqlserver", "change_lsn": "x"}) is None  # Kafka order decides
+
+
+@pytest.mark.parametrize("wrapped", [True, False])
+def test_the_placeholder_of_an_unchanged_bytea_is_recognized_in_json(wrapped):
+    """An unchanged TOASTed `bytea` arrives as the placeholder's bytes, which the JsonConverter writes as base64
+    text (with or without its schema): the column is left unchanged, never overwritten with the placeholder."""
+    from icefloe.batch_columns import CHANGE_UNCHANGED
+    from icefloe.formats.debezium.envelope import ChangeDecoder
+    from icefloe.formats.debezium.tables import parse_json
+
+    placeholder = "__debezium_unavailable_value"
+    plan = {"mode": "upsert", "keys": ["id"], "columns": ["id", "data"], "placeholder": placeholder, "connect": None}
+    decoder = ChangeDecoder(plan, parse_json, lambda data: parse_json(data)[0])
+    after = {"id": 1, "data": base64.b64encode(placeholder.encode()).decode()}
+    payload = {"before": None, "after": after, "op": "u", "source": {"connector": "postgresql", "lsn": 10}}
+    row_schema = {"type": "struct", "fields": [{"field": "id", "type": "int32"}, {"field": "data", "type": "bytes"}]}
+    schema = {"type": "struct", "fields": [{**row_schema, "field": "before"}, {**row_schema, "field": "after"},
+                                           {"type": "string", "field": "op"}]}  # fmt: skip
+    value = {"schema": schema, "payload": payload} if wrapped else payload
+    row = decoder(json.dumps(value).encode(), json.dumps({"id": 1}).encode(), None)
+    assert "data" not in row and row[CHANGE_UNCHANGED] == ["data"]
+    after["data"] = base64.b64encode(b"\x00\x01").decode()  # any other value is the column's
+    row = decoder(json.dumps(value).encode(), json.dumps({"id": 1}).encode(), None)
+    assert row["data"] == after["data"] and row[CHANGE_UNCHANGED] is None  # the table's converter decodes it

@@ -178,8 +178,9 @@ def merge_batch(
         frame = frame.withColumn(SOFT_DELETED, F.col(TOMBSTONE)).withColumn(
             SOFT_DELETED_AT, F.when(F.col(TOMBSTONE), F.col(CHANGE_TIME))
         )
-    if not key_columns:  # no key known yet (a JSON topic's batch of truncates only): nothing but the truncate
-        if truncate is not None:
+    if not key_columns:  # the batch knows no key (a JSON topic's batch of truncates only): nothing but the truncate,
+        if truncate is not None:  # whose marker keeps older changes out of later batches as any truncate's does
+            _commit_delete_markers(None, branch, struct, key_columns, run_timeout_s, truncate, has_deletes=False)
             _truncate(branch, truncate, sourced, soft_deletes)
         return 0
     keys = [F.col(quoted(k)) for k in key_columns]
@@ -448,7 +449,7 @@ def _latest_first(sourced: bool) -> list:
 
 
 def _commit_delete_markers(
-    changes: DataFrame,
+    changes: DataFrame | None,
     branch: Branch,
     struct: T.StructType,
     key_columns: list[str],
@@ -458,7 +459,9 @@ def _commit_delete_markers(
 ) -> str | None:
     """Record the batch's deletes (key and position) in `<table>_deletes`, each key's marker moving only forward;
     returns that table's name, or None while the table has none (never had a delete). `has_deletes`: `changes`
-    holds a delete (the caller counted them).
+    holds a delete (the caller counted them). `changes` None, `key_columns` empty: a batch that knows no key (a JSON
+    topic's batch of truncates only) records its truncate under the key columns the markers table has, if any (a
+    key column added later is null in it, as a truncate's row has them).
 
     This commit comes before the main table's publish, and a crash between the two is harmless: the rerun reads the
     same records from the same checkpoint, so they get the same positions and merging their markers again changes
@@ -468,13 +471,21 @@ def _commit_delete_markers(
     markers = IcebergTable(spark, delete_markers_identifier(table.identifier))
     sourced = SOURCE_POSITION in struct.fieldNames()
     position_fields = [*([T.StructField(SOURCE_POSITION, T.BinaryType())] if sourced else []), *_POSITION_FIELDS]
-    deletes = changes.where(F.col(TOMBSTONE)).select(
-        *[F.col(quoted(k)) for k in key_columns], *[f.name for f in position_fields]
-    )
+    if key_columns:
+        key_fields = [f for f in struct.fields if f.name in key_columns]
+    else:
+        positions = {f.name for f in position_fields}
+        key_fields = [f for f in markers.schema().fields if f.name not in positions] if markers.exists() else []
+        key_columns = [f.name for f in key_fields]
+    deletes: DataFrame | None = None
+    if changes is not None:
+        deletes = changes.where(F.col(TOMBSTONE)).select(
+            *[F.col(quoted(k)) for k in key_columns], *[f.name for f in position_fields]
+        )
     if truncate is not None:  # a row of null keys: the table's truncate
         source, clock, partition, offset = truncate[:4]
         marker = branch.spark.range(1).select(
-            *[F.lit(None).cast(struct[k].dataType).alias(k) for k in key_columns],
+            *[F.lit(None).cast(f.dataType).alias(f.name) for f in key_fields],
             *(
                 [F.lit(None if source is None else bytearray(source)).cast("binary").alias(SOURCE_POSITION)]
                 if sourced
@@ -484,12 +495,16 @@ def _commit_delete_markers(
             F.lit(partition).cast("int").alias("kafka_partition"),
             F.lit(offset).cast("long").alias("kafka_offset"),
         )
-        deletes = deletes.unionByName(marker)
-    if not has_deletes and truncate is None:
-        return markers.full_name if markers.exists() else None
+        deletes = marker if deletes is None else deletes.unionByName(marker)
+    marker_struct = T.StructType([*key_fields, *position_fields])
+    if deletes is None or (not has_deletes and truncate is None):
+        if not markers.exists():
+            return None
+        if sourced:  # a truncate recorded before the key columns were known: they join it now, null
+            markers.evolve(marker_struct)
+        return markers.full_name
+    recorded = deletes
     topic, marks = branch.checkpoint.topic, branch.checkpoint.offsets
-    marker_struct = T.StructType([*[f for f in struct.fields if f.name in key_columns], *position_fields])
-
     # The markers are merged like the table: the same format (deletion vectors at v3).
     def table_format() -> dict[str, str]:  # loads the table: called only when the markers are created
         return format_properties(table.format_version())
@@ -505,8 +520,9 @@ def _commit_delete_markers(
 
     def write(marker_branch: Branch) -> None:
         view = f"icefloe_deletes_{marker_branch.name}"
-        deletes.createOrReplaceTempView(view)
-        matches = " AND ".join(f"t.{quoted(k)} <=> s.{quoted(k)}" for k in key_columns)  # <=>: a truncate's row
+        recorded.createOrReplaceTempView(view)
+        # <=>: a truncate's row; no key columns at all: every marker is a truncate's
+        matches = " AND ".join(f"t.{quoted(k)} <=> s.{quoted(k)}" for k in key_columns) or "true"
         position = ", ".join(f"t.{f.name} = s.{f.name}" for f in position_fields)
         names = ", ".join(quoted(f.name) for f in marker_struct.fields)
         values = ", ".join(f"s.{quoted(f.name)}" for f in marker_struct.fields)

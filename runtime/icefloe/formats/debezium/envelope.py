@@ -19,6 +19,7 @@ order, prefixed by the source kind. Other connectors: no source position (Kafka 
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 import re
@@ -91,6 +92,8 @@ class ChangeDecoder:
         self.placeholder_bytes = self.placeholder.encode()
         self.decode_value, self.decode_key = decode_value, decode_key
         fixed = plan.get("connect")  # Avro: the table's `after` schema; JSON: each event's own schema
+        # JSON: the JsonConverter writes bytes as base64, so a `bytea`'s placeholder arrives as that text
+        self.placeholder_base64 = None if fixed is not None else base64.b64encode(self.placeholder_bytes).decode()
         self.fixed = self._converters(fixed) if fixed is not None else None
         self._last_schema: Any = None
         self._last_converters: dict[str, types.Convert] = {}
@@ -179,7 +182,7 @@ class ChangeDecoder:
 
     def _unavailable(self, value: Any) -> bool:
         if isinstance(value, str):
-            return value == self.placeholder
+            return value == self.placeholder or value == self.placeholder_base64
         if isinstance(value, (bytes, bytearray)):
             return value == self.placeholder_bytes
         if isinstance(value, list) and len(value) == 1:  # arrays of text: the placeholder as their one element
