@@ -38,6 +38,9 @@ Change data (an envelope's batch, with the change columns of `batch_columns`) fo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -68,6 +71,23 @@ _POSITION_FIELDS = [
     T.StructField("kafka_partition", T.IntegerType()),
     T.StructField("kafka_offset", T.LongType()),
 ]
+
+
+@contextmanager
+def _hash_joins(spark: SparkSession) -> Iterator[None]:
+    """Joins planned as shuffled hash joins where Spark finds one side much smaller and small enough for a hash map
+    per shuffle partition (below `autoBroadcastJoinThreshold` x shuffle partitions, else a sort-merge join as before):
+    a MERGE's join of the reduced batch with its table then hashes the batch instead of sorting the whole table."""
+    setting = "spark.sql.join.preferSortMergeJoin"
+    before = spark.conf.get(setting, None)
+    spark.conf.set(setting, "false")
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(setting)
+        else:
+            spark.conf.set(setting, before)
 
 
 def key_columns(key: tuple[str, ...] | None, value_fields: list[T.StructField], where: str) -> list[str]:
@@ -193,56 +213,59 @@ def merge_batch(
         .persist()
     )
     try:
-        # One pass over the reduced batch counts it and its deletes (it is kept from here on for the merges).
-        counted = changes.agg(F.count(F.lit(1)).alias("n"), F.count(F.when(F.col(TOMBSTONE), 1)).alias("deletes"))
-        total, deleting = counted.first()  # type: ignore[misc]  # an aggregate has its row
-        markers = _commit_delete_markers(
-            changes, branch, struct, key_columns, run_timeout_s, truncate, has_deletes=deleting > 0
-        )
-        view = f"icefloe_changes_{branch.name}"
-        changes.createOrReplaceTempView(view)
-        # soft deletes: a delete of a key the table lacks (inserted and deleted in one batch) is a flagged row too
-        source, insert_when = view, "true" if soft_deletes else f"NOT s.{TOMBSTONE}"
-        if markers is not None:  # the key's marker, if any, beside each change; the latest truncate's
-            on = " AND ".join(f"c.{quoted(k)} = m.{quoted(k)}" for k in key_columns)
-            marker_source = f", m.{SOURCE_POSITION} AS icefloe_marker_source" if sourced else ""
-            source = (
-                f"(SELECT c.*, {_clock('m')} AS icefloe_marker_clock, m.kafka_partition AS icefloe_marker_partition, "
-                f"m.kafka_offset AS icefloe_marker_offset{marker_source} FROM {view} c LEFT JOIN {markers} m ON {on})"
+        with _hash_joins(spark):
+            # One pass over the reduced batch counts it and its deletes (it is kept from here on for the merges).
+            counted = changes.agg(F.count(F.lit(1)).alias("n"), F.count(F.when(F.col(TOMBSTONE), 1)).alias("deletes"))
+            total, deleting = counted.first()  # type: ignore[misc]  # an aggregate has its row
+            markers = _commit_delete_markers(
+                changes, branch, struct, key_columns, run_timeout_s, truncate, has_deletes=deleting > 0
             )
-            marker: Position = ("s.icefloe_marker_clock", "s.icefloe_marker_partition", "s.icefloe_marker_offset")
-            marker = ("s.icefloe_marker_source", *marker) if sourced else marker
-            after_marker = _after(_position("s", sourced), marker)
-            if soft_deletes:  # the delete itself is the key's marker (committed first): at it is enough
-                after_marker = f"NOT {_after(marker, _position('s', sourced))}"
-            insert_when += f" AND (s.icefloe_marker_partition IS NULL OR {after_marker})"
-            truncated = _truncate_marker(spark, markers, key_columns, sourced)
-            if truncated is not None:  # changes older than the last truncate stay out
-                insert_when += f" AND {_after(_position('s', sourced), _literal(truncated, sourced))}"
-        if truncate is not None:
-            _truncate(branch, truncate, sourced, soft_deletes)
-        row = (_clock("t", fallback="kafka_timestamp"), "t.kafka_partition", "t.kafka_offset")
-        newer = _after(_position("s", sourced), (f"t.{SOURCE_POSITION}", *row) if sourced else row)
-        matches = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in key_columns)
-        updates = ", ".join(f"t.{quoted(c)} = s.{quoted(c)}" for c in columns)
-        names = ", ".join(quoted(c) for c in columns)
-        values = ", ".join(f"s.{quoted(c)}" for c in columns)
-        on_delete = "DELETE"
-        if soft_deletes:  # the row stays, flagged, and holds the delete's position
-            kept = [
-                c for c in columns if c in (*KAFKA_COLUMNS, KAFKA_CLOCK, SOURCE_POSITION, SOFT_DELETED, SOFT_DELETED_AT)
-            ]
-            on_delete = "UPDATE SET " + ", ".join(f"t.{quoted(c)} = s.{quoted(c)}" for c in kept)
-        if key_columns:
-            spark.sql(
-                f"MERGE INTO {branch.identifier} t USING {source} s ON {matches} "
-                f"WHEN MATCHED AND s.{TOMBSTONE} AND {newer} THEN {on_delete} "
-                f"WHEN MATCHED AND {newer} THEN UPDATE SET {updates} "
-                f"WHEN NOT MATCHED AND {insert_when} THEN INSERT ({names}) VALUES ({values})"
-            )
-            branch.wrote()
-        spark.catalog.dropTempView(view)
-        return total
+            view = f"icefloe_changes_{branch.name}"
+            changes.createOrReplaceTempView(view)
+            # soft deletes: a delete of a key the table lacks (inserted and deleted in one batch) is a flagged row too
+            source, insert_when = view, "true" if soft_deletes else f"NOT s.{TOMBSTONE}"
+            if markers is not None:  # the key's marker, if any, beside each change; the latest truncate's
+                on = " AND ".join(f"c.{quoted(k)} = m.{quoted(k)}" for k in key_columns)
+                marker_source = f", m.{SOURCE_POSITION} AS icefloe_marker_source" if sourced else ""
+                source = (
+                    f"(SELECT c.*, {_clock('m')} AS icefloe_marker_clock, m.kafka_partition AS icefloe_marker_partition, "
+                    f"m.kafka_offset AS icefloe_marker_offset{marker_source} FROM {view} c LEFT JOIN {markers} m ON {on})"
+                )
+                marker: Position = ("s.icefloe_marker_clock", "s.icefloe_marker_partition", "s.icefloe_marker_offset")
+                marker = ("s.icefloe_marker_source", *marker) if sourced else marker
+                after_marker = _after(_position("s", sourced), marker)
+                if soft_deletes:  # the delete itself is the key's marker (committed first): at it is enough
+                    after_marker = f"NOT {_after(marker, _position('s', sourced))}"
+                insert_when += f" AND (s.icefloe_marker_partition IS NULL OR {after_marker})"
+                truncated = _truncate_marker(spark, markers, key_columns, sourced)
+                if truncated is not None:  # changes older than the last truncate stay out
+                    insert_when += f" AND {_after(_position('s', sourced), _literal(truncated, sourced))}"
+            if truncate is not None:
+                _truncate(branch, truncate, sourced, soft_deletes)
+            row = (_clock("t", fallback="kafka_timestamp"), "t.kafka_partition", "t.kafka_offset")
+            newer = _after(_position("s", sourced), (f"t.{SOURCE_POSITION}", *row) if sourced else row)
+            matches = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in key_columns)
+            updates = ", ".join(f"t.{quoted(c)} = s.{quoted(c)}" for c in columns)
+            names = ", ".join(quoted(c) for c in columns)
+            values = ", ".join(f"s.{quoted(c)}" for c in columns)
+            on_delete = "DELETE"
+            if soft_deletes:  # the row stays, flagged, and holds the delete's position
+                kept = [
+                    c
+                    for c in columns
+                    if c in (*KAFKA_COLUMNS, KAFKA_CLOCK, SOURCE_POSITION, SOFT_DELETED, SOFT_DELETED_AT)
+                ]
+                on_delete = "UPDATE SET " + ", ".join(f"t.{quoted(c)} = s.{quoted(c)}" for c in kept)
+            if key_columns:
+                spark.sql(
+                    f"MERGE INTO {branch.identifier} t USING {source} s ON {matches} "
+                    f"WHEN MATCHED AND s.{TOMBSTONE} AND {newer} THEN {on_delete} "
+                    f"WHEN MATCHED AND {newer} THEN UPDATE SET {updates} "
+                    f"WHEN NOT MATCHED AND {insert_when} THEN INSERT ({names}) VALUES ({values})"
+                )
+                branch.wrote()
+            spark.catalog.dropTempView(view)
+            return total
     finally:
         changes.unpersist()
 
