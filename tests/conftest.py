@@ -33,6 +33,7 @@ LONG_MODULES = (
     "tests/operate/test_continuous.py",
     "tests/materialize/test_upsert.py",
     "tests/formats/test_cdc_postgres.py",
+    "tests/formats/test_cdc_mariadb.py",
     "tests/materialize/test_materialize.py",
     "tests/table/test_rest_catalog.py",
     "tests/materialize/test_poison.py",

@@ -528,6 +528,7 @@ def _commit_delete_markers(
         return markers.full_name
     recorded = deletes
     topic, marks = branch.checkpoint.topic, branch.checkpoint.offsets
+
     # The markers are merged like the table: the same format (deletion vectors at v3).
     def table_format() -> dict[str, str]:  # loads the table: called only when the markers are created
         return format_properties(table.format_version())
