@@ -15,6 +15,15 @@ from confluent_kafka.serialization import MessageField, SerializationContext, St
 
 from icefloe.errors import IcefloeError
 
+# Large lz4 batches, idempotent: what producing a large topic quickly takes.
+BATCHING = {
+    "linger.ms": 20,
+    "batch.num.messages": 10_000,
+    "compression.type": "lz4",
+    "enable.idempotence": True,
+    "queue.buffering.max.messages": 500_000,
+}
+
 
 class SchemaRefused(IcefloeError):
     """The registry would not register the producer's schema (e.g. 409: incompatible with the subject's versions)."""
@@ -45,16 +54,7 @@ def value_serializer(registry_url: str, format: str, schema):
 
 def avro_producer(bootstrap: str, registry_url: str, schema_str: str, format: str = "avro"):
     """(producer, value serializer) for one schema, registered under the topic's value subject on first use."""
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "linger.ms": 20,
-            "batch.num.messages": 10_000,
-            "compression.type": "lz4",
-            "enable.idempotence": True,
-            "queue.buffering.max.messages": 500_000,
-        }
-    )
+    producer = Producer({"bootstrap.servers": bootstrap, **BATCHING})
     return producer, value_serializer(registry_url, format, schema_str)
 
 
@@ -124,16 +124,7 @@ def produce_avro_quickly(
         f"{topic}-value", Schema(json.dumps(schema), "AVRO")
     )
     parsed, header = fastavro.parse_schema(schema), b"\x00" + struct.pack(">I", registered)
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "linger.ms": 20,
-            "batch.num.messages": 10_000,
-            "compression.type": "lz4",
-            "enable.idempotence": True,
-            "queue.buffering.max.messages": 500_000,
-        }
-    )
+    producer = Producer({"bootstrap.servers": bootstrap, **BATCHING})
     count = size = 0
     for key, value in records:
         payload = None
