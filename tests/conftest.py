@@ -289,7 +289,9 @@ def read_path(request, monkeypatch) -> str:
     from icefloe.materialize.read_paths import _EXACT, PYTHON, JvmBatch, ReadPath
 
     if request.param == PYTHON:
-        monkeypatch.setattr(materializer, "choose_read_path", lambda spark, decoder: ReadPath(PYTHON, "forced by the test"))
+        monkeypatch.setattr(
+            materializer, "choose_read_path", lambda spark, decoder: ReadPath(PYTHON, "forced by the test")
+        )
     else:
         with_status = JvmBatch.rows_with_status
 

@@ -29,8 +29,18 @@ REGION = "eu-west-1"  # examples/Pulumi.example.yaml's aws:region
 decrypted_value = placeholder_secret  # what a `secure:` value of the example stands for
 small_bundle = source_bundle  # icefloe without its dependency wheels: a run takes about a second
 
-__all__ = ["ACCOUNT_ID", "PROJECT_FILE", "REGION", "ProgramRun", "RecordedResource", "decrypted_value",
-           "fake_jar_dir", "run_program", "small_bundle", "stack_config"]  # fmt: skip
+__all__ = [
+    "ACCOUNT_ID",
+    "PROJECT_FILE",
+    "REGION",
+    "ProgramRun",
+    "RecordedResource",
+    "decrypted_value",
+    "fake_jar_dir",
+    "run_program",
+    "small_bundle",
+    "stack_config",
+]
 
 
 def fake_jar_dir(root: Path | None = None, content: bytes = b"") -> Path:

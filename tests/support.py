@@ -49,9 +49,13 @@ def produce(bootstrap: str, topic: str, records: Iterable[dict[str, Any]]) -> li
         positions.append(None)
         extra = {name: record[name] for name in ("partition", "timestamp") if record.get(name) is not None}
         producer.produce(
-            topic, key=record.get("key"), value=record.get("value"), headers=record.get("headers"),
-            on_delivery=remember(index), **extra,
-        )  # fmt: skip
+            topic,
+            key=record.get("key"),
+            value=record.get("value"),
+            headers=record.get("headers"),
+            on_delivery=remember(index),
+            **extra,
+        )
         producer.poll(0)
     assert producer.flush(30) == 0
     return positions  # type: ignore[return-value]
@@ -192,7 +196,9 @@ class WatchedRun:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
             return 1
-        print(f"the run ended (exit {self.process.returncode}) before {point}; its log ends:", *self.lines[-5:], sep="\n")
+        print(
+            f"the run ended (exit {self.process.returncode}) before {point}; its log ends:", *self.lines[-5:], sep="\n"
+        )
         return 0
 
 

@@ -24,13 +24,23 @@ def test_defaults_derive_names_and_modes():
     parsed = parse_config(config(topic="Stock-Trades.v1"))
     table = parsed.tables[0]
     assert parsed.identifier(table) == "main.stock_trades_v1"
-    assert (table.format, table.mode, table.errors, table.refresh_seconds, table.enabled) == ("avro", "append", "fail", 900, True)
+    assert (table.format, table.mode, table.errors, table.refresh_seconds, table.enabled) == (
+        "avro",
+        "append",
+        "fail",
+        900,
+        True,
+    )
     assert table.partition_by == ()
 
 
 def test_partition_transforms_parse_to_spark_ddl():
     table = parse_config(config(partitionBy=["hour(kafka_timestamp)", "bucket(16, account)", "symbol"])).tables[0]
-    assert [p.spark_ddl() for p in table.partitions] == ["hours(`kafka_timestamp`)", "bucket(16, `account`)", "`symbol`"]
+    assert [p.spark_ddl() for p in table.partitions] == [
+        "hours(`kafka_timestamp`)",
+        "bucket(16, `account`)",
+        "`symbol`",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -58,7 +68,10 @@ def test_partition_transforms_parse_to_spark_ddl():
         ),
         ({"mode": "append", "key": ["a"]}, "key is only used with mode: upsert"),
         ({"maintenance": {"orphanFileAge": "1h"}}, "maintenance.orphanFileAge 1h is shorter than runTimeout 12h"),
-        ({"runTimeout": "1m", "maintenance": {"orphanFileAge": "30s"}}, "orphanFileAge 30s is shorter than runTimeout 1m"),
+        (
+            {"runTimeout": "1m", "maintenance": {"orphanFileAge": "30s"}},
+            "orphanFileAge 30s is shorter than runTimeout 1m",
+        ),
     ],
 )
 def test_config_errors_name_the_table_and_field(table, expected):
@@ -142,11 +155,10 @@ def test_one_stack_file_reader_and_one_error_format_for_every_model(tmp_path: Pa
     assert str(caught.value) == (
         "Pulumi.dev.yaml: invalid icefloe config:\n"
         "  icefloe:owner: Input should be a valid integer, unable to parse string as an integer\n"
-        "  icefloe:tables[0]: Input should be a valid dictionary")
+        "  icefloe:tables[0]: Input should be a valid dictionary"
+    )
 
 
 def test_glue_safe_name():
     assert glue_safe_name("Orders.EU-West") == "orders_eu_west"
     assert glue_safe_name("123abc") == "t_123abc"
-
-

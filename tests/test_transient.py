@@ -21,7 +21,10 @@ SQLITE_BUSY = (
 LOST_COMMIT = ": org.apache.iceberg.exceptions.CommitFailedException: Table metadata refresh is required"
 
 
-@pytest.mark.parametrize("text", [SQLITE_BUSY, LOST_COMMIT, "Connection refused: localhost/127.0.0.1:9092", "ThrottlingException: Rate exceeded"])
+@pytest.mark.parametrize(
+    "text",
+    [SQLITE_BUSY, LOST_COMMIT, "Connection refused: localhost/127.0.0.1:9092", "ThrottlingException: Rate exceeded"],
+)
 def test_a_busy_or_unreachable_catalog_or_source_is_retried(text):
     assert is_transient(RuntimeError(text))
 
@@ -76,8 +79,10 @@ def test_a_run_reports_clock_skew_by_name_and_does_not_retry_it(spark, state_dir
 
     def refused(*args):
         calls.append(1)
-        raise RuntimeError("IllegalArgumentException: Invalid update timestamp 1700000000000: before last snapshot "
-                           "log entry at 1700000125000")  # fmt: skip
+        raise RuntimeError(
+            "IllegalArgumentException: Invalid update timestamp 1700000000000: before last snapshot "
+            "log entry at 1700000125000"
+        )
 
     monkeypatch.setattr(runner, "materialize_once", refused)
     with pytest.raises(ClockSkew, match="125s behind"):
@@ -85,7 +90,11 @@ def test_a_run_reports_clock_skew_by_name_and_does_not_retry_it(spark, state_dir
     assert len(calls) == 1
 
 
-SDK_SERVICE = ["software.amazon.awssdk.awscore.exception.AwsServiceException", "software.amazon.awssdk.core.exception.SdkServiceException", "java.lang.RuntimeException"]  # fmt: skip
+SDK_SERVICE = [
+    "software.amazon.awssdk.awscore.exception.AwsServiceException",
+    "software.amazon.awssdk.core.exception.SdkServiceException",
+    "java.lang.RuntimeException",
+]
 
 
 @pytest.mark.parametrize(
@@ -93,15 +102,54 @@ SDK_SERVICE = ["software.amazon.awssdk.awscore.exception.AwsServiceException", "
     [
         pytest.param(KafkaException(KafkaError(KafkaError._RESOLVE)), id="kafka-local-code"),
         pytest.param(KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE, retriable=True)), id="kafka-retriable"),
-        pytest.param(thrown_by_jvm(FakeThrowable(["org.sqlite.SQLiteException", "java.sql.SQLException"], getErrorCode=5)), id="sqlite-busy"),
-        pytest.param(thrown_by_jvm(FakeThrowable(["org.apache.iceberg.jdbc.UncheckedSQLException"], FakeThrowable(["org.sqlite.SQLiteException"], getErrorCode=517))), id="sqlite-busy-snapshot-as-cause"),
-        pytest.param(thrown_by_jvm(FakeThrowable(["software.amazon.awssdk.services.glue.model.GlueException", *SDK_SERVICE], isThrottlingException=True, statusCode=400)), id="aws-java-throttled"),
-        pytest.param(thrown_by_jvm(FakeThrowable(["software.amazon.awssdk.services.glue.model.GlueException", *SDK_SERVICE], isThrottlingException=False, statusCode=503)), id="aws-java-503"),
-        pytest.param(ClientError({"Error": {"Code": "RequestLimitExceeded", "Message": "Request limit exceeded."}}, "GetSecretValue"), id="botocore-code"),
-        pytest.param(ClientError({"Error": {"Code": "InternalError"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "GetTable"), id="botocore-503"),
-        pytest.param(EndpointConnectionError(endpoint_url="https://glue.eu-west-1.amazonaws.com"), id="botocore-endpoint"),
+        pytest.param(
+            thrown_by_jvm(FakeThrowable(["org.sqlite.SQLiteException", "java.sql.SQLException"], getErrorCode=5)),
+            id="sqlite-busy",
+        ),
+        pytest.param(
+            thrown_by_jvm(
+                FakeThrowable(
+                    ["org.apache.iceberg.jdbc.UncheckedSQLException"],
+                    FakeThrowable(["org.sqlite.SQLiteException"], getErrorCode=517),
+                )
+            ),
+            id="sqlite-busy-snapshot-as-cause",
+        ),
+        pytest.param(
+            thrown_by_jvm(
+                FakeThrowable(
+                    ["software.amazon.awssdk.services.glue.model.GlueException", *SDK_SERVICE],
+                    isThrottlingException=True,
+                    statusCode=400,
+                )
+            ),
+            id="aws-java-throttled",
+        ),
+        pytest.param(
+            thrown_by_jvm(
+                FakeThrowable(
+                    ["software.amazon.awssdk.services.glue.model.GlueException", *SDK_SERVICE],
+                    isThrottlingException=False,
+                    statusCode=503,
+                )
+            ),
+            id="aws-java-503",
+        ),
+        pytest.param(
+            ClientError(
+                {"Error": {"Code": "RequestLimitExceeded", "Message": "Request limit exceeded."}}, "GetSecretValue"
+            ),
+            id="botocore-code",
+        ),
+        pytest.param(
+            ClientError({"Error": {"Code": "InternalError"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "GetTable"),
+            id="botocore-503",
+        ),
+        pytest.param(
+            EndpointConnectionError(endpoint_url="https://glue.eu-west-1.amazonaws.com"), id="botocore-endpoint"
+        ),
     ],
-)  # fmt: skip
+)
 def test_passing_failures_are_retried_by_their_type_not_their_words(error):
     """The typed signals (a KafkaError's code or retriable flag, a Java exception's class and its SQLite or AWS
     code through Py4J, botocore's codes and types) decide, whatever the text says (none of these texts holds a
@@ -113,10 +161,27 @@ def test_passing_failures_are_retried_by_their_type_not_their_words(error):
     "error",
     [
         pytest.param(KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)), id="kafka-authorization"),
-        pytest.param(thrown_by_jvm(FakeThrowable(["org.sqlite.SQLiteException", "java.sql.SQLException"], getErrorCode=1)), id="sqlite-error"),
-        pytest.param(thrown_by_jvm(FakeThrowable(["software.amazon.awssdk.services.glue.model.EntityNotFoundException", *SDK_SERVICE], isThrottlingException=False, statusCode=400)), id="aws-java-not-found"),
-        pytest.param(ClientError({"Error": {"Code": "AccessDeniedException"}, "ResponseMetadata": {"HTTPStatusCode": 400}}, "GetTable"), id="botocore-denied"),
+        pytest.param(
+            thrown_by_jvm(FakeThrowable(["org.sqlite.SQLiteException", "java.sql.SQLException"], getErrorCode=1)),
+            id="sqlite-error",
+        ),
+        pytest.param(
+            thrown_by_jvm(
+                FakeThrowable(
+                    ["software.amazon.awssdk.services.glue.model.EntityNotFoundException", *SDK_SERVICE],
+                    isThrottlingException=False,
+                    statusCode=400,
+                )
+            ),
+            id="aws-java-not-found",
+        ),
+        pytest.param(
+            ClientError(
+                {"Error": {"Code": "AccessDeniedException"}, "ResponseMetadata": {"HTTPStatusCode": 400}}, "GetTable"
+            ),
+            id="botocore-denied",
+        ),
     ],
-)  # fmt: skip
+)
 def test_lasting_failures_of_the_same_types_are_not_retried(error):
     assert not is_transient(error)

@@ -58,7 +58,9 @@ TABLES = [
 ]
 pytest.importorskip("pulumi")
 if not Path(EMR_PYTHON).exists():  # pragma: no cover
-    pytest.skip(f"the job's Python {EMR_PYTHON} is not on this machine (scripts/setup.sh installs it)", allow_module_level=True)
+    pytest.skip(
+        f"the job's Python {EMR_PYTHON} is not on this machine (scripts/setup.sh installs it)", allow_module_level=True
+    )
 
 
 @dataclass
@@ -77,13 +79,24 @@ def deployment(broker, registry, moto_aws, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("cluster")
     path = root / "Pulumi.cluster.yaml"
-    path.write_text(yaml.safe_dump({"config": {
-        "aws:region": REGION,
-        "icefloe:owner": "tests@example.com",
-        "icefloe:sourceClusters": [{"name": DATABASE, "bootstrapServers": broker.bootstrap_servers,
-                                    "schemaRegistry": {"url": registry.url}}],
-        "icefloe:tables": [{"sourceCluster": DATABASE, **table} for table in TABLES],
-    }}))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "config": {
+                    "aws:region": REGION,
+                    "icefloe:owner": "tests@example.com",
+                    "icefloe:sourceClusters": [
+                        {
+                            "name": DATABASE,
+                            "bootstrapServers": broker.bootstrap_servers,
+                            "schemaRegistry": {"url": registry.url},
+                        }
+                    ],
+                    "icefloe:tables": [{"sourceCluster": DATABASE, **table} for table in TABLES],
+                }
+            }
+        )
+    )
     # The real bundle (dependency wheels for EMR's x86_64 CPython 3.11) and the jars jvm/pom.xml pins.
     program = run_program(path, build=build_bundle, jar_dir=jvm_lib() / "spark")
     stack = DeployedStack(program, moto_aws, root)
@@ -104,8 +117,15 @@ TIMEOUT = 1800
 
 def submit_and_wait(job: SubmittedJob, timeout: float = TIMEOUT) -> tuple[list[dict], str]:
     """Run the job to its end: (its JSON results, its whole output: the Python driver's and Spark's logs)."""
-    done = subprocess.run(job.command, cwd=job.cwd, env=job.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout)  # fmt: skip
+    done = subprocess.run(
+        job.command,
+        cwd=job.cwd,
+        env=job.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
     (job.cwd / "output.log").write_text(done.stdout)
     assert done.returncode == 0, done.stdout[-5000:]
     return json_results(done.stdout), done.stdout
@@ -203,7 +223,9 @@ def executors(ui_port: int) -> list[dict]:
         return []  # the driver's UI is not up yet, or gone
 
 
-def kill_an_executor_running_a_task(cluster: SparkCluster, ui_port: int, run: WatchedRun, timeout: float = TIMEOUT) -> str:
+def kill_an_executor_running_a_task(
+    cluster: SparkCluster, ui_port: int, run: WatchedRun, timeout: float = TIMEOUT
+) -> str:
     """SIGKILL an executor JVM while one of the batch's tasks runs on it; its id.
 
     An executor the driver shows with a running task is stopped (SIGSTOP) first: if the driver still shows the task
@@ -225,8 +247,9 @@ def kill_an_executor_running_a_task(cluster: SparkCluster, ui_port: int, run: Wa
 
 def watched(job: SubmittedJob) -> WatchedRun:
     # Its own session, so that the whole driver (spark-submit's JVM and the Python it starts) can be killed at once.
-    return WatchedRun(job.command, job.env, cwd=job.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                      start_new_session=True)  # fmt: skip
+    return WatchedRun(
+        job.command, job.env, cwd=job.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def ended(run: WatchedRun, timeout: float = TIMEOUT) -> str:
@@ -238,7 +261,9 @@ def ended(run: WatchedRun, timeout: float = TIMEOUT) -> str:
     return log
 
 
-def test_an_executor_killed_mid_batch_its_tasks_rerun_and_the_batch_commits_every_record_once(deployment, broker, registry, moto_aws):
+def test_an_executor_killed_mid_batch_its_tasks_rerun_and_the_batch_commits_every_record_once(
+    deployment, broker, registry, moto_aws
+):
     topic = TOPICS["executor_kill"]
     produced = orders.produce_orders(broker, registry, topic, range(3000), random.Random(41))
     job = deployment.submit(identifier(topic))
@@ -260,7 +285,9 @@ def test_an_executor_killed_mid_batch_its_tasks_rerun_and_the_batch_commits_ever
     orders.assert_rows_match(duck, produced, topic)
 
 
-def test_the_driver_killed_mid_batch_the_next_submission_commits_every_record_once(deployment, broker, registry, moto_aws):
+def test_the_driver_killed_mid_batch_the_next_submission_commits_every_record_once(
+    deployment, broker, registry, moto_aws
+):
     from pyiceberg.exceptions import NoSuchTableError
 
     topic = TOPICS["driver_kill"]
@@ -281,7 +308,9 @@ def test_the_driver_killed_mid_batch_the_next_submission_commits_every_record_on
         left = set(by_position(glue_table(moto_aws, identifier(topic)).scan().to_arrow().to_pylist()))
     except NoSuchTableError:
         left = set()
-    assert left in (set(), set(produced)), f"the killed run left {len(left)} of {len(produced)} records: not all or nothing"
+    assert left in (set(), set(produced)), (
+        f"the killed run left {len(left)} of {len(produced)} records: not all or nothing"
+    )
     # The master ends the lost driver's application (its executors with it) before the next one gets their cores.
     deadline = time.monotonic() + 120
     while deployment.cluster.running_applications() and time.monotonic() < deadline:

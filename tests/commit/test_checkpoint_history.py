@@ -32,11 +32,19 @@ def a_maintenance_commit(table: IcebergTable) -> None:
     ).collect()
 
 
-def test_expiry_keeps_mains_checkpoint_though_an_abandoned_branch_holds_a_newer_one(spark, broker, state_dir, topic, make_config):
+def test_expiry_keeps_mains_checkpoint_though_an_abandoned_branch_holds_a_newer_one(
+    spark, broker, state_dir, topic, make_config
+):
     broker.create_topic(topic, 2)
     produce(broker.bootstrap_servers, topic, records(0, 10))
-    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "maintenance": {
-        "enabled": False, "snapshotRetention": "1s", "minSnapshotsToKeep": 1}})  # fmt: skip
+    config = make_config(
+        {
+            "topic": topic,
+            "format": "json",
+            "schema": SCHEMA,
+            "maintenance": {"enabled": False, "snapshotRetention": "1s", "minSnapshotsToKeep": 1},
+        }
+    )
     table_spec = config.tables[0]
     first = materialize_once(spark, config, table_spec)
     table = IcebergTable(spark, first.identifier)
@@ -75,7 +83,9 @@ def test_an_expired_snapshot_between_head_and_checkpoint_stops_the_table(spark, 
 
     with pytest.raises(CheckpointLost, match=f"table {table.identifier}: snapshot {first.snapshot_id} .*expired"):
         materialize_once(spark, config, table_spec)
-    assert sorted(by_position(read_pyiceberg(state_dir, table.identifier))) == sorted((i % 2, i // 2) for i in range(10))
+    assert sorted(by_position(read_pyiceberg(state_dir, table.identifier))) == sorted(
+        (i % 2, i // 2) for i in range(10)
+    )
 
 
 def test_a_table_whose_first_commit_failed_recovers(spark, broker, state_dir, topic, make_config, monkeypatch):
@@ -104,7 +114,7 @@ def test_a_table_whose_first_commit_failed_recovers(spark, broker, state_dir, to
 
 def test_maintenance_carries_the_checkpoint_and_a_batch_committing_meanwhile_never_moves_offsets_back(
     spark, broker, state_dir, topic, make_config, monkeypatch
-):  # fmt: skip
+):
     """Maintenance copies the checkpoint it read onto main's head; a batch commits between that read and the copy's
     commit (on AWS nothing serializes them). The copy must not land on top of the newer checkpoint: offsets must not
     go back, and once everything below the head is expired (an external expirer, before any further maintenance) the
@@ -134,16 +144,25 @@ def test_maintenance_carries_the_checkpoint_and_a_batch_committing_meanwhile_nev
     monkeypatch.undo()
 
     assert batches and batches[0].rows_written == 6
-    head = spark.sql(f"SELECT summary FROM {table.full_name}.snapshots WHERE snapshot_id = {table.main_snapshot_id()}").collect()
+    head = spark.sql(
+        f"SELECT summary FROM {table.full_name}.snapshots WHERE snapshot_id = {table.main_snapshot_id()}"
+    ).collect()
     assert json.loads(head[0].summary[OFFSETS_KEY]) == {"0": 8, "1": 8}, "main's head carries the newest checkpoint"
     assert committed_state(table, topic).offsets == batches[0].offsets == {0: 8, 1: 8}, "offsets never move back"
 
     # Expire everything below the head at once (a Glue optimizer or VACUUM may, before icefloe maintains again): the
     # head's checkpoint still says where to resume.
-    below = [row.snapshot_id for row in spark.sql(f"SELECT snapshot_id FROM {table.full_name}.snapshots").collect()
-             if row.snapshot_id != table.main_snapshot_id()]  # fmt: skip
+    below = [
+        row.snapshot_id
+        for row in spark.sql(f"SELECT snapshot_id FROM {table.full_name}.snapshots").collect()
+        if row.snapshot_id != table.main_snapshot_id()
+    ]
     ids = ", ".join(str(i) for i in below)
-    spark.sql(f"CALL {CATALOG}.system.expire_snapshots(table => '{table.identifier}', snapshot_ids => array({ids}))").collect()
+    spark.sql(
+        f"CALL {CATALOG}.system.expire_snapshots(table => '{table.identifier}', snapshot_ids => array({ids}))"
+    ).collect()
     produce(broker.bootstrap_servers, topic, records(16, 4))
     assert materialize_once(spark, config, table_spec).rows_written == 4
-    assert sorted(by_position(read_pyiceberg(state_dir, table.identifier))) == sorted((i % 2, i // 2) for i in range(20))
+    assert sorted(by_position(read_pyiceberg(state_dir, table.identifier))) == sorted(
+        (i % 2, i // 2) for i in range(20)
+    )

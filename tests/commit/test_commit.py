@@ -39,7 +39,9 @@ def test_offsets_are_in_the_same_snapshot_as_the_data(spark, broker, state_dir, 
     assert summary["added-records"] == "10" and summary["icefloe.topic"] == topic
 
 
-def test_concurrent_commit_makes_the_batch_replan_not_duplicate(spark, broker, state_dir, topic, make_config, monkeypatch):
+def test_concurrent_commit_makes_the_batch_replan_not_duplicate(
+    spark, broker, state_dir, topic, make_config, monkeypatch
+):
     broker.create_topic(topic, 2)
     produce(broker.bootstrap_servers, topic, json_records(0, 20))
     config = make_config({"topic": topic, "format": "json", "schema": SCHEMA})
@@ -67,7 +69,9 @@ def test_concurrent_commit_makes_the_batch_replan_not_duplicate(spark, broker, s
     assert again.status == "up-to-date"
 
 
-def test_crash_before_publish_leaves_main_untouched_and_rerun_completes(spark, broker, state_dir, topic, make_config, monkeypatch):
+def test_crash_before_publish_leaves_main_untouched_and_rerun_completes(
+    spark, broker, state_dir, topic, make_config, monkeypatch
+):
     broker.create_topic(topic, 2)
     produce(broker.bootstrap_servers, topic, json_records(0, 8))
     config = make_config({"topic": topic, "format": "json", "schema": SCHEMA})
@@ -97,12 +101,20 @@ def test_crash_before_publish_leaves_main_untouched_and_rerun_completes(spark, b
     assert len(by_position(read_pyiceberg(state_dir, first.identifier))) == 14
 
 
-def test_a_branch_whose_drop_failed_does_not_stop_the_batch_read_again(spark, broker, registry, state_dir, topic, make_config, monkeypatch):
+def test_a_branch_whose_drop_failed_does_not_stop_the_batch_read_again(
+    spark, broker, registry, state_dir, topic, make_config, monkeypatch
+):
     """An Avro batch with a record the JVM cannot decode is written twice (streamed, then read again with status
     columns). If the first attempt's branch cannot be dropped, the second attempt must still commit."""
     broker.create_topic(topic, 1)
-    serialize = avro_serializer(registry.url, topic, json.dumps({"type": "record", "name": "N", "fields": [{"name": "n", "type": "long"}]}))
-    positions = produce(broker.bootstrap_servers, topic, [*({"value": serialize({"n": i})} for i in range(5)), {"value": b"\x07unframed"}])
+    serialize = avro_serializer(
+        registry.url, topic, json.dumps({"type": "record", "name": "N", "fields": [{"name": "n", "type": "long"}]})
+    )
+    positions = produce(
+        broker.bootstrap_servers,
+        topic,
+        [*({"value": serialize({"n": i})} for i in range(5)), {"value": b"\x07unframed"}],
+    )
     config = make_config({"topic": topic, "errors": "skip"})
     real_drop = IcebergTable.drop_branch
     refused = []
@@ -136,13 +148,17 @@ class _Observed:
 
 
 @pytest.mark.parametrize("blocked", [False, True])
-def test_metrics_the_streamed_write_never_gets_are_an_error_naming_the_batch(spark, broker, registry, state_dir, topic, make_config, monkeypatch, blocked):
+def test_metrics_the_streamed_write_never_gets_are_an_error_naming_the_batch(
+    spark, broker, registry, state_dir, topic, make_config, monkeypatch, blocked
+):
     from icefloe.errors import IcefloeError
     from icefloe.materialize import batch as materializer
     from icefloe.materialize.read_paths import JvmBatch
 
     broker.create_topic(topic, 1)
-    serialize = avro_serializer(registry.url, topic, json.dumps({"type": "record", "name": "N", "fields": [{"name": "n", "type": "long"}]}))
+    serialize = avro_serializer(
+        registry.url, topic, json.dumps({"type": "record", "name": "N", "fields": [{"name": "n", "type": "long"}]})
+    )
     produce(broker.bootstrap_servers, topic, [{"value": serialize({"n": i})} for i in range(3)])
     config = make_config({"topic": topic})
     observed = _Observed(blocked)

@@ -38,7 +38,11 @@ def test_topic_id_and_lost_ranges_round_trip():
     assert Checkpoint.from_summary(summary) == checkpoint
     assert CommittedState(9, checkpoint).topic_id == "q7Zb3d1AQ5i2w1n0mJ8Xkg"
     # Nothing lost, no topic id reported: neither key is written.
-    assert set(Checkpoint("orders", {0: 15}, "run3").to_summary()) == {"icefloe.offsets", "icefloe.topic", "icefloe.run-id"}
+    assert set(Checkpoint("orders", {0: 15}, "run3").to_summary()) == {
+        "icefloe.offsets",
+        "icefloe.topic",
+        "icefloe.run-id",
+    }
 
 
 def test_partition_clocks_round_trip_and_maintenance_copies_keep_them():

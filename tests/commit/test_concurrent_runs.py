@@ -46,7 +46,9 @@ def last_per_key(sent: list[dict]) -> dict[bytes, int]:
 
 @pytest.mark.parametrize("mode", ["append", "upsert"])
 @pytest.mark.parametrize("rival_at", ["before-write", "after-write"])
-def test_overlapping_runs_never_lose_or_duplicate(spark, broker, state_dir, topic, make_config, monkeypatch, mode, rival_at):
+def test_overlapping_runs_never_lose_or_duplicate(
+    spark, broker, state_dir, topic, make_config, monkeypatch, mode, rival_at
+):
     broker.create_topic(topic, 2)
     sent = records(0, 60, tombstones=mode == "upsert")
     positions = produce(broker.bootstrap_servers, topic, sent)
@@ -111,7 +113,9 @@ def test_only_branches_older_than_the_run_timeout_are_dropped(spark, broker, sta
     assert sorted(table.branches(BRANCH_PREFIX)) == sorted([live, "icefloe_run_from_an_older_icefloe"])
 
 
-def test_a_run_that_found_no_table_never_puts_a_first_snapshot_above_a_batch(spark, broker, state_dir, topic, make_config, monkeypatch):
+def test_a_run_that_found_no_table_never_puts_a_first_snapshot_above_a_batch(
+    spark, broker, state_dir, topic, make_config, monkeypatch
+):
     """Two runs of a new table: B finds it missing, and before B writes the table's first, empty snapshot, run A
     creates the table and commits its first batch. B's first snapshot must not land on A's batch (the next run would
     read from the log start again)."""
@@ -149,7 +153,9 @@ def test_schema_evolution_goes_on_when_another_run_made_the_same_change_first(sp
 
     table = IcebergTable(spark, f"local.{topic}")
     table.ensure(T.StructType([T.StructField("a", T.LongType())]), (), 128, {"icefloe.offsets": "{}"})
-    wanted = T.StructType([T.StructField(n, t) for n, t in (("a", T.LongType()), ("c", T.StringType()), ("d", T.LongType()))])
+    wanted = T.StructType(
+        [T.StructField(n, t) for n, t in (("a", T.LongType()), ("c", T.StringType()), ("d", T.LongType()))]
+    )
     real_changes = iceberg_table.schema_changes
     rival = []
 
@@ -181,8 +187,12 @@ def assert_exactly_once(state_dir, identifier: str, mode: str, sent: list[dict],
         assert len({row["kafka_key"] for row in rows}) == len(rows)
 
 
-@pytest.mark.parametrize(("mode", "dropped"), [("append", "before-publish"), ("upsert", "before-publish"), ("upsert", "after-merge")])
-def test_a_run_whose_branch_a_rival_dropped_does_not_publish(spark, broker, state_dir, topic, make_config, monkeypatch, mode, dropped):
+@pytest.mark.parametrize(
+    ("mode", "dropped"), [("append", "before-publish"), ("upsert", "before-publish"), ("upsert", "after-merge")]
+)
+def test_a_run_whose_branch_a_rival_dropped_does_not_publish(
+    spark, broker, state_dir, topic, make_config, monkeypatch, mode, dropped
+):
     """A rival whose clock is a day ahead takes the run's branch for a dead run's and drops it: after the run wrote
     it, just before the run publishes; or, in upsert mode, after the MERGE and before the append that carries the
     offsets. The run must not publish (in upsert mode that would put the offsets in main without the merged rows)."""
@@ -235,7 +245,9 @@ def after_the_write(monkeypatch, action) -> None:
 
 
 @pytest.mark.parametrize("mode", ["append", "upsert"])
-def test_a_run_older_than_its_run_timeout_does_not_publish(spark, broker, state_dir, topic, make_config, monkeypatch, mode):
+def test_a_run_older_than_its_run_timeout_does_not_publish(
+    spark, broker, state_dir, topic, make_config, monkeypatch, mode
+):
     """Other runs may drop the branch of a run older than `runTimeout`: such a run must not publish, even though its
     branch is still there."""
     broker.create_topic(topic, 2)
@@ -256,7 +268,9 @@ def test_a_run_older_than_its_run_timeout_does_not_publish(spark, broker, state_
     assert_exactly_once(state_dir, identifier, mode, sent, positions)
 
 
-def test_a_run_that_found_no_dead_letter_table_never_puts_a_first_snapshot_above_its_batch(spark, broker, state_dir, topic, make_config, monkeypatch):
+def test_a_run_that_found_no_dead_letter_table_never_puts_a_first_snapshot_above_its_batch(
+    spark, broker, state_dir, topic, make_config, monkeypatch
+):
     """The same race on the DLQ table: B finds `<table>_dlq` missing, A creates it and commits its bad records
     (and its batch) before B writes the DLQ's first snapshot. B must neither hide A's DLQ checkpoint nor add the
     bad records again."""

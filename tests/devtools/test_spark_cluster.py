@@ -32,14 +32,27 @@ def test_the_submit_keeps_the_emr_job_but_for_master_paths_endpoints_and_size(tm
     local[emr["spark.archives"].split("#")[0]] = archive
     endpoints = {"spark.sql.catalog.icefloe.glue.endpoint": "http://127.0.0.1:1"}
 
-    job = emr_job_submit(request, "spark://127.0.0.1:7", local, {EMR_ICEBERG_JAR: [Path("/j/iceberg.jar")]}, endpoints,
-                         tmp_path / "driver", {"HOME": "/root"})  # fmt: skip
+    job = emr_job_submit(
+        request,
+        "spark://127.0.0.1:7",
+        local,
+        {EMR_ICEBERG_JAR: [Path("/j/iceberg.jar")]},
+        endpoints,
+        tmp_path / "driver",
+        {"HOME": "/root"},
+    )
 
     assert job.command[:3] == [job.command[0], "--master", "spark://127.0.0.1:7"]
-    assert job.command[-len(driver["EntryPointArguments"]) - 1 :] == [str(local[driver["EntryPoint"]]), *driver["EntryPointArguments"]]
+    assert job.command[-len(driver["EntryPointArguments"]) - 1 :] == [
+        str(local[driver["EntryPoint"]]),
+        *driver["EntryPointArguments"],
+    ]
     changed = {k for k in emr if emr[k] != job.conf.get(k)}
     assert changed - set(LOCAL_JOB_SIZE) == {"spark.jars", "spark.archives"} | {k for k in emr if "driverEnv" in k}
-    assert job.conf["spark.jars"].split(",") == ["/j/iceberg.jar", *(str(local[u]) for u in emr["spark.jars"].split(",")[1:])]
+    assert job.conf["spark.jars"].split(",") == [
+        "/j/iceberg.jar",
+        *(str(local[u]) for u in emr["spark.jars"].split(",")[1:]),
+    ]
     assert job.conf["spark.archives"] == f"{archive}#deps" and (tmp_path / "driver" / "deps" / "marker.py").exists()
     assert set(job.conf) - set(emr) == set(endpoints)
     # The driver's environment: what EMR gives its driver container (driverEnv), here the driver process's.

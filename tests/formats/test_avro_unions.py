@@ -19,25 +19,45 @@ from test_jvm_path import rows_on_both_paths
 UTC = dt.UTC
 NS = "test.unions"
 CIRCLE = {"type": "record", "name": "Circle", "fields": [{"name": "radius", "type": "double"}]}
-SQUARE = {"type": "record", "name": "Square", "fields": [
-    {"name": "side", "type": "double"}, {"name": "label", "type": ["string", "long"]}]}  # fmt: skip
+SQUARE = {
+    "type": "record",
+    "name": "Square",
+    "fields": [{"name": "side", "type": "double"}, {"name": "label", "type": ["string", "long"]}],
+}
 LEVEL = {"type": "enum", "name": "Level", "symbols": ["LOW", "HIGH"]}
 SCHEMA = {
-    "type": "record", "name": "Thing", "namespace": NS,
+    "type": "record",
+    "name": "Thing",
+    "namespace": NS,
     "fields": [
         {"name": "id", "type": "long"},
         {"name": "sl", "type": ["string", "long"]},
         {"name": "shape", "type": ["null", CIRCLE, SQUARE], "default": None},
         {"name": "num", "type": ["int", "long"]},
         {"name": "real", "type": ["null", "float", "double"], "default": None},
-        {"name": "mixed", "type": ["null", "boolean", "bytes", {"type": "array", "items": "int"},
-                                   {"type": "map", "values": "string"}], "default": None},
-        {"name": "when", "type": [{"type": "long", "logicalType": "timestamp-micros"}, "string",
-                                  {"type": "int", "logicalType": "time-millis"}]},
+        {
+            "name": "mixed",
+            "type": [
+                "null",
+                "boolean",
+                "bytes",
+                {"type": "array", "items": "int"},
+                {"type": "map", "values": "string"},
+            ],
+            "default": None,
+        },
+        {
+            "name": "when",
+            "type": [
+                {"type": "long", "logicalType": "timestamp-micros"},
+                "string",
+                {"type": "int", "logicalType": "time-millis"},
+            ],
+        },
         {"name": "list", "type": {"type": "array", "items": ["string", "double"]}},
         {"name": "by_key", "type": {"type": "map", "values": ["null", "long", LEVEL]}},
     ],
-}  # fmt: skip
+}
 AT = dt.datetime(2026, 3, 4, 5, 6, 7, 891011, tzinfo=UTC)
 
 
@@ -48,34 +68,102 @@ def member(index: int, value, size: int) -> dict:
 # (value as produced, the row's value columns as the table holds them)
 CASES = [
     (
-        {"id": 1, "sl": "text", "shape": (f"{NS}.Circle", {"radius": 1.5}), "num": 7, "real": None, "mixed": True,
-         "when": AT, "list": ["a", 2.5], "by_key": {"x": 3, "y": "HIGH", "z": None}},
-        {"id": 1, "sl": member(0, "text", 2), "shape": member(0, {"radius": 1.5}, 2), "num": 7, "real": None,
-         "mixed": member(0, True, 4), "when": member(0, AT, 3),
-         "list": [member(0, "a", 2), member(1, 2.5, 2)],
-         "by_key": {"x": member(0, 3, 2), "y": member(1, "HIGH", 2), "z": None}},
+        {
+            "id": 1,
+            "sl": "text",
+            "shape": (f"{NS}.Circle", {"radius": 1.5}),
+            "num": 7,
+            "real": None,
+            "mixed": True,
+            "when": AT,
+            "list": ["a", 2.5],
+            "by_key": {"x": 3, "y": "HIGH", "z": None},
+        },
+        {
+            "id": 1,
+            "sl": member(0, "text", 2),
+            "shape": member(0, {"radius": 1.5}, 2),
+            "num": 7,
+            "real": None,
+            "mixed": member(0, True, 4),
+            "when": member(0, AT, 3),
+            "list": [member(0, "a", 2), member(1, 2.5, 2)],
+            "by_key": {"x": member(0, 3, 2), "y": member(1, "HIGH", 2), "z": None},
+        },
     ),
     (
-        {"id": 2, "sl": 2**40, "shape": (f"{NS}.Square", {"side": 2.0, "label": 9}), "num": 2**40, "real": 0.25,
-         "mixed": b"\x00\xff", "when": "soon", "list": [], "by_key": {}},
-        {"id": 2, "sl": member(1, 2**40, 2), "shape": member(1, {"side": 2.0, "label": member(1, 9, 2)}, 2),
-         "num": 2**40, "real": 0.25, "mixed": member(1, b"\x00\xff", 4), "when": member(1, "soon", 3), "list": [],
-         "by_key": {}},
+        {
+            "id": 2,
+            "sl": 2**40,
+            "shape": (f"{NS}.Square", {"side": 2.0, "label": 9}),
+            "num": 2**40,
+            "real": 0.25,
+            "mixed": b"\x00\xff",
+            "when": "soon",
+            "list": [],
+            "by_key": {},
+        },
+        {
+            "id": 2,
+            "sl": member(1, 2**40, 2),
+            "shape": member(1, {"side": 2.0, "label": member(1, 9, 2)}, 2),
+            "num": 2**40,
+            "real": 0.25,
+            "mixed": member(1, b"\x00\xff", 4),
+            "when": member(1, "soon", 3),
+            "list": [],
+            "by_key": {},
+        },
     ),
     (
-        {"id": 3, "sl": "", "shape": None, "num": -1, "real": 1e300, "mixed": [1, 2], "when": dt.time(1, 2, 3, 4000),
-         "list": [1.0], "by_key": {"k": "LOW"}},
-        {"id": 3, "sl": member(0, "", 2), "shape": None, "num": -1, "real": 1e300, "mixed": member(2, [1, 2], 4),
-         "when": member(2, 3_723_004_000, 3), "list": [member(1, 1.0, 2)], "by_key": {"k": member(1, "LOW", 2)}},
+        {
+            "id": 3,
+            "sl": "",
+            "shape": None,
+            "num": -1,
+            "real": 1e300,
+            "mixed": [1, 2],
+            "when": dt.time(1, 2, 3, 4000),
+            "list": [1.0],
+            "by_key": {"k": "LOW"},
+        },
+        {
+            "id": 3,
+            "sl": member(0, "", 2),
+            "shape": None,
+            "num": -1,
+            "real": 1e300,
+            "mixed": member(2, [1, 2], 4),
+            "when": member(2, 3_723_004_000, 3),
+            "list": [member(1, 1.0, 2)],
+            "by_key": {"k": member(1, "LOW", 2)},
+        },
     ),
     (
-        {"id": 4, "sl": "s", "shape": (f"{NS}.Square", {"side": 0.5, "label": "x"}), "num": 0, "real": None,
-         "mixed": {"a": "b"}, "when": "", "list": ["ñ"], "by_key": {}},
-        {"id": 4, "sl": member(0, "s", 2), "shape": member(1, {"side": 0.5, "label": member(0, "x", 2)}, 2),
-         "num": 0, "real": None, "mixed": member(3, {"a": "b"}, 4), "when": member(1, "", 3),
-         "list": [member(0, "ñ", 2)], "by_key": {}},
+        {
+            "id": 4,
+            "sl": "s",
+            "shape": (f"{NS}.Square", {"side": 0.5, "label": "x"}),
+            "num": 0,
+            "real": None,
+            "mixed": {"a": "b"},
+            "when": "",
+            "list": ["ñ"],
+            "by_key": {},
+        },
+        {
+            "id": 4,
+            "sl": member(0, "s", 2),
+            "shape": member(1, {"side": 0.5, "label": member(0, "x", 2)}, 2),
+            "num": 0,
+            "real": None,
+            "mixed": member(3, {"a": "b"}, 4),
+            "when": member(1, "", 3),
+            "list": [member(0, "ñ", 2)],
+            "by_key": {},
+        },
     ),
-]  # fmt: skip
+]
 
 
 def normalised(row: dict) -> dict:
@@ -91,7 +179,10 @@ def normalised(row: dict) -> dict:
 def test_union_types_follow_sparks_convention():
     fields = {f.name: f.dataType.simpleString() for f in avro_value_fields(json.dumps(SCHEMA), "t")}
     assert fields["sl"] == "struct<member0:string,member1:bigint>"
-    assert fields["shape"] == "struct<member0:struct<radius:double>,member1:struct<side:double,label:struct<member0:string,member1:bigint>>>"
+    assert (
+        fields["shape"]
+        == "struct<member0:struct<radius:double>,member1:struct<side:double,label:struct<member0:string,member1:bigint>>>"
+    )
     assert fields["num"] == "bigint" and fields["real"] == "double", "int|long and float|double: Spark's widening"
     assert fields["mixed"] == "struct<member0:boolean,member1:binary,member2:array<int>,member3:map<string,string>>"
     assert fields["when"] == "struct<member0:timestamp,member1:string,member2:bigint>"
@@ -99,11 +190,14 @@ def test_union_types_follow_sparks_convention():
     assert needs_record_names(json.dumps(SCHEMA)), "two records in one union: the decoder must name them"
 
 
-@pytest.mark.parametrize("union, clash", [
-    (["string", LEVEL], "branches 0 and 1"),
-    (["bytes", {"type": "fixed", "name": "F", "size": 2}], "branches 0 and 1"),
-    (["null", {"type": "int", "logicalType": "date"}, "long"], "logical type"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "union, clash",
+    [
+        (["string", LEVEL], "branches 0 and 1"),
+        (["bytes", {"type": "fixed", "name": "F", "size": 2}], "branches 0 and 1"),
+        (["null", {"type": "int", "logicalType": "date"}, "long"], "logical type"),
+    ],
+)
 def test_unions_python_cannot_tell_apart_are_refused_naming_the_field(union, clash):
     schema = {"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"}, {"name": "u", "type": union}]}
     with pytest.raises(ConfigError, match=clash) as caught:
@@ -113,12 +207,17 @@ def test_unions_python_cannot_tell_apart_are_refused_naming_the_field(union, cla
 
 @pytest.mark.spark
 @pytest.mark.broker
-def test_unions_read_back_field_by_field_and_both_paths_give_the_same_rows(spark, broker, registry, state_dir, topic, make_config):
+def test_unions_read_back_field_by_field_and_both_paths_give_the_same_rows(
+    spark, broker, registry, state_dir, topic, make_config
+):
     broker.create_topic(topic, 2)
     serialize = avro_serializer(registry.url, topic, json.dumps(SCHEMA))
-    produce(broker.bootstrap_servers, topic, [
-        {"key": b"k%d" % i, "value": serialize(value), "partition": i % 2} for i, (value, _) in enumerate(CASES)
-    ] + [{"key": b"bad", "value": serialize(CASES[0][0])[:9], "partition": 0}])  # fmt: skip
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [{"key": b"k%d" % i, "value": serialize(value), "partition": i % 2} for i, (value, _) in enumerate(CASES)]
+        + [{"key": b"bad", "value": serialize(CASES[0][0])[:9], "partition": 0}],
+    )
     config = make_config({"topic": topic, "errors": "skip"})
     table = config.tables[0]
 
@@ -162,7 +261,9 @@ def test_union_poison_catalogue(spark, broker, registry, state_dir, topic, make_
     serialize = avro_serializer(registry.url, topic, json.dumps(POISONED))
     header = serialize({"id": 1, "u": "ab", "n": None})[:5]
     poisons = [(name, "DecodeError", b"k", header + body) for name, body in UNION_POISONS]
-    goods, bads = lay_out(broker, topic, poisons, lambda i: serialize({"id": i, "u": "s" if i % 2 else i, "n": f"n{i}"}))
+    goods, bads = lay_out(
+        broker, topic, poisons, lambda i: serialize({"id": i, "u": "s" if i % 2 else i, "n": f"n{i}"})
+    )
     config = make_config({"topic": topic, "errors": mode})
     result = check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
     if mode == "skip":
@@ -173,9 +274,15 @@ def test_union_poison_catalogue(spark, broker, registry, state_dir, topic, make_
         assert len(negative) == 3 and all("union branch index out of range" in m for m in negative), negative
 
 
-POISONED = {"type": "record", "name": "U", "fields": [
-    {"name": "id", "type": "long"}, {"name": "u", "type": ["string", "long"]},
-    {"name": "n", "type": ["null", "string"], "default": None}]}  # fmt: skip
+POISONED = {
+    "type": "record",
+    "name": "U",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "u", "type": ["string", "long"]},
+        {"name": "n", "type": ["null", "string"], "default": None},
+    ],
+}
 # The body: id 1 (zigzag 0x02), `u`'s branch index (zigzag) and value, `n`'s branch index and value. fastavro reads a
 # negative index from the end of the union (-1: the last branch), so those decoded silently into a wrong value.
 UNION_POISONS = [

@@ -22,28 +22,56 @@ PLACEHOLDER = "__debezium_unavailable_value"
 
 
 def value_record(topic: str) -> dict:
-    return {"type": "record", "name": "Value", "namespace": topic, "connect.name": f"{topic}.Value", "fields": [
-        {"name": "id", "type": "int"},
-        {"name": "name", "type": ["null", "string"], "default": None},
-        {"name": "notes", "type": ["null", "string"], "default": None},
-        {"name": "born", "type": ["null", {"type": "int", "connect.version": 1, "connect.name": "io.debezium.time.Date"}], "default": None},
-    ]}  # fmt: skip
+    return {
+        "type": "record",
+        "name": "Value",
+        "namespace": topic,
+        "connect.name": f"{topic}.Value",
+        "fields": [
+            {"name": "id", "type": "int"},
+            {"name": "name", "type": ["null", "string"], "default": None},
+            {"name": "notes", "type": ["null", "string"], "default": None},
+            {
+                "name": "born",
+                "type": ["null", {"type": "int", "connect.version": 1, "connect.name": "io.debezium.time.Date"}],
+                "default": None,
+            },
+        ],
+    }
 
 
 def source_record() -> dict:
-    return {"type": "record", "name": "Source", "namespace": "io.debezium.connector.postgresql", "fields": [
-        {"name": "connector", "type": "string"}, {"name": "ts_ms", "type": "long"},
-        {"name": "lsn", "type": ["null", "long"], "default": None}, {"name": "sequence", "type": ["null", "string"], "default": None},
-        {"name": "txId", "type": ["null", "long"], "default": None},
-    ]}  # fmt: skip
+    return {
+        "type": "record",
+        "name": "Source",
+        "namespace": "io.debezium.connector.postgresql",
+        "fields": [
+            {"name": "connector", "type": "string"},
+            {"name": "ts_ms", "type": "long"},
+            {"name": "lsn", "type": ["null", "long"], "default": None},
+            {"name": "sequence", "type": ["null", "string"], "default": None},
+            {"name": "txId", "type": ["null", "long"], "default": None},
+        ],
+    }
 
 
 def envelope(topic: str, value: object, source: object) -> dict:
-    return {"type": "record", "name": "Envelope", "namespace": topic, "fields": [
-        {"name": "before", "type": ["null", value], "default": None},
-        {"name": "after", "type": ["null", f"{topic}.Value" if value == f"{topic}.Value" else "Value"], "default": None},
-        {"name": "source", "type": source}, {"name": "op", "type": "string"}, {"name": "ts_ms", "type": ["null", "long"], "default": None},
-    ]}  # fmt: skip
+    return {
+        "type": "record",
+        "name": "Envelope",
+        "namespace": topic,
+        "fields": [
+            {"name": "before", "type": ["null", value], "default": None},
+            {
+                "name": "after",
+                "type": ["null", f"{topic}.Value" if value == f"{topic}.Value" else "Value"],
+                "default": None,
+            },
+            {"name": "source", "type": source},
+            {"name": "op", "type": "string"},
+            {"name": "ts_ms", "type": ["null", "long"], "default": None},
+        ],
+    }
 
 
 class Events:
@@ -57,20 +85,40 @@ class Events:
             value = value_record(topic)
             if encoding == "avro-referenced":  # as Apicurio's converter registers them: nested records as subjects
                 client.register_schema(f"{topic}.Value", Schema(json.dumps(value), "AVRO"))
-                client.register_schema("io.debezium.connector.postgresql.Source", Schema(json.dumps(source_record()), "AVRO"))
-                refs = [SchemaReference(f"{topic}.Value", f"{topic}.Value", 1),
-                        SchemaReference("io.debezium.connector.postgresql.Source", "io.debezium.connector.postgresql.Source", 1)]  # fmt: skip
-                schema = Schema(json.dumps(envelope(topic, f"{topic}.Value", "io.debezium.connector.postgresql.Source")), "AVRO", refs)
+                client.register_schema(
+                    "io.debezium.connector.postgresql.Source", Schema(json.dumps(source_record()), "AVRO")
+                )
+                refs = [
+                    SchemaReference(f"{topic}.Value", f"{topic}.Value", 1),
+                    SchemaReference(
+                        "io.debezium.connector.postgresql.Source", "io.debezium.connector.postgresql.Source", 1
+                    ),
+                ]
+                schema = Schema(
+                    json.dumps(envelope(topic, f"{topic}.Value", "io.debezium.connector.postgresql.Source")),
+                    "AVRO",
+                    refs,
+                )
             else:
                 schema = Schema(json.dumps(envelope(topic, value, source_record())), "AVRO")
-            key_schema = {"type": "record", "name": "Key", "namespace": topic, "fields": [{"name": "id", "type": "int"}]}
+            key_schema = {
+                "type": "record",
+                "name": "Key",
+                "namespace": topic,
+                "fields": [{"name": "id", "type": "int"}],
+            }
             conf = {"auto.register.schemas": True}
             self.value = AvroSerializer(client, schema, conf=conf)
             self.key = AvroSerializer(client, json.dumps(key_schema), conf=conf)
 
     def source(self, lsn: int) -> dict:
-        return {"connector": "postgresql", "ts_ms": 1_700_000_000_000 + lsn, "lsn": lsn,
-                "sequence": json.dumps([str(self.last_commit), str(lsn)]), "txId": 7}  # fmt: skip
+        return {
+            "connector": "postgresql",
+            "ts_ms": 1_700_000_000_000 + lsn,
+            "lsn": lsn,
+            "sequence": json.dumps([str(self.last_commit), str(lsn)]),
+            "txId": 7,
+        }
 
     def encode_key(self, key: dict | None) -> bytes | None:
         if key is None:
@@ -78,7 +126,11 @@ class Events:
         if self.encoding.startswith("avro"):
             return self.key(key, SerializationContext(self.topic, MessageField.KEY))
         if self.encoding == "json-schema":
-            schema = {"type": "struct", "optional": False, "fields": [{"type": "int32", "optional": False, "field": "id"}]}
+            schema = {
+                "type": "struct",
+                "optional": False,
+                "fields": [{"type": "int32", "optional": False, "field": "id"}],
+            }
             return json.dumps({"schema": schema, "payload": key}).encode()
         return json.dumps(key).encode()
 
@@ -88,26 +140,55 @@ class Events:
         if self.encoding.startswith("avro"):
             return self.value(value, SerializationContext(self.topic, MessageField.VALUE))
         if self.encoding == "json-schema":
-            row = {"type": "struct", "optional": True, "fields": [
-                {"type": "int32", "optional": False, "field": "id"}, {"type": "string", "optional": True, "field": "name"},
-                {"type": "string", "optional": True, "field": "notes"},
-                {"type": "int32", "optional": True, "name": "io.debezium.time.Date", "version": 1, "field": "born"}]}  # fmt: skip
-            schema = {"type": "struct", "name": f"{self.topic}.Envelope", "optional": False, "fields": [
-                {**row, "field": "before"}, {**row, "field": "after"},
-                {"type": "struct", "optional": False, "field": "source", "fields": [
-                    {"type": "string", "optional": False, "field": "connector"}, {"type": "int64", "optional": False, "field": "ts_ms"},
-                    {"type": "int64", "optional": True, "field": "lsn"}, {"type": "string", "optional": True, "field": "sequence"},
-                    {"type": "int64", "optional": True, "field": "txId"}]},
-                {"type": "string", "optional": False, "field": "op"}, {"type": "int64", "optional": True, "field": "ts_ms"}]}  # fmt: skip
+            row = {
+                "type": "struct",
+                "optional": True,
+                "fields": [
+                    {"type": "int32", "optional": False, "field": "id"},
+                    {"type": "string", "optional": True, "field": "name"},
+                    {"type": "string", "optional": True, "field": "notes"},
+                    {"type": "int32", "optional": True, "name": "io.debezium.time.Date", "version": 1, "field": "born"},
+                ],
+            }
+            schema = {
+                "type": "struct",
+                "name": f"{self.topic}.Envelope",
+                "optional": False,
+                "fields": [
+                    {**row, "field": "before"},
+                    {**row, "field": "after"},
+                    {
+                        "type": "struct",
+                        "optional": False,
+                        "field": "source",
+                        "fields": [
+                            {"type": "string", "optional": False, "field": "connector"},
+                            {"type": "int64", "optional": False, "field": "ts_ms"},
+                            {"type": "int64", "optional": True, "field": "lsn"},
+                            {"type": "string", "optional": True, "field": "sequence"},
+                            {"type": "int64", "optional": True, "field": "txId"},
+                        ],
+                    },
+                    {"type": "string", "optional": False, "field": "op"},
+                    {"type": "int64", "optional": True, "field": "ts_ms"},
+                ],
+            }
             return json.dumps({"schema": schema, "payload": value}).encode()
         return json.dumps(value).encode()
 
-    def event(self, op: str, key: dict | None, before=None, after=None, lsn: int | None = None, headers=None, partition=0) -> dict:
+    def event(
+        self, op: str, key: dict | None, before=None, after=None, lsn: int | None = None, headers=None, partition=0
+    ) -> dict:
         if lsn is None:
             self.lsn += 10
             lsn = self.lsn
         value = {"before": before, "after": after, "source": self.source(lsn), "op": op, "ts_ms": 1_700_000_000_000}
-        return {"key": self.encode_key(key), "value": self.encode_value(value), "headers": headers, "partition": partition}
+        return {
+            "key": self.encode_key(key),
+            "value": self.encode_value(value),
+            "headers": headers,
+            "partition": partition,
+        }
 
     def commit(self) -> None:
         self.last_commit = self.lsn
@@ -117,8 +198,10 @@ class Events:
 
     def delete(self, id: int, **kw) -> list[dict]:
         before = {"id": id, "name": None, "notes": None, "born": None}
-        return [self.event("d", {"id": id}, before=before, **kw),
-                {"key": self.encode_key({"id": id}), "value": None, "partition": kw.get("partition", 0)}]  # fmt: skip
+        return [
+            self.event("d", {"id": id}, before=before, **kw),
+            {"key": self.encode_key({"id": id}), "value": None, "partition": kw.get("partition", 0)},
+        ]
 
 
 def state(rows: list[dict]) -> dict[int, tuple]:
@@ -133,8 +216,15 @@ ENCODINGS = ["avro-referenced", "avro-inline", "json-schema", "json-plain"]
 
 
 def table_config(make_config, topic: str, encoding: str, **extra):
-    return make_config({"topic": topic, "format": "avro" if encoding.startswith("avro") else "json",
-                        "envelope": "debezium", "mode": "upsert", **extra})  # fmt: skip
+    return make_config(
+        {
+            "topic": topic,
+            "format": "avro" if encoding.startswith("avro") else "json",
+            "envelope": "debezium",
+            "mode": "upsert",
+            **extra,
+        }
+    )
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
@@ -184,24 +274,38 @@ def test_toast_placeholders_key_changes_and_truncates(spark, broker, registry, s
         events.lsn += 10
         lsn = events.lsn
         header = [("__debezium.oldkey", json.dumps({"id": old}).encode())]
-        return [*events.delete(old, lsn=lsn, partition=partition_old),
-                events.upsert("c", new, name, notes=PLACEHOLDER, lsn=lsn, headers=header, partition=partition_new)]  # fmt: skip
+        return [
+            *events.delete(old, lsn=lsn, partition=partition_old),
+            events.upsert("c", new, name, notes=PLACEHOLDER, lsn=lsn, headers=header, partition=partition_new),
+        ]
 
-    produce(broker.bootstrap_servers, topic, [
-        events.upsert("c", 1, "a", notes="long-1"), events.upsert("c", 2, "b", notes="long-2", partition=1),
-        events.upsert("u", 1, "a2", notes=PLACEHOLDER),  # same batch: from the batch's earlier change
-    ])  # fmt: skip
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [
+            events.upsert("c", 1, "a", notes="long-1"),
+            events.upsert("c", 2, "b", notes="long-2", partition=1),
+            events.upsert("u", 1, "a2", notes=PLACEHOLDER),  # same batch: from the batch's earlier change
+        ],
+    )
     assert run() == {1: ("a2", "long-1", "2022-01-08"), 2: ("b", "long-2", "2022-01-08")}
     events.commit()
-    produce(broker.bootstrap_servers, topic, [
-        events.upsert("u", 2, "b2", notes=PLACEHOLDER, partition=1),  # across batches: from the table's row
-        *moved(1, 10, "moved", 0, 2),  # the old row is in the table, the new key on another partition
-        events.upsert("c", 3, "c", notes="long-3"),
-        *moved(3, 30, "moved-3", 0, 1),  # the old row is in the same batch
-        events.upsert("u", 30, "moved-3b", notes=PLACEHOLDER, partition=1),  # after the move, in the batch
-    ])  # fmt: skip
-    assert run() == {2: ("b2", "long-2", "2022-01-08"), 10: ("moved", "long-1", "2022-01-08"),
-                     30: ("moved-3b", "long-3", "2022-01-08")}  # fmt: skip
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [
+            events.upsert("u", 2, "b2", notes=PLACEHOLDER, partition=1),  # across batches: from the table's row
+            *moved(1, 10, "moved", 0, 2),  # the old row is in the table, the new key on another partition
+            events.upsert("c", 3, "c", notes="long-3"),
+            *moved(3, 30, "moved-3", 0, 1),  # the old row is in the same batch
+            events.upsert("u", 30, "moved-3b", notes=PLACEHOLDER, partition=1),  # after the move, in the batch
+        ],
+    )
+    assert run() == {
+        2: ("b2", "long-2", "2022-01-08"),
+        10: ("moved", "long-1", "2022-01-08"),
+        30: ("moved-3b", "long-3", "2022-01-08"),
+    }
     events.commit()
     before_truncate = events.upsert("u", 2, "before-truncate", partition=1)  # older than the truncate, read after it
     inserted = events.upsert("c", 4, "d")
@@ -222,7 +326,9 @@ def test_order_never_regresses_across_partitions(spark, broker, registry, state_
     old = events.upsert("u", 1, "old", partition=1)
     old_2 = events.upsert("c", 2, "old-2", partition=1)
     events.commit()
-    produce(broker.bootstrap_servers, topic, [events.upsert("u", 1, "new", partition=0), *events.delete(2, partition=0)])
+    produce(
+        broker.bootstrap_servers, topic, [events.upsert("u", 1, "new", partition=0), *events.delete(2, partition=0)]
+    )
     result = run_table(spark, config, config.tables[0], state_dir)
     assert state(read_pyiceberg(state_dir, result.identifier)) == {1: ("new", "n", "2022-01-08")}
     produce(broker.bootstrap_servers, topic, [old, old_2])  # older positions, read later
@@ -231,7 +337,9 @@ def test_order_never_regresses_across_partitions(spark, broker, registry, state_
 
 
 @pytest.mark.parametrize("errors", ["skip", "fail"])
-def test_bad_events_are_bad_records_named_by_partition_and_offset(spark, broker, registry, state_dir, topic, make_config, errors):
+def test_bad_events_are_bad_records_named_by_partition_and_offset(
+    spark, broker, registry, state_dir, topic, make_config, errors
+):
     """No op, an unknown op, a key that does not match the row, an `after` that does not fit the table's columns."""
     broker.create_topic(topic, 1)
     events = Events(topic, "json-plain")
@@ -264,19 +372,35 @@ def test_changelog_keeps_every_event(spark, broker, registry, state_dir, topic, 
     """`mode: append`: one row per event with op, source position and time, the after columns, before as a struct."""
     broker.create_topic(topic, 1)
     events = Events(topic, "avro-referenced", registry.url)
-    records = [events.upsert("c", 1, "a"), events.event("u", {"id": 1}, before={"id": 1, "name": "a", "notes": "n", "born": 1},
-               after={"id": 1, "name": "b", "notes": PLACEHOLDER, "born": 1}), *events.delete(1), events.event("t", None)]  # fmt: skip
+    records = [
+        events.upsert("c", 1, "a"),
+        events.event(
+            "u",
+            {"id": 1},
+            before={"id": 1, "name": "a", "notes": "n", "born": 1},
+            after={"id": 1, "name": "b", "notes": PLACEHOLDER, "born": 1},
+        ),
+        *events.delete(1),
+        events.event("t", None),
+    ]
     produce(broker.bootstrap_servers, topic, records)
     config = make_config({"topic": topic, "format": "avro", "envelope": "debezium", "mode": "append"})
     result = run_table(spark, config, config.tables[0], state_dir)
     for rows in (read_pyiceberg(state_dir, result.identifier), read_duckdb(result.metadata_location)):
         rows = sorted(rows, key=lambda r: r["kafka_offset"])
         assert [r["cdc_op"] for r in rows] == ["c", "u", "d", None, "t"]  # the tombstone: a row, as append keeps it
-        assert [(r["id"], r["name"], r["notes"]) for r in rows] == [(1, "a", "n"), (1, "b", None), (None, None, None),
-                                                                    (None, None, None), (None, None, None)]  # fmt: skip
+        assert [(r["id"], r["name"], r["notes"]) for r in rows] == [
+            (1, "a", "n"),
+            (1, "b", None),
+            (None, None, None),
+            (None, None, None),
+            (None, None, None),
+        ]
         assert rows[1]["cdc_unavailable"] == ["notes"]
         assert rows[1]["cdc_before"]["name"] == "a" and rows[2]["cdc_before"]["id"] == 1
-        assert [bytes(r["cdc_position"]) for r in rows if r["cdc_op"]] == sorted(bytes(r["cdc_position"]) for r in rows if r["cdc_op"])
+        assert [bytes(r["cdc_position"]) for r in rows if r["cdc_op"]] == sorted(
+            bytes(r["cdc_position"]) for r in rows if r["cdc_op"]
+        )
         assert rows[0]["cdc_ts"] is not None
 
 
@@ -284,7 +408,9 @@ def test_soft_deletes_keep_the_row_flagged(spark, broker, registry, state_dir, t
     broker.create_topic(topic, 1)
     events = Events(topic, "json-schema")
     config = table_config(make_config, topic, "json-schema", deletes="soft")
-    produce(broker.bootstrap_servers, topic, [events.upsert("c", 1, "a"), events.upsert("c", 2, "b"), *events.delete(1)])
+    produce(
+        broker.bootstrap_servers, topic, [events.upsert("c", 1, "a"), events.upsert("c", 2, "b"), *events.delete(1)]
+    )
     result = run_table(spark, config, config.tables[0], state_dir)
     rows = {r["id"]: r for r in read_pyiceberg(state_dir, result.identifier)}
     assert (rows[1]["name"], rows[1]["cdc_deleted"], rows[2]["cdc_deleted"]) == ("a", True, False)
@@ -296,7 +422,9 @@ def test_soft_deletes_keep_the_row_flagged(spark, broker, registry, state_dir, t
 
 
 @pytest.mark.parametrize("encoding", ["json-plain", "json-schema"])
-def test_truncate_alone_in_a_json_batch_takes_effect_in_order(spark, broker, registry, state_dir, topic, make_config, encoding):
+def test_truncate_alone_in_a_json_batch_takes_effect_in_order(
+    spark, broker, registry, state_dir, topic, make_config, encoding
+):
     """A JSON batch holding only a truncate knows no key columns (a `t` has no key): first when the table has none
     yet, then when the table has them. Either way the truncate removes the rows older than it, keeps the newer ones,
     and keeps older events read in later batches (a late partition, a connector's replay) out."""
@@ -332,17 +460,33 @@ def test_schemaless_json_columns_are_typed_by_inference(spark, broker, state_dir
     broker.create_topic(topic, 1)
     placeholder_b64 = base64.b64encode(PLACEHOLDER.encode()).decode()
     after = {
-        "id": 1, "born": 19000, "seen_at": 1_700_000_000_123_456, "zoned": "2024-02-29T12:00:00.5Z",
-        "price": "MBE=", "price_numeric": 123.05, "amount": {"scale": 3, "value": "MDk="}, "blob": "AAE=",
-        "tags": ["x"], "doc": '{"a": 1}', "shape": {"wkb": "AQEAAAAAAAAAAADwPwAAAAAAAABA", "srid": None},
-    }  # fmt: skip
+        "id": 1,
+        "born": 19000,
+        "seen_at": 1_700_000_000_123_456,
+        "zoned": "2024-02-29T12:00:00.5Z",
+        "price": "MBE=",
+        "price_numeric": 123.05,
+        "amount": {"scale": 3, "value": "MDk="},
+        "blob": "AAE=",
+        "tags": ["x"],
+        "doc": '{"a": 1}',
+        "shape": {"wkb": "AQEAAAAAAAAAAADwPwAAAAAAAABA", "srid": None},
+    }
     source = {"connector": "postgresql", "lsn": 10, "ts_ms": 1}
     changes = [("c", after), ("u", {**after, "born": 19001, "blob": placeholder_b64})]
-    produce(broker.bootstrap_servers, topic, [
-        {"key": json.dumps({"id": 1}).encode(),
-         "value": json.dumps({"before": None, "after": image, "op": op, "source": {**source, "lsn": 10 * (i + 1)}}).encode()}
-        for i, (op, image) in enumerate(changes)
-    ])  # fmt: skip
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [
+            {
+                "key": json.dumps({"id": 1}).encode(),
+                "value": json.dumps(
+                    {"before": None, "after": image, "op": op, "source": {**source, "lsn": 10 * (i + 1)}}
+                ).encode(),
+            }
+            for i, (op, image) in enumerate(changes)
+        ],
+    )
     config = table_config(make_config, topic, "json-plain")
     result = run_table(spark, config, config.tables[0], state_dir)
     assert result.status == "committed" and result.records_failed == 0
@@ -355,10 +499,21 @@ def test_schemaless_json_columns_are_typed_by_inference(spark, broker, state_dir
 
     kinds = {f.name: kind(f.field_type) for f in schema.fields if not f.name.startswith(("kafka_", "cdc_"))}
     assert kinds == {
-        "id": "int", "born": "int", "seen_at": "long", "zoned": "string", "price": "string", "price_numeric": "double",
-        "amount": "struct<scale: int, value: string>", "blob": "string", "tags": "list<string>", "doc": "string",
+        "id": "int",
+        "born": "int",
+        "seen_at": "long",
+        "zoned": "string",
+        "price": "string",
+        "price_numeric": "double",
+        "amount": "struct<scale: int, value: string>",
+        "blob": "string",
+        "tags": "list<string>",
+        "doc": "string",
         "shape": "struct<wkb: string>",
-    }, kinds  # fmt: skip
+    }, kinds
     [row] = read_pyiceberg(state_dir, result.identifier)
-    assert {k: row[k] for k in after if k != "shape"} == {**{k: v for k, v in after.items() if k != "shape"}, "born": 19001}
+    assert {k: row[k] for k in after if k != "shape"} == {
+        **{k: v for k, v in after.items() if k != "shape"},
+        "born": 19001,
+    }
     assert row["shape"] == {"wkb": after["shape"]["wkb"]}  # a key only ever null has no column yet

@@ -157,14 +157,24 @@ def test_the_mirror_of_a_mariadb_table_equals_it(mariadb_cdc, spark, make_config
     assert any("__debezium.oldkey" in e.headers for e in events), SEED  # a primary-key change
     seen = Counter((e.op, e.value["source"]["pos"], e.value["source"]["row"], str(e.key)) for e in events if e.value)
     assert any(n > 1 and op in ("c", "u", "d") for (op, *_), n in seen.items()), f"no replayed change ({SEED})"
-    config = make_config({"topic": topic, "table": "mirror_mariadb", "format": "json", "envelope": "debezium",
-                          "mode": "upsert", "errors": "fail"})  # fmt: skip
+    config = make_config(
+        {
+            "topic": topic,
+            "table": "mirror_mariadb",
+            "format": "json",
+            "envelope": "debezium",
+            "mode": "upsert",
+            "errors": "fail",
+        }
+    )
     result = run_table(spark, config, config.tables[0], state_dir)
     assert result.status == "committed", result.describe()
     again = run_table(spark, config, config.tables[0], state_dir)  # the first batch read the whole topic
     assert again.status != "committed" or again.rows_written == 0, again.describe()
-    want = sorted(({**r, "balance": Decimal(str(r["balance"])) if r["balance"] is not None else None} for r in expected),
-                  key=lambda r: r["id"])  # fmt: skip
+    want = sorted(
+        ({**r, "balance": Decimal(str(r["balance"])) if r["balance"] is not None else None} for r in expected),
+        key=lambda r: r["id"],
+    )
     for reader, rows in (
         ("pyiceberg", read_pyiceberg(state_dir, result.identifier)),
         ("duckdb", read_duckdb(result.metadata_location)),
@@ -185,6 +195,8 @@ def differences(got: list[dict], want: list[dict], events: list) -> list[str]:
             image = (e.value or {}).get("after") or (e.value or {}).get("before") or {}
             if (e.key or {}).get("id") == key or image.get("id") == key or (e.op == "t"):
                 source = (e.value or {}).get("source") or {}
-                out.append(f"  {e.op} p{e.partition}@{e.offset} {source.get('file')}:{source.get('pos')}:"
-                           f"{source.get('row')} gtid {source.get('gtid')} {(e.value or {}).get('after')}")  # fmt: skip
+                out.append(
+                    f"  {e.op} p{e.partition}@{e.offset} {source.get('file')}:{source.get('pos')}:"
+                    f"{source.get('row')} gtid {source.get('gtid')} {(e.value or {}).get('after')}"
+                )
     return out

@@ -164,10 +164,16 @@ def test_the_topics_hold_debeziums_envelope_with_duplicates_after_the_kill(cdc, 
 @pytest.mark.spark
 @pytest.mark.parametrize("converter", CONVERTERS)
 def test_the_mirror_table_equals_the_source_table(cdc, converter, spark, make_config, state_dir):
-    config = make_config({
-        "topic": cdc.topics[converter], "table": f"mirror_{converter.replace('-', '_')}",
-        "format": TABLE_FORMAT[converter], "envelope": "debezium", "mode": "upsert", "errors": "fail",
-    })  # fmt: skip
+    config = make_config(
+        {
+            "topic": cdc.topics[converter],
+            "table": f"mirror_{converter.replace('-', '_')}",
+            "format": TABLE_FORMAT[converter],
+            "envelope": "debezium",
+            "mode": "upsert",
+            "errors": "fail",
+        }
+    )
     result = run_table(spark, config, config.tables[0], state_dir)
     assert result.status == "committed", result.describe()
     for reader, rows in (
@@ -185,10 +191,16 @@ def test_the_mirror_table_equals_the_source_table(cdc, converter, spark, make_co
 def test_the_changelog_keeps_one_row_per_change_event(cdc, spark, make_config, state_dir):
     """`mode: append`: one row per message, replays included (tombstones too: a row whose `cdc_op` is null), each
     with its event's op and images."""
-    config = make_config({
-        "topic": cdc.topics["avro"], "table": "changelog_avro", "format": "avro", "envelope": "debezium",
-        "mode": "append", "errors": "fail",
-    })  # fmt: skip
+    config = make_config(
+        {
+            "topic": cdc.topics["avro"],
+            "table": "changelog_avro",
+            "format": "avro",
+            "envelope": "debezium",
+            "mode": "append",
+            "errors": "fail",
+        }
+    )
     result = run_table(spark, config, config.tables[0], state_dir)
     assert result.status == "committed", result.describe()
     rows = read_pyiceberg(state_dir, result.identifier)
@@ -208,7 +220,9 @@ def test_the_changelog_keeps_one_row_per_change_event(cdc, spark, make_config, s
 
 # -- `icefloe demo --cdc`
 @pytest.mark.spark
-def test_the_cdc_demo_prints_a_mirror_equal_to_its_database(postgres, broker, registry, spark, tmp_path, monkeypatch, capsys):
+def test_the_cdc_demo_prints_a_mirror_equal_to_its_database(
+    postgres, broker, registry, spark, tmp_path, monkeypatch, capsys
+):
     """`icefloe demo --cdc --json` as a user runs it, on the session's broker, registry, PostgreSQL and Spark (the
     demo's own Kafka Connect worker): every kind of change made, the mirror equal to the database, both printed."""
 

@@ -23,8 +23,10 @@ def error_of(raw) -> str:
 def test_debezium_tables_are_accepted(format, mode):
     table = parse_config(config(format=format, envelope="debezium", mode=mode)).tables[0]
     assert (table.envelope, table.deletes, table.unavailable_value_placeholder) == (
-        "debezium", "hard", "__debezium_unavailable_value"
-    )  # fmt: skip
+        "debezium",
+        "hard",
+        "__debezium_unavailable_value",
+    )
 
 
 def test_soft_deletes_and_a_configured_placeholder():
@@ -37,19 +39,24 @@ def test_soft_deletes_and_a_configured_placeholder():
 @pytest.mark.parametrize(
     ("table", "expected"),
     [
-        ({"envelope": "debezium", "format": "protobuf"}, "envelope debezium applies to format avro or json, not protobuf"),
+        (
+            {"envelope": "debezium", "format": "protobuf"},
+            "envelope debezium applies to format avro or json, not protobuf",
+        ),
         ({"envelope": "debezium", "format": "raw"}, "envelope debezium applies to format avro or json, not raw"),
         ({"envelope": "maxwell"}, "envelope: Input should be 'debezium'"),
         ({"envelope": "debezium", "mode": "upsert", "key": ["id"]}, "the row key is the Debezium key"),
         ({"envelope": "debezium", "mode": "upsert", "keyFormat": "json"}, "the row key is the Debezium key"),
-        ({"envelope": "debezium", "format": "json", "schema": {"fields": [{"name": "id", "type": "long"}]}},
-         "takes its columns from the change events"),
+        (
+            {"envelope": "debezium", "format": "json", "schema": {"fields": [{"name": "id", "type": "long"}]}},
+            "takes its columns from the change events",
+        ),
         ({"envelope": "debezium", "deletes": "soft"}, "deletes: soft needs mode: upsert"),
         ({"mode": "upsert", "deletes": "soft"}, "deletes: soft needs envelope: debezium"),
         ({"unavailableValuePlaceholder": "x"}, "unavailableValuePlaceholder only applies with envelope: debezium"),
         ({"envelope": "debezium", "deletes": "gone"}, "deletes: Input should be 'hard' or 'soft'"),
     ],
-)  # fmt: skip
+)
 def test_config_errors_name_the_key(table, expected):
     message = error_of(config(**table))
     assert "icefloe:tables[0] (pg.public.customers)" in message

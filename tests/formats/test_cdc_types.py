@@ -18,37 +18,86 @@ CASES = [  # (Connect JSON schema, raw value as the JsonConverter writes it, tab
     ({"type": "int32", "name": "io.debezium.time.Time"}, 3_600_123, T.LongType(), 3_600_123_000),
     ({"type": "int64", "name": "io.debezium.time.MicroTime"}, 3_600_000_001, T.LongType(), 3_600_000_001),
     ({"type": "int64", "name": "io.debezium.time.NanoTime"}, 3_600_000_001_999, T.LongType(), 3_600_000_001),
-    ({"type": "int64", "name": "io.debezium.time.Timestamp"}, 1_700_000_000_123, T.TimestampNTZType(),
-     dt.datetime(2023, 11, 14, 22, 13, 20, 123000)),
-    ({"type": "int64", "name": "io.debezium.time.MicroTimestamp"}, -1, T.TimestampNTZType(),
-     dt.datetime(1969, 12, 31, 23, 59, 59, 999999)),
-    ({"type": "int64", "name": "io.debezium.time.NanoTimestamp"}, -1, T.TimestampNTZType(),
-     dt.datetime(1969, 12, 31, 23, 59, 59, 999999)),  # truncated (floor), also before 1970
-    ({"type": "string", "name": "io.debezium.time.ZonedTimestamp"}, "2024-02-29T12:00:00.5Z", T.TimestampType(),
-     "2024-02-29T12:00:00.5Z"),  # the table's converter parses the ISO text
+    (
+        {"type": "int64", "name": "io.debezium.time.Timestamp"},
+        1_700_000_000_123,
+        T.TimestampNTZType(),
+        dt.datetime(2023, 11, 14, 22, 13, 20, 123000),
+    ),
+    (
+        {"type": "int64", "name": "io.debezium.time.MicroTimestamp"},
+        -1,
+        T.TimestampNTZType(),
+        dt.datetime(1969, 12, 31, 23, 59, 59, 999999),
+    ),
+    (
+        {"type": "int64", "name": "io.debezium.time.NanoTimestamp"},
+        -1,
+        T.TimestampNTZType(),
+        dt.datetime(1969, 12, 31, 23, 59, 59, 999999),
+    ),  # truncated (floor), also before 1970
+    (
+        {"type": "string", "name": "io.debezium.time.ZonedTimestamp"},
+        "2024-02-29T12:00:00.5Z",
+        T.TimestampType(),
+        "2024-02-29T12:00:00.5Z",
+    ),  # the table's converter parses the ISO text
     ({"type": "string", "name": "io.debezium.time.ZonedTime"}, "12:00:00Z", T.StringType(), "12:00:00Z"),
-    ({"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal",
-      "parameters": {"scale": "2", "connect.decimal.precision": "12"}}, "MBE=", T.DecimalType(12, 2), Decimal("123.05")),
-    ({"type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "fields": [
-        {"type": "int32", "field": "scale"}, {"type": "bytes", "field": "value"}]},
-     {"scale": 3, "value": "MDk="}, types.VARIABLE_SCALE, Decimal("12.345")),
+    (
+        {
+            "type": "bytes",
+            "name": "org.apache.kafka.connect.data.Decimal",
+            "parameters": {"scale": "2", "connect.decimal.precision": "12"},
+        },
+        "MBE=",
+        T.DecimalType(12, 2),
+        Decimal("123.05"),
+    ),
+    (
+        {
+            "type": "struct",
+            "name": "io.debezium.data.VariableScaleDecimal",
+            "fields": [{"type": "int32", "field": "scale"}, {"type": "bytes", "field": "value"}],
+        },
+        {"scale": 3, "value": "MDk="},
+        types.VARIABLE_SCALE,
+        Decimal("12.345"),
+    ),
     ({"type": "double"}, 1.5, T.DoubleType(), 1.5),  # decimal.handling.mode=double
     ({"type": "string"}, "123.45", T.StringType(), "123.45"),  # decimal.handling.mode=string
     ({"type": "string", "name": "io.debezium.data.Json"}, '{"a": 1}', T.StringType(), '{"a": 1}'),
-    ({"type": "string", "name": "io.debezium.data.Uuid"}, "0b5b4c1e-0000-4000-8000-000000000001", T.StringType(),
-     "0b5b4c1e-0000-4000-8000-000000000001"),
+    (
+        {"type": "string", "name": "io.debezium.data.Uuid"},
+        "0b5b4c1e-0000-4000-8000-000000000001",
+        T.StringType(),
+        "0b5b4c1e-0000-4000-8000-000000000001",
+    ),
     ({"type": "string", "name": "io.debezium.data.Enum", "parameters": {"allowed": "a,b"}}, "a", T.StringType(), "a"),
-    ({"type": "array", "items": {"type": "string", "optional": True}}, ["x", None], T.ArrayType(T.StringType()),
-     ["x", None]),
-    ({"type": "array", "items": {"type": "int32", "name": "io.debezium.time.Date"}}, [0], T.ArrayType(T.DateType()),
-     [dt.date(1970, 1, 1)]),
-    ({"type": "struct", "name": "io.debezium.data.geometry.Geometry", "fields": [
-        {"type": "bytes", "field": "wkb"}, {"type": "int32", "field": "srid"}]},
-     {"wkb": "AQEAAAAAAAAAAADwPwAAAAAAAABA", "srid": None}, T.BinaryType(),
-     bytes.fromhex("0101000000000000000000f03f0000000000000040")),
+    (
+        {"type": "array", "items": {"type": "string", "optional": True}},
+        ["x", None],
+        T.ArrayType(T.StringType()),
+        ["x", None],
+    ),
+    (
+        {"type": "array", "items": {"type": "int32", "name": "io.debezium.time.Date"}},
+        [0],
+        T.ArrayType(T.DateType()),
+        [dt.date(1970, 1, 1)],
+    ),
+    (
+        {
+            "type": "struct",
+            "name": "io.debezium.data.geometry.Geometry",
+            "fields": [{"type": "bytes", "field": "wkb"}, {"type": "int32", "field": "srid"}],
+        },
+        {"wkb": "AQEAAAAAAAAAAADwPwAAAAAAAABA", "srid": None},
+        T.BinaryType(),
+        bytes.fromhex("0101000000000000000000f03f0000000000000040"),
+    ),
     ({"type": "int16"}, 7, T.IntegerType(), 7),
     ({"type": "float"}, 1.5, T.FloatType(), 1.5),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("schema", "raw", "table_type", "value"), CASES)
@@ -62,21 +111,46 @@ def test_semantic_types_map_to_table_types_and_values(schema, raw, table_type, v
 def test_avro_with_connect_names_maps_the_same():
     """Avro as the converters write it: `connect.name` on the type, decimals as Avro decimals."""
     date = {"type": "int", "connect.name": "io.debezium.time.Date", "connect.version": 1}
-    decimal = {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2, "connect.name": "org.apache.kafka.connect.data.Decimal",
-               "connect.parameters": {"scale": "2", "connect.decimal.precision": "12"}}  # fmt: skip
+    decimal = {
+        "type": "bytes",
+        "logicalType": "decimal",
+        "precision": 12,
+        "scale": 2,
+        "connect.name": "org.apache.kafka.connect.data.Decimal",
+        "connect.parameters": {"scale": "2", "connect.decimal.precision": "12"},
+    }
     zoned = {"type": "string", "connect.name": "io.debezium.time.ZonedTimestamp"}
-    record = {"type": "record", "name": "Value", "fields": [
-        {"name": "d", "type": ["null", date]}, {"name": "n", "type": ["null", decimal]}, {"name": "z", "type": zoned}]}  # fmt: skip
+    record = {
+        "type": "record",
+        "name": "Value",
+        "fields": [
+            {"name": "d", "type": ["null", date]},
+            {"name": "n", "type": ["null", decimal]},
+            {"name": "z", "type": zoned},
+        ],
+    }
     connect = types.from_avro(record, {})
     assert types.spark_type(connect, "v") == T.StructType(
-        [T.StructField("d", T.DateType()), T.StructField("n", T.DecimalType(12, 2)), T.StructField("z", T.TimestampType())]
+        [
+            T.StructField("d", T.DateType()),
+            T.StructField("n", T.DecimalType(12, 2)),
+            T.StructField("z", T.TimestampType()),
+        ]
     )
     convert = types.converter(connect)
-    assert convert({"d": 1, "n": Decimal("1.05"), "z": "x"}) == {"d": dt.date(1970, 1, 2), "n": Decimal("1.05"), "z": "x"}
+    assert convert({"d": 1, "n": Decimal("1.05"), "z": "x"}) == {
+        "d": dt.date(1970, 1, 2),
+        "n": Decimal("1.05"),
+        "z": "x",
+    }
 
 
 def test_decimals_wider_than_iceberg_are_a_config_error():
-    schema = {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "2", "connect.decimal.precision": "50"}}
+    schema = {
+        "type": "bytes",
+        "name": "org.apache.kafka.connect.data.Decimal",
+        "parameters": {"scale": "2", "connect.decimal.precision": "50"},
+    }
     with pytest.raises(ConfigError, match="decimal precision 50 is too wide"):
         types.spark_type(types.from_json(schema), "balance")
 
@@ -89,8 +163,10 @@ def test_source_positions_order_as_the_source_does():
     assert snapshot < first_streamed < later
     assert pg("160", 140) == pg("160", 140)  # a replay is the same change
     assert position({"connector": "postgresql", "lsn": 5}) < position({"connector": "postgresql", "lsn": 6})
-    mysql = [position({"connector": "mysql", "file": f, "pos": p, "row": r}) for f, p, r in
-             [("bin.000002", 900, 0), ("bin.000010", 4, 0), ("bin.000010", 4, 1)]]  # fmt: skip
+    mysql = [
+        position({"connector": "mysql", "file": f, "pos": p, "row": r})
+        for f, p, r in [("bin.000002", 900, 0), ("bin.000010", 4, 0), ("bin.000010", 4, 1)]
+    ]
     assert mysql == sorted(mysql)
     assert position({"connector": "sqlserver", "change_lsn": "x"}) is None  # Kafka order decides
 
@@ -109,8 +185,14 @@ def test_the_placeholder_of_an_unchanged_bytea_is_recognized_in_json(wrapped):
     after = {"id": 1, "data": base64.b64encode(placeholder.encode()).decode()}
     payload = {"before": None, "after": after, "op": "u", "source": {"connector": "postgresql", "lsn": 10}}
     row_schema = {"type": "struct", "fields": [{"field": "id", "type": "int32"}, {"field": "data", "type": "bytes"}]}
-    schema = {"type": "struct", "fields": [{**row_schema, "field": "before"}, {**row_schema, "field": "after"},
-                                           {"type": "string", "field": "op"}]}  # fmt: skip
+    schema = {
+        "type": "struct",
+        "fields": [
+            {**row_schema, "field": "before"},
+            {**row_schema, "field": "after"},
+            {"type": "string", "field": "op"},
+        ],
+    }
     value = {"schema": schema, "payload": payload} if wrapped else payload
     row = decoder(json.dumps(value).encode(), json.dumps({"id": 1}).encode(), None)
     assert "data" not in row and row[CHANGE_UNCHANGED] == ["data"]

@@ -26,7 +26,9 @@ def file(tmp_path_factory):
     return compile_protos({"p/a.proto": PROTO}, tmp_path_factory.mktemp("protos")).FindFileByName("p/a.proto")
 
 
-@pytest.mark.parametrize(("header", "indexes"), [(b"\x00", [0]), (b"\x02\x02", [1]), (b"\x04\x00\x00", [0, 0]), (b"\x02\x01", [-1])])
+@pytest.mark.parametrize(
+    ("header", "indexes"), [(b"\x00", [0]), (b"\x02\x02", [1]), (b"\x04\x00\x00", [0, 0]), (b"\x02\x01", [-1])]
+)
 def test_message_indexes_are_zigzag_varints(header, indexes):
     assert parse_frame(b"\x00\x00\x00\x00\x07" + header + b"body") == (7, indexes, b"body")
 
@@ -48,8 +50,13 @@ def test_message_lookup_by_index_and_by_name(file):
 
 def test_oneof_gets_a_case_column_proto3_optional_does_not(file):
     fields = {f.name: f.dataType for f in proto_fields(find_message(file, "A"))}
-    assert fields == {"inner": T.StructType([T.StructField("x", T.IntegerType())]), "o": T.StringType(),
-                      "n": T.LongType(), "s": T.StringType(), "pick": T.StringType()}  # fmt: skip
+    assert fields == {
+        "inner": T.StructType([T.StructField("x", T.IntegerType())]),
+        "o": T.StringType(),
+        "n": T.LongType(),
+        "s": T.StringType(),
+        "pick": T.StringType(),
+    }
 
 
 def test_recursive_message_is_refused(file):
@@ -72,15 +79,28 @@ def test_json_schema_rule_messages_never_carry_the_value():
 
 
 def test_json_schema_nullable_forms_and_fallbacks():
-    schema = {"type": "object", "properties": {
-        "a": {"type": ["integer", "null"]}, "b": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/d"}]},
-        "c": {"type": ["integer", "string"]}, "m": {"type": "object", "additionalProperties": {"type": "number"}},
-    }, "$defs": {"d": {"type": "string", "format": "date"}}}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": ["integer", "null"]},
+            "b": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/d"}]},
+            "c": {"type": ["integer", "string"]},
+            "m": {"type": "object", "additionalProperties": {"type": "number"}},
+        },
+        "$defs": {"d": {"type": "string", "format": "date"}},
+    }
     fields = {f.name: f.dataType for f in value_fields(json.dumps({"schema": schema, "references": {}}), "s")}
-    assert fields == {"a": T.LongType(), "b": T.DateType(), "c": T.StringType(), "m": T.MapType(T.StringType(), T.DoubleType())}
+    assert fields == {
+        "a": T.LongType(),
+        "b": T.DateType(),
+        "c": T.StringType(),
+        "m": T.MapType(T.StringType(), T.DoubleType()),
+    }
 
 
-@pytest.mark.parametrize(("format", "why"), [("protobuf", "no spark-protobuf for Spark 3.5"), ("json-schema", "validated")])
+@pytest.mark.parametrize(
+    ("format", "why"), [("protobuf", "no spark-protobuf for Spark 3.5"), ("json-schema", "validated")]
+)
 def test_registry_formats_take_the_python_path_and_say_why(format, why):
     from icefloe.formats.base import DecoderSpec
     from icefloe.materialize.read_paths import PYTHON, choose_read_path

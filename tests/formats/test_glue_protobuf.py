@@ -49,12 +49,16 @@ def test_a_schema_that_does_not_compile_is_named_first_without_protoc_log_noise(
     with pytest.raises(ValueError) as caught:
         compile_definition("message Broken { int32 = 1; }")
     message = str(caught.value)
-    assert message.startswith("Protobuf schema text does not compile: icefloe_glue_schema.proto:1:18: Expected "
-                              '"required", "optional", or "repeated".'), message  # fmt: skip
+    assert message.startswith(
+        "Protobuf schema text does not compile: icefloe_glue_schema.proto:1:18: Expected "
+        '"required", "optional", or "repeated".'
+    ), message
     assert "absl" not in message and "W0000" not in message and "parser.cc" not in message, message
-    assert message.endswith("(protoc: No syntax specified for the proto file: icefloe_glue_schema.proto. Please use "
-                            """'syntax = "proto2";' or 'syntax = "proto3";' to specify a syntax version. """
-                            "(Defaulted to proto2 syntax.))"), message  # fmt: skip
+    assert message.endswith(
+        "(protoc: No syntax specified for the proto file: icefloe_glue_schema.proto. Please use "
+        """'syntax = "proto2";' or 'syntax = "proto3";' to specify a syntax version. """
+        "(Defaulted to proto2 syntax.))"
+    ), message
 
 
 def test_the_table_message_and_bad_schemas_are_config_errors(moto_aws, monkeypatch, topic, glue_registry):
@@ -67,27 +71,47 @@ def test_the_table_message_and_bad_schemas_are_config_errors(moto_aws, monkeypat
     for key, value in moto_aws.aws_env().items():
         monkeypatch.setenv(key, value)
     client, registry = moto_aws.client("glue"), glue_registry
-    texts = {"p": 'syntax = "proto3"; package a; message First { string id = 1; map<string, int64> counts = 2; }\n'
-                  "message Second { int32 n = 1; }",
-             "bad": 'syntax = "proto3"; message Broken { int32 = 1; }',
-             "avro": json.dumps({"type": "record", "name": "R", "fields": [{"name": "x", "type": "long"}]})}  # fmt: skip
+    texts = {
+        "p": 'syntax = "proto3"; package a; message First { string id = 1; map<string, int64> counts = 2; }\n'
+        "message Second { int32 n = 1; }",
+        "bad": 'syntax = "proto3"; message Broken { int32 = 1; }',
+        "avro": json.dumps({"type": "record", "name": "R", "fields": [{"name": "x", "type": "long"}]}),
+    }
     for name, text in texts.items():
-        client.create_schema(RegistryId={"RegistryName": registry}, SchemaName=name, SchemaDefinition=text,
-                             DataFormat="AVRO" if name == "avro" else "PROTOBUF", Compatibility="NONE")  # fmt: skip
+        client.create_schema(
+            RegistryId={"RegistryName": registry},
+            SchemaName=name,
+            SchemaDefinition=text,
+            DataFormat="AVRO" if name == "avro" else "PROTOBUF",
+            Compatibility="NONE",
+        )
 
     def spec(schema: str, **table):
-        glue = {"type": "glue", "registryName": registry, "region": "us-east-1", "endpoint": moto_aws.endpoint,
-                "schemaName": schema}  # fmt: skip
-        config = parse_config({"sourceClusters": [{"name": "c", "bootstrapServers": "b:9092", "schemaRegistry": glue}],
-                               "tables": [{"sourceCluster": "c", "topic": topic, "format": "protobuf", **table}]})  # fmt: skip
+        glue = {
+            "type": "glue",
+            "registryName": registry,
+            "region": "us-east-1",
+            "endpoint": moto_aws.endpoint,
+            "schemaName": schema,
+        }
+        config = parse_config(
+            {
+                "sourceClusters": [{"name": "c", "bootstrapServers": "b:9092", "schemaRegistry": glue}],
+                "tables": [{"sourceCluster": "c", "topic": topic, "format": "protobuf", **table}],
+            }
+        )
         return decoder_spec(config.tables[0], config.source_clusters[0])
 
     first, second = spec("p"), spec("p", messageType="Second")
     assert (first.schema_from, first.message_type, second.message_type) == ("glue", "a.First", "a.Second")
     fields = value_fields(first.schema_str, "t", first.message_type)
     assert [(f.name, f.dataType) for f in fields] == [
-        ("id", T.StringType()), ("counts", T.MapType(T.StringType(), T.LongType(), True))]  # fmt: skip
-    with pytest.raises(ConfigError, match=r"messageType 'Missing' is not in the schema; it declares \['a.First', 'a.Second'\]"):
+        ("id", T.StringType()),
+        ("counts", T.MapType(T.StringType(), T.LongType(), True)),
+    ]
+    with pytest.raises(
+        ConfigError, match=r"messageType 'Missing' is not in the schema; it declares \['a.First', 'a.Second'\]"
+    ):
         spec("p", messageType="Missing")
     with pytest.raises(ConfigError, match="Glue schema 'bad'.*does not compile"):
         spec("bad")
@@ -103,17 +127,39 @@ class GlueJava:
             pytest.fail(f"the AWS Glue serde is not in {SERDE_JARS}: run scripts/setup.sh")
         self.moto, self.name, self.workdir = moto_aws, name, workdir
 
-    def serialize(self, topic: str, pool, messages: list, compression: str = "NONE", file: str = FILE,
-                  key_schema: str | None = None) -> list[bytes]:  # fmt: skip
+    def serialize(
+        self,
+        topic: str,
+        pool,
+        messages: list,
+        compression: str = "NONE",
+        file: str = FILE,
+        key_schema: str | None = None,
+    ) -> list[bytes]:
         """Each message (of `file`) as the Kafka value the Java serializer makes of it (the schema named after the
         topic), or as the Kafka key with `key_schema`, the name of the key's schema."""
         descriptors = self.workdir / f"{uuid.uuid4().hex}.pb"
         descriptors.write_bytes(base64.standard_b64decode(serialize_file(pool.FindFileByName(file))))
-        lines = "".join(f"{m.DESCRIPTOR.full_name} {base64.b64encode(m.SerializeToString()).decode()}\n" for m in messages)
-        env = {**os.environ, **self.moto.aws_env(), "GLUE_REGION": "us-east-1", "GLUE_ENDPOINT": self.moto.endpoint,
-               "GLUE_REGISTRY": self.name}  # fmt: skip
-        command = ["java", "-cp", f"{SERDE_JARS}/*", str(ROOT / "tests" / "jvm" / "GlueProtobufProducer.java"),
-                   str(descriptors), topic, compression, *([key_schema] if key_schema else [])]  # fmt: skip
+        lines = "".join(
+            f"{m.DESCRIPTOR.full_name} {base64.b64encode(m.SerializeToString()).decode()}\n" for m in messages
+        )
+        env = {
+            **os.environ,
+            **self.moto.aws_env(),
+            "GLUE_REGION": "us-east-1",
+            "GLUE_ENDPOINT": self.moto.endpoint,
+            "GLUE_REGISTRY": self.name,
+        }
+        command = [
+            "java",
+            "-cp",
+            f"{SERDE_JARS}/*",
+            str(ROOT / "tests" / "jvm" / "GlueProtobufProducer.java"),
+            str(descriptors),
+            topic,
+            compression,
+            *([key_schema] if key_schema else []),
+        ]
         done = subprocess.run(command, input=lines, capture_output=True, text=True, env=env, timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]
         values = [base64.b64decode(line) for line in done.stdout.split()]
@@ -121,12 +167,23 @@ class GlueJava:
         return values
 
     def config(self, broker, topic: str, **table) -> object:
-        registry = {"type": "glue", "registryName": self.name, "region": "us-east-1", "endpoint": self.moto.endpoint,
-                    "schemaName": "{topic}"}  # the Java serializer's default schema naming  # fmt: skip
-        return parse_config({
-            "sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers, "schemaRegistry": registry}],
-            "tables": [{"sourceCluster": "local", "topic": topic, "format": "protobuf", "messageType": "Trade", **table}],
-        })  # fmt: skip
+        registry = {
+            "type": "glue",
+            "registryName": self.name,
+            "region": "us-east-1",
+            "endpoint": self.moto.endpoint,
+            "schemaName": "{topic}",
+        }  # the Java serializer's default schema naming
+        return parse_config(
+            {
+                "sourceClusters": [
+                    {"name": "local", "bootstrapServers": broker.bootstrap_servers, "schemaRegistry": registry}
+                ],
+                "tables": [
+                    {"sourceCluster": "local", "topic": topic, "format": "protobuf", "messageType": "Trade", **table}
+                ],
+            }
+        )
 
 
 @pytest.fixture
@@ -145,9 +202,9 @@ def _trades(tmp_path: Path, topic: str, extra: str = ""):
 
 @pytest.mark.spark
 @pytest.mark.broker
-def test_every_protobuf_type_from_the_aws_java_serde_and_evolution(spark, broker, moto_aws, aws_env, state_dir, topic,
-                                                                   glue_registry,
-                                                                   tmp_path):  # fmt: skip
+def test_every_protobuf_type_from_the_aws_java_serde_and_evolution(
+    spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry, tmp_path
+):
     glue = GlueJava(moto_aws, glue_registry, tmp_path)
     ns, pool, Trade = _trades(tmp_path, topic)
     broker.create_topic(topic, 1)
@@ -178,14 +235,20 @@ def test_every_protobuf_type_from_the_aws_java_serde_and_evolution(spark, broker
     for rows in (read_pyiceberg(state_dir, result.identifier), read_duckdb(result.metadata_location)):
         rows = {r["id"]: r for r in rows}
         assert {i: (r["venue_code"], r["i64"]) for i, r in rows.items()} == {
-            "t1": (None, 2**40), "t2": (None, 0), "t3": (None, 0), "t4": ("XNAS", 4)}  # fmt: skip
+            "t1": (None, 2**40),
+            "t2": (None, 0),
+            "t3": (None, 0),
+            "t4": ("XNAS", 4),
+        }
     check_trades(state_dir, result)
 
 
 @pytest.mark.spark
 @pytest.mark.broker
 @pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
-def test_glue_protobuf_poison_catalogue(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry, mode, tmp_path):
+def test_glue_protobuf_poison_catalogue(
+    spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry, mode, tmp_path
+):
     from aws_schema_registry import DataAndSchema, KafkaSerializer, SchemaRegistryClient
     from aws_schema_registry.avro import AvroSchema
 
@@ -194,15 +257,21 @@ def test_glue_protobuf_poison_catalogue(spark, broker, moto_aws, aws_env, state_
     Money = message_class(pool, f"{ns}.Money")
     n_goods = 2 * 12
     *goods_bytes, sample, money = glue.serialize(
-        topic, pool, [Trade(id=f"g{i}", i64=i) for i in range(n_goods)] + [Trade(id="s"), Money(units=1)])
+        topic, pool, [Trade(id=f"g{i}", i64=i) for i in range(n_goods)] + [Trade(id="s"), Money(units=1)]
+    )
     header, body = sample[:19], sample[19:]  # prefix and message index; the message
     # a version of another data format (the Python library's Avro), and a PROTOBUF version whose text does not compile
     client = moto_aws.client("glue")
     avro = KafkaSerializer(SchemaRegistryClient(client, registry_name=glue.name, wait_interval_seconds=0.1))
     other = {"type": "record", "name": "Other", "fields": [{"name": "x", "type": "boolean"}]}
     an_avro_version = avro.serialize(f"{topic}-avro", DataAndSchema({"x": True}, AvroSchema(other)))
-    broken = client.create_schema(RegistryId={"RegistryName": glue.name}, SchemaName=f"{topic}-broken",
-                                  DataFormat="PROTOBUF", Compatibility="NONE", SchemaDefinition="message Broken { int32 = 1; }")  # fmt: skip
+    broken = client.create_schema(
+        RegistryId={"RegistryName": glue.name},
+        SchemaName=f"{topic}-broken",
+        DataFormat="PROTOBUF",
+        Compatibility="NONE",
+        SchemaDefinition="message Broken { int32 = 1; }",
+    )
     poisons = [
         ("confluent framing", "DecodeError", b"k", b"\x00\x00\x00\x00\x01\x00" + body),
         ("unknown compression byte", "DecodeError", b"k", sample[:1] + b"\x09" + sample[2:]),
@@ -214,10 +283,14 @@ def test_glue_protobuf_poison_catalogue(spark, broker, moto_aws, aws_env, state_
         ("truncated message", "DecodeError", b"k", header + b"\x0a\x05ab"),
         ("invalid utf-8 in a string", "DecodeError", b"k", header + b"\x0a\x02\xff\xfe"),
         ("an avro version", "DecodeError", b"k", an_avro_version),
-        ("a version that does not compile", "DecodeError", b"k",
-         sample[:2] + uuid.UUID(broken["SchemaVersionId"]).bytes + sample[18:]),
+        (
+            "a version that does not compile",
+            "DecodeError",
+            b"k",
+            sample[:2] + uuid.UUID(broken["SchemaVersionId"]).bytes + sample[18:],
+        ),
         ("oversized record", "RecordTooLarge", b"k", header + b"\x00" * (MAX_BYTES + 1)),
-    ]  # fmt: skip
+    ]
     assert len(poisons) * 2 == n_goods
     goods, bads = lay_out(broker, topic, poisons, lambda i: goods_bytes[i])
     config = glue.config(broker, topic, errors=mode, maxRecordBytes=MAX_BYTES)
@@ -225,8 +298,14 @@ def test_glue_protobuf_poison_catalogue(spark, broker, moto_aws, aws_env, state_
     if mode != "dlq":
         return
     messages = dead_letter_messages(state_dir, result, bads)
-    assert "message index 99 does not exist: the writer version has 6 message type(s)" in messages["message index beyond the file"]
-    assert f"record is a {ns}.Money (message index 1), the table reads {ns}.Trade" in messages["another message type of the file"]
+    assert (
+        "message index 99 does not exist: the writer version has 6 message type(s)"
+        in messages["message index beyond the file"]
+    )
+    assert (
+        f"record is a {ns}.Money (message index 1), the table reads {ns}.Trade"
+        in messages["another message type of the file"]
+    )
     assert "is AVRO; the table reads PROTOBUF" in messages["an avro version"]
     assert "does not compile" in messages["a version that does not compile"]
     assert "is not in the Glue schema registry" in messages["unknown schema version"]
@@ -242,7 +321,9 @@ ENTRY_KEY = 'syntax = "proto3";\npackage {ns};\nmessage Audit {{ string by = 1; 
 
 @pytest.mark.spark
 @pytest.mark.broker
-def test_glue_protobuf_keys_of_an_upsert_table(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry, tmp_path):
+def test_glue_protobuf_keys_of_an_upsert_table(
+    spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry, tmp_path
+):
     """Keys from the AWS Java serde configured as a key serializer, under `<topic>-key`: EntryKey is second by full
     name in its file (message index 0 is Audit), so the key is read as the type its index names."""
     from test_glue_registry import check_glue_keys
@@ -257,15 +338,29 @@ def test_glue_protobuf_keys_of_an_upsert_table(spark, broker, moto_aws, aws_env,
     for newer, extra in ((False, ""), (True, " string region = 2;")):
         key_pool = compile_protos({"entry_key.proto": ENTRY_KEY.format(ns=ns, extra=extra)}, tmp_path / f"keys{newer}")
         EntryKey = message_class(key_pool, f"{ns}.EntryKey")
-        made = glue.serialize(topic, key_pool, [EntryKey(id=str(i), **({"region": "eu"} if newer else {})) for i in (1, 2, 3, 4)],
-                              compression="ZLIB" if newer else "NONE", file="entry_key.proto", key_schema=f"{topic}-key")  # fmt: skip
+        made = glue.serialize(
+            topic,
+            key_pool,
+            [EntryKey(id=str(i), **({"region": "eu"} if newer else {})) for i in (1, 2, 3, 4)],
+            compression="ZLIB" if newer else "NONE",
+            file="entry_key.proto",
+            key_schema=f"{topic}-key",
+        )
         keys |= {(i, newer): data for i, data in zip((1, 2, 3, 4), made)}
     assert keys[(1, False)][18] == 1 and keys[(3, True)][1] == 5, "EntryKey is message index 1; the newer keys zlib"
     config = glue.config(broker, topic, messageType="Entry", mode="upsert", key=["id"], errors="dlq")
 
-    messages = check_glue_keys(spark, broker, state_dir, topic, config, lambda i, newer: keys[(i, newer)],
-                               lambda i, payer: framed[values.index((i, payer))])  # fmt: skip
+    messages = check_glue_keys(
+        spark,
+        broker,
+        state_dir,
+        topic,
+        config,
+        lambda i, newer: keys[(i, newer)],
+        lambda i, payer: framed[values.index((i, payer))],
+    )
     assert "message index is truncated" in messages["corrupt key payload"]
-    names = moto_aws.client("glue").get_schema_version(SchemaId={"RegistryName": glue.name, "SchemaName": f"{topic}-key"},
-                                                       SchemaVersionNumber={"LatestVersion": True})  # fmt: skip
+    names = moto_aws.client("glue").get_schema_version(
+        SchemaId={"RegistryName": glue.name, "SchemaName": f"{topic}-key"}, SchemaVersionNumber={"LatestVersion": True}
+    )
     assert "region" in names["SchemaDefinition"], "the key's versions are under the key schema's name"

@@ -29,8 +29,14 @@ ORDER = {
     "$schema": "http://json-schema.org/draft-07/schema#",
     "title": "Order",
     "type": "object",
-    "definitions": {"line": {"type": "object", "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"}},
-                             "required": ["sku", "qty"], "additionalProperties": False}},
+    "definitions": {
+        "line": {
+            "type": "object",
+            "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"}},
+            "required": ["sku", "qty"],
+            "additionalProperties": False,
+        }
+    },
     "properties": {
         "id": {"type": "string", "format": "uuid"},
         "count": {"type": "integer"},
@@ -62,45 +68,72 @@ def order_schema(registry_url: str, topic: str, schema: dict = ORDER) -> Schema:
 
 
 FULL = {
-    "id": "0b0e8b2e-3c3a-4a57-9d53-8f2f8d2d1c11", "count": 3, "price": 9.5, "paid": True,
-    "at": "2024-02-29T12:30:01.250+01:00", "day": "2024-02-29", "note": "hi", "coupon": None, "status": "PAID",
-    "lines": [{"sku": "a", "qty": 2}], "ship_to": {"street": "Main 1", "zip": "1000"}, "labels": {"x": 1},
-    "anything": {"deep": [1, 2]}, "meta": {"source": "web", "campaign": "spring"},
-}  # fmt: skip
+    "id": "0b0e8b2e-3c3a-4a57-9d53-8f2f8d2d1c11",
+    "count": 3,
+    "price": 9.5,
+    "paid": True,
+    "at": "2024-02-29T12:30:01.250+01:00",
+    "day": "2024-02-29",
+    "note": "hi",
+    "coupon": None,
+    "status": "PAID",
+    "lines": [{"sku": "a", "qty": 2}],
+    "ship_to": {"street": "Main 1", "zip": "1000"},
+    "labels": {"x": 1},
+    "anything": {"deep": [1, 2]},
+    "meta": {"source": "web", "campaign": "spring"},
+}
 
 
 def test_every_json_schema_type_from_confluents_serializer(spark, broker, registry, state_dir, topic, make_config):
     serialize = json_schema_serializer(registry.url, topic, order_schema(registry.url, topic))
     broker.create_topic(topic, 1)
-    produce(broker.bootstrap_servers, topic, [
-        {"value": serialize(FULL)},
-        {"value": serialize({"id": "0b0e8b2e-3c3a-4a57-9d53-8f2f8d2d1c12", "count": 0, "meta": {"source": "app"}})},
-    ])  # fmt: skip
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [
+            {"value": serialize(FULL)},
+            {"value": serialize({"id": "0b0e8b2e-3c3a-4a57-9d53-8f2f8d2d1c12", "count": 0, "meta": {"source": "app"}})},
+        ],
+    )
     config = make_config({"topic": topic, "format": "json-schema"})
     result = materialize_once(spark, config, config.tables[0])
     assert result.read_path == "python" and result.rows_written == 2
 
-    readers = {"pyiceberg": read_pyiceberg(state_dir, result.identifier), "duckdb": read_duckdb(result.metadata_location)}
+    readers = {
+        "pyiceberg": read_pyiceberg(state_dir, result.identifier),
+        "duckdb": read_duckdb(result.metadata_location),
+    }
     # A null list comes back from pyiceberg 0.12 as [] (DuckDB: null); Spark wrote null.
     for reader, rows in readers.items():
         rows = {r["count"]: r for r in rows}
         full = rows[3]
         assert (full["id"], full["price"], full["paid"], full["note"], full["coupon"], full["status"]) == (
-            FULL["id"], 9.5, True, "hi", None, "PAID")  # fmt: skip
+            FULL["id"],
+            9.5,
+            True,
+            "hi",
+            None,
+            "PAID",
+        )
         assert as_utc(full["at"]) == dt.datetime(2024, 2, 29, 11, 30, 1, 250000, tzinfo=dt.UTC)
         assert full["day"] == dt.date(2024, 2, 29)
         assert full["lines"] == [{"sku": "a", "qty": 2}]
         assert full["ship_to"] == {"street": "Main 1", "zip": "1000"}
         assert (dict(full["labels"]) if isinstance(full["labels"], list) else full["labels"]) == {"x": 1}
         assert json.loads(full["anything"]) == {"deep": [1, 2]}
-        assert full["meta"]["source"] == "web" and json.loads(full["meta"]["additional_properties"]) == {"campaign": "spring"}
+        assert full["meta"]["source"] == "web" and json.loads(full["meta"]["additional_properties"]) == {
+            "campaign": "spring"
+        }
         sparse = rows[0]
         assert (sparse["price"], sparse["at"], sparse["ship_to"], sparse["anything"]) == (None,) * 4
         assert sparse["lines"] == ([] if reader == "pyiceberg" else None)
         assert sparse["meta"] == {"source": "app", "additional_properties": None}
 
 
-def test_new_property_adds_a_column_incompatible_change_is_refused(spark, broker, registry, state_dir, topic, make_config):
+def test_new_property_adds_a_column_incompatible_change_is_refused(
+    spark, broker, registry, state_dir, topic, make_config
+):
     serialize = json_schema_serializer(registry.url, topic, order_schema(registry.url, topic))
     broker.create_topic(topic, 1)
     produce(broker.bootstrap_servers, topic, [{"value": serialize({"id": FULL["id"], "count": 1})}])
@@ -109,7 +142,9 @@ def test_new_property_adds_a_column_incompatible_change_is_refused(spark, broker
 
     v2 = {**ORDER, "properties": {**ORDER["properties"], "channel": {"type": "string"}}}
     serialize_v2 = json_schema_serializer(registry.url, topic, order_schema(registry.url, topic, v2))
-    produce(broker.bootstrap_servers, topic, [{"value": serialize_v2({"id": FULL["id"], "count": 2, "channel": "web"})}])
+    produce(
+        broker.bootstrap_servers, topic, [{"value": serialize_v2({"id": FULL["id"], "count": 2, "channel": "web"})}]
+    )
     result = materialize_once(spark, config, config.tables[0])
     for rows in (read_pyiceberg(state_dir, result.identifier), read_duckdb(result.metadata_location)):
         assert sorted((r["count"], r["channel"]) for r in rows) == [(1, None), (2, "web")]
@@ -136,9 +171,17 @@ def test_new_property_adds_a_column_incompatible_change_is_refused(spark, broker
 def test_upsert_keyed_by_a_field_with_json_schema_keys(spark, broker, registry, state_dir, topic, make_config):
     """`key: [account]`, keyFormat json-schema (the default for a JSON Schema table): a tombstone's key deletes its row."""
     draft = "http://json-schema.org/draft-07/schema#"
-    key_schema = {"$schema": draft, "type": "object", "properties": {"account": {"type": "string"}}, "required": ["account"]}
-    value_schema = {"$schema": draft, "type": "object",
-                    "properties": {"account": {"type": "string"}, "balance": {"type": "integer"}}}  # fmt: skip
+    key_schema = {
+        "$schema": draft,
+        "type": "object",
+        "properties": {"account": {"type": "string"}},
+        "required": ["account"],
+    }
+    value_schema = {
+        "$schema": draft,
+        "type": "object",
+        "properties": {"account": {"type": "string"}, "balance": {"type": "integer"}},
+    }
     key = json_schema_serializer(registry.url, topic, json.dumps(key_schema), key=True)
     value = json_schema_serializer(registry.url, topic, json.dumps(value_schema))
 
@@ -146,8 +189,11 @@ def test_upsert_keyed_by_a_field_with_json_schema_keys(spark, broker, registry, 
         return {"key": key({"account": account}), "value": value({"account": account, "balance": balance})}
 
     broker.create_topic(topic, 1)
-    produce(broker.bootstrap_servers, topic, [upsert("a", 1), upsert("b", 2), upsert("a", 3),
-                                              {"key": key({"account": "b"}), "value": None}])  # fmt: skip
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [upsert("a", 1), upsert("b", 2), upsert("a", 3), {"key": key({"account": "b"}), "value": None}],
+    )
     config = make_config({"topic": topic, "format": "json-schema", "mode": "upsert", "key": ["account"]})
     result = materialize_once(spark, config, config.tables[0])
     assert [(r["account"], r["balance"]) for r in read_pyiceberg(state_dir, result.identifier)] == [("a", 3)]
@@ -157,13 +203,21 @@ DRAFT = "http://json-schema.org/draft-07/schema#"
 
 
 @pytest.mark.parametrize("mode", ["append", "upsert"])
-def test_property_names_with_a_dot_or_a_backtick_are_plain_columns(spark, broker, registry, state_dir, topic, make_config, mode):
+def test_property_names_with_a_dot_or_a_backtick_are_plain_columns(
+    spark, broker, registry, state_dir, topic, make_config, mode
+):
     """Property names become column names unchanged: Spark must not read `user.id` as field `id` of `user`, nor a
     backtick as the end of a quoted name (in the append, the table's conforming select and the MERGE text)."""
-    schema = {"$schema": DRAFT, "type": "object", "properties": {"user.id": {"type": "string"}, "a`b": {"type": "integer"}}}
+    schema = {
+        "$schema": DRAFT,
+        "type": "object",
+        "properties": {"user.id": {"type": "string"}, "a`b": {"type": "integer"}},
+    }
     value = json_schema_serializer(registry.url, topic, json.dumps(schema))
     broker.create_topic(topic, 1)
-    records = [{"key": b"k", "value": value({"user.id": user, "a`b": n})} for user, n in (("u1", 1), ("u2", 2), ("u1", 3))]
+    records = [
+        {"key": b"k", "value": value({"user.id": user, "a`b": n})} for user, n in (("u1", 1), ("u2", 2), ("u1", 3))
+    ]
     if mode == "upsert":
         records.append({"key": json.dumps({"user.id": "u2"}).encode(), "value": None})
     produce(broker.bootstrap_servers, topic, records)

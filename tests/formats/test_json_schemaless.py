@@ -34,9 +34,13 @@ def test_inference_rules():
 
 
 def test_a_later_batch_evolves_the_table_only_where_iceberg_can():
-    current = [T.StructField("n", T.IntegerType()), T.StructField("s", T.StringType()), T.StructField("l", T.LongType()),
-               T.StructField("st", T.StructType([T.StructField("a", T.IntegerType())])),
-               T.StructField("kafka_offset", T.LongType())]  # fmt: skip
+    current = [
+        T.StructField("n", T.IntegerType()),
+        T.StructField("s", T.StringType()),
+        T.StructField("l", T.LongType()),
+        T.StructField("st", T.StructType([T.StructField("a", T.IntegerType())])),
+        T.StructField("kafka_offset", T.LongType()),
+    ]
     batch = unify(infer({"n": 2**40, "s": 5, "l": 0.5, "st": {"a": 1, "b": "x"}, "new": [1]}), infer({"st": [1]}))
     assert value_struct(current, batch).simpleString() == (
         "struct<n:bigint,s:string,l:bigint,st:struct<a:int,b:string>,new:array<int>>"
@@ -45,11 +49,18 @@ def test_a_later_batch_evolves_the_table_only_where_iceberg_can():
 
 
 def test_values_are_shaped_for_the_columns_or_refused_naming_the_field():
-    struct = T.StructType([T.StructField("s", T.StringType()), T.StructField("d", T.DoubleType()),
-                           T.StructField("o", T.StructType([T.StructField("a", T.LongType())]))])  # fmt: skip
+    struct = T.StructType(
+        [
+            T.StructField("s", T.StringType()),
+            T.StructField("d", T.DoubleType()),
+            T.StructField("o", T.StructType([T.StructField("a", T.LongType())])),
+        ]
+    )
     decode = decoder(struct.json())
     assert decode(b'{"s": {"x": [1, "\xc3\xb1"]}, "d": 3, "o": {"a": 1, "z": null}}') == {
-        "s": '{"x":[1,"ñ"]}', "d": 3, "o": {"a": 1}
+        "s": '{"x":[1,"ñ"]}',
+        "d": 3,
+        "o": {"a": 1},
     }
     with pytest.raises(ValueError, match=r"^o\.b: the table has no column for this key"):
         decode(b'{"o": {"a": 1, "b": 2}}')
@@ -62,15 +73,47 @@ def test_values_are_shaped_for_the_columns_or_refused_naming_the_field():
 def test_schemaless_json_end_to_end_over_two_batches(spark, broker, state_dir, topic, make_config):
     broker.create_topic(topic, 2)
     first = [
-        {"id": 1, "name": "ann", "score": 1, "ratio": 0.5, "ok": True, "tags": ["a", "b"],
-         "address": {"city": "Oslo", "zip": 1234}, "items": [{"sku": "x", "qty": 1}], "mixed": 1, "gone": None},
-        {"id": 2, "name": "bob", "score": 2, "ratio": 2, "ok": False, "tags": [],
-         "address": {"city": "Rome"}, "items": [], "mixed": "two"},
-        {"id": 3, "name": None, "score": -3, "ratio": -1.25e3, "ok": None, "tags": ["ñ"],
-         "address": None, "items": [{"sku": "y", "qty": 2}, {"sku": "z"}], "mixed": {"k": [1, None]}},
-    ]  # fmt: skip
-    produce(broker.bootstrap_servers, topic, [{"key": b"k%d" % r["id"], "value": json.dumps(r).encode(),
-                                              "partition": r["id"] % 2} for r in first] + [{"value": None, "partition": 0}])  # fmt: skip
+        {
+            "id": 1,
+            "name": "ann",
+            "score": 1,
+            "ratio": 0.5,
+            "ok": True,
+            "tags": ["a", "b"],
+            "address": {"city": "Oslo", "zip": 1234},
+            "items": [{"sku": "x", "qty": 1}],
+            "mixed": 1,
+            "gone": None,
+        },
+        {
+            "id": 2,
+            "name": "bob",
+            "score": 2,
+            "ratio": 2,
+            "ok": False,
+            "tags": [],
+            "address": {"city": "Rome"},
+            "items": [],
+            "mixed": "two",
+        },
+        {
+            "id": 3,
+            "name": None,
+            "score": -3,
+            "ratio": -1.25e3,
+            "ok": None,
+            "tags": ["ñ"],
+            "address": None,
+            "items": [{"sku": "y", "qty": 2}, {"sku": "z"}],
+            "mixed": {"k": [1, None]},
+        },
+    ]
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [{"key": b"k%d" % r["id"], "value": json.dumps(r).encode(), "partition": r["id"] % 2} for r in first]
+        + [{"value": None, "partition": 0}],
+    )
     config = make_config({"topic": topic, "format": "json", "errors": "dlq"})
     table = config.tables[0]
 
@@ -83,15 +126,51 @@ def test_schemaless_json_end_to_end_over_two_batches(spark, broker, state_dir, t
     assert values[3]["items"] in (None, [])
     values[3]["items"] = None
     assert values == [
-        {"id": 1, "name": "ann", "score": 1, "ratio": 0.5, "ok": True, "tags": ["a", "b"],
-         "address": {"city": "Oslo", "zip": 1234}, "items": [{"sku": "x", "qty": 1}], "mixed": "1"},
-        {"id": 2, "name": "bob", "score": 2, "ratio": 2.0, "ok": False, "tags": [],
-         "address": {"city": "Rome", "zip": None}, "items": [], "mixed": "two"},
-        {"id": 3, "name": None, "score": -3, "ratio": -1250.0, "ok": None, "tags": ["ñ"], "address": None,
-         "items": [{"sku": "y", "qty": 2}, {"sku": "z", "qty": None}], "mixed": '{"k":[1,null]}'},
-        {"id": None, "name": None, "score": None, "ratio": None, "ok": None, "tags": None, "address": None,
-         "items": None, "mixed": None},  # the tombstone keeps its row
-    ]  # fmt: skip
+        {
+            "id": 1,
+            "name": "ann",
+            "score": 1,
+            "ratio": 0.5,
+            "ok": True,
+            "tags": ["a", "b"],
+            "address": {"city": "Oslo", "zip": 1234},
+            "items": [{"sku": "x", "qty": 1}],
+            "mixed": "1",
+        },
+        {
+            "id": 2,
+            "name": "bob",
+            "score": 2,
+            "ratio": 2.0,
+            "ok": False,
+            "tags": [],
+            "address": {"city": "Rome", "zip": None},
+            "items": [],
+            "mixed": "two",
+        },
+        {
+            "id": 3,
+            "name": None,
+            "score": -3,
+            "ratio": -1250.0,
+            "ok": None,
+            "tags": ["ñ"],
+            "address": None,
+            "items": [{"sku": "y", "qty": 2}, {"sku": "z", "qty": None}],
+            "mixed": '{"k":[1,null]}',
+        },
+        {
+            "id": None,
+            "name": None,
+            "score": None,
+            "ratio": None,
+            "ok": None,
+            "tags": None,
+            "address": None,
+            "items": None,
+            "mixed": None,
+        },  # the tombstone keeps its row
+    ]
     duck = sorted(read_duckdb(result.metadata_location), key=lambda r: (r["id"] is None, r["id"]))
     duck_values = [{k: v for k, v in r.items() if not k.startswith("kafka_")} for r in duck]
     assert duck_values[:3] == values[:3] and {**duck_values[3], "items": None} == values[3]
@@ -99,14 +178,22 @@ def test_schemaless_json_end_to_end_over_two_batches(spark, broker, state_dir, t
     assert schema["score"] == "int" and schema["ratio"] == "double" and "gone" not in schema
 
     second = [
-        {"id": 4, "score": 2**40, "mixed": 5, "address": {"city": "Lima", "zone": "c"}, "items": [{"sku": "w", "note": "n"}],
-         "fresh": 7},
+        {
+            "id": 4,
+            "score": 2**40,
+            "mixed": 5,
+            "address": {"city": "Lima", "zone": "c"},
+            "items": [{"sku": "w", "note": "n"}],
+            "fresh": 7,
+        },
         {"id": 5, "name": "fits", "ratio": 3},
         {"id": 2.5, "name": "a fraction in a long column"},
         {"id": 6, "ok": "yes"},
         {"id": 7, "address": [1]},
-    ]  # fmt: skip
-    positions = produce(broker.bootstrap_servers, topic, [{"value": json.dumps(r).encode(), "partition": 0} for r in second])
+    ]
+    positions = produce(
+        broker.bootstrap_servers, topic, [{"value": json.dumps(r).encode(), "partition": 0} for r in second]
+    )
     again = run_table(spark, config, table, state_dir)
     assert again.rows_written == 2 and again.records_failed == 3
     schema = {f.name: str(f.field_type) for f in _table(state_dir, result.identifier).schema().fields}
@@ -115,12 +202,17 @@ def test_schemaless_json_end_to_end_over_two_batches(spark, broker, state_dir, t
     rows = by_position(read_pyiceberg(state_dir, result.identifier))
     row = rows[positions[0]]
     assert (row["score"], row["mixed"], row["address"], row["items"], row["fresh"]) == (
-        2**40, "5", {"city": "Lima", "zip": None, "zone": "c"}, [{"sku": "w", "qty": None, "note": "n"}], 7
+        2**40,
+        "5",
+        {"city": "Lima", "zip": None, "zone": "c"},
+        [{"sku": "w", "qty": None, "note": "n"}],
+        7,
     )
     assert rows[positions[1]]["ratio"] == 3.0 and rows[positions[1]]["fresh"] is None
     dead = by_position(read_pyiceberg(state_dir, result.identifier + "_dlq"))
     assert {p: (r["error_class"], r["error_message"].split(":")[0]) for p, r in dead.items()} == {
-        positions[2]: ("ConversionError", "id"), positions[3]: ("ConversionError", "ok"),
+        positions[2]: ("ConversionError", "id"),
+        positions[3]: ("ConversionError", "ok"),
         positions[4]: ("ConversionError", "address"),
     }, "values that do not fit the table's columns are bad records naming the field"
 

@@ -74,8 +74,21 @@ def trade_pool(tmp_path, topic: str, extra: str = ""):
 
 
 def full_trade(Trade, ns_pool) -> object:
-    trade = Trade(id="t1", i32=-7, s32=-9, i64=2**40, u32=4_000_000_000, u64=2**64 - 1, d=2.5, f=1.5, flag=True,
-                  raw=b"\x00\xff", side=2, tags=["a", "b"], card="4111")  # fmt: skip
+    trade = Trade(
+        id="t1",
+        i32=-7,
+        s32=-9,
+        i64=2**40,
+        u32=4_000_000_000,
+        u64=2**64 - 1,
+        d=2.5,
+        f=1.5,
+        flag=True,
+        raw=b"\x00\xff",
+        side=2,
+        tags=["a", "b"],
+        card="4111",
+    )
     trade.venue.name, trade.venue.rank = "XNAS", 1
     trade.history.add(name="XLON", rank=2)
     trade.counts["x"] = 3
@@ -95,7 +108,9 @@ def three_trades(Trade, pool) -> list:
     return [full_trade(Trade, pool), Trade(id="t2"), cash]
 
 
-def test_every_protobuf_type_from_confluents_serializer(spark, broker, registry, state_dir, topic, make_config, tmp_path):
+def test_every_protobuf_type_from_confluents_serializer(
+    spark, broker, registry, state_dir, topic, make_config, tmp_path
+):
     ns, pool = trade_pool(tmp_path, topic)
     Trade = message_class(pool, f"{ns}.Trade")
     serialize = protobuf_serializer(registry.url, topic, Trade)
@@ -112,8 +127,20 @@ def check_trades(state_dir, result) -> None:
     for rows in (read_pyiceberg(state_dir, result.identifier), read_duckdb(result.metadata_location)):
         rows = {r["id"]: r for r in rows}
         full = rows["t1"]
-        assert (full["i32"], full["s32"], full["i64"], full["u32"], full["u64"]) == (-7, -9, 2**40, 4_000_000_000, Decimal(2**64 - 1))
-        assert (full["d"], full["f"], full["flag"], bytes(full["raw"]), full["side"]) == (2.5, 1.5, True, b"\x00\xff", "SELL")
+        assert (full["i32"], full["s32"], full["i64"], full["u32"], full["u64"]) == (
+            -7,
+            -9,
+            2**40,
+            4_000_000_000,
+            Decimal(2**64 - 1),
+        )
+        assert (full["d"], full["f"], full["flag"], bytes(full["raw"]), full["side"]) == (
+            2.5,
+            1.5,
+            True,
+            b"\x00\xff",
+            "SELL",
+        )
         assert full["venue"] == {"name": "XNAS", "rank": 1}
         assert full["tags"] == ["a", "b"] and full["history"] == [{"name": "XLON", "rank": 2}]
         assert _as_dict(full["counts"]) == {"x": 3} and _as_dict(full["by_rank"]) == {5: {"name": "five", "rank": 0}}
@@ -124,12 +151,28 @@ def check_trades(state_dir, result) -> None:
         assert json.loads(full["attrs"]) == {"k": "v", "n": 1}
 
         empty = rows["t2"]  # nothing but the id sent: defaults where the encoding has no presence, else null
-        assert (empty["i32"], empty["u64"], empty["flag"], bytes(empty["raw"]), empty["side"]) == (0, Decimal(0), False, b"", "SIDE_UNSPECIFIED")
+        assert (empty["i32"], empty["u64"], empty["flag"], bytes(empty["raw"]), empty["side"]) == (
+            0,
+            Decimal(0),
+            False,
+            b"",
+            "SIDE_UNSPECIFIED",
+        )
         assert empty["tags"] == [] and _as_dict(empty["counts"]) == {}
-        assert (empty["venue"], empty["payment"], empty["card"], empty["at"], empty["took"]) == (None, None, None, None, None)
+        assert (empty["venue"], empty["payment"], empty["card"], empty["at"], empty["took"]) == (
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
         assert (empty["maybe_qty"], empty["attrs"], empty["opt"]) == (None, None, None)
 
-        assert (rows["t3"]["cash"], rows["t3"]["payment"], rows["t3"]["card"]) == ({"units": 12, "currency": "EUR"}, "cash", None)
+        assert (rows["t3"]["cash"], rows["t3"]["payment"], rows["t3"]["card"]) == (
+            {"units": 12, "currency": "EUR"},
+            "cash",
+            None,
+        )
 
 
 def _as_dict(value) -> dict:
@@ -163,7 +206,13 @@ def test_text_schema_with_imports(spark, broker, registry, state_dir, topic, mak
     config = make_config({"topic": topic, "format": "protobuf", "messageType": "Trade"})
     result = materialize_once(spark, config, config.tables[0])
     for row in (read_pyiceberg(state_dir, result.identifier)[0], read_duckdb(result.metadata_location)[0]):
-        assert (row["id"], row["u64"], row["side"], row["venue"], row["payment"]) == ("t1", Decimal(2**64 - 1), "SELL", {"name": "XNAS", "rank": 1}, "card")
+        assert (row["id"], row["u64"], row["side"], row["venue"], row["payment"]) == (
+            "t1",
+            Decimal(2**64 - 1),
+            "SELL",
+            {"name": "XNAS", "rank": 1},
+            "card",
+        )
         assert as_utc(row["at"]) == dt.datetime(2024, 2, 29, 12, 30, 1, 250000, tzinfo=dt.UTC)
 
 
@@ -237,8 +286,13 @@ def test_upsert_keyed_by_a_field_with_protobuf_keys(spark, broker, registry, sta
         return {"key": key(Key(account=account)), "value": value(Account(account=account, balance=balance))}
 
     broker.create_topic(topic, 1)
-    produce(broker.bootstrap_servers, topic, [upsert("a", 1), upsert("b", 2), upsert("a", 3),
-                                              {"key": key(Key(account="b")), "value": None}])  # fmt: skip
-    config = make_config({"topic": topic, "format": "protobuf", "messageType": "Account", "mode": "upsert", "key": ["account"]})
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [upsert("a", 1), upsert("b", 2), upsert("a", 3), {"key": key(Key(account="b")), "value": None}],
+    )
+    config = make_config(
+        {"topic": topic, "format": "protobuf", "messageType": "Account", "mode": "upsert", "key": ["account"]}
+    )
     result = materialize_once(spark, config, config.tables[0])
     assert [(r["account"], r["balance"]) for r in read_duckdb(result.metadata_location)] == [("a", 3)]

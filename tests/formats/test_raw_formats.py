@@ -23,11 +23,14 @@ def _cluster() -> dict:
     return {"name": "c", "bootstrapServers": "b:9092"}
 
 
-@pytest.mark.parametrize("table, message", [
-    ({"format": "raw", "schema": {"fields": [{"name": "a", "type": "long"}]}}, "takes no schema"),
-    ({"format": "string", "mode": "upsert", "key": ["value"]}, "upsert keys on the Kafka key"),
-    ({"format": "raw", "partitionBy": ["day(at)"]}, "unknown field 'at'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ({"format": "raw", "schema": {"fields": [{"name": "a", "type": "long"}]}}, "takes no schema"),
+        ({"format": "string", "mode": "upsert", "key": ["value"]}, "upsert keys on the Kafka key"),
+        ({"format": "raw", "partitionBy": ["day(at)"]}, "unknown field 'at'"),
+    ],
+)
 def test_raw_spec_mistakes_are_named(table, message):
     with pytest.raises(ConfigError, match=message):
         parse_config({"sourceClusters": [_cluster()], "tables": [{"sourceCluster": "c", "topic": "t", **table}]})
@@ -40,8 +43,10 @@ def test_raw_and_string_values_end_to_end(spark, broker, state_dir, topic, make_
     topic = f"{topic}_{format}"
     broker.create_topic(topic, 2)
     values, bad = (TEXT + INVALID_UTF8, []) if format == "raw" else (TEXT, INVALID_UTF8)
-    records = [{"key": b"k%d" % i, "value": v, "partition": i % 2, "headers": [("h", b"%d" % i)]}
-               for i, v in enumerate(values + bad)]  # fmt: skip
+    records = [
+        {"key": b"k%d" % i, "value": v, "partition": i % 2, "headers": [("h", b"%d" % i)]}
+        for i, v in enumerate(values + bad)
+    ]
     positions = produce(broker.bootstrap_servers, topic, records)
     config = make_config({"topic": topic, "format": format, "errors": "skip", "partitionBy": ["bucket(4, value)"]})
     table = config.tables[0]
@@ -50,9 +55,11 @@ def test_raw_and_string_values_end_to_end(spark, broker, state_dir, topic, make_
     assert path.name == JVM
     assert jvm_rows == python_rows and len(python_rows) == len(records)
     failed = {p: r for p, r in python_rows.items() if r["icefloe_error_class"]}
-    assert set(failed) == set(positions[len(values):])
-    assert all(r["icefloe_error_class"] == "DecodeError" and "not valid UTF-8" in r["icefloe_error_message"]
-               for r in failed.values())  # fmt: skip
+    assert set(failed) == set(positions[len(values) :])
+    assert all(
+        r["icefloe_error_class"] == "DecodeError" and "not valid UTF-8" in r["icefloe_error_message"]
+        for r in failed.values()
+    )
 
     result = run_table(spark, config, table, state_dir)
     assert result.read_path == JVM and result.rows_written == len(values) and result.records_failed == len(bad)

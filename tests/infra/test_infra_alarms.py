@@ -53,7 +53,10 @@ def test_every_enabled_table_has_a_lag_alarm_from_its_refresh_or_override(progra
     for table, inputs in lag.items():
         assert inputs["period"] == expected[table] and inputs["evaluationPeriods"] == 1
         assert (inputs["namespace"], inputs["statistic"], inputs["comparisonOperator"]) == (
-            "icefloe", "Maximum", "GreaterThanThreshold")  # fmt: skip
+            "icefloe",
+            "Maximum",
+            "GreaterThanThreshold",
+        )
         assert inputs["treatMissingData"] == "breaching", "a window without any batch report is late too"
         assert inputs["alarmActions"] == inputs["okActions"] == [TOPIC]
         assert inputs["name"] == f"icefloe-example-{table}-lag"
@@ -94,11 +97,16 @@ def stack_with(tmp_path: Path, tables: list[dict], **config) -> Path:
 
 
 def test_thresholds_and_opting_out_per_table_and_no_topic(tmp_path):
-    run = run_program(stack_with(tmp_path, [
-        {"topic": "orders", "errors": "skip", "refresh": "1h", "alarms": {"lag": "2h", "badRecords": 10}},
-        {"topic": "quiet", "alarms": {"enabled": False}},
-        {"topic": "daily", "refresh": "12h"},
-    ]))  # fmt: skip
+    run = run_program(
+        stack_with(
+            tmp_path,
+            [
+                {"topic": "orders", "errors": "skip", "refresh": "1h", "alarms": {"lag": "2h", "badRecords": 10}},
+                {"topic": "quiet", "alarms": {"enabled": False}},
+                {"topic": "daily", "refresh": "12h"},
+            ],
+        )
+    )
     lag, bad = alarms(run, "LagSeconds"), alarms(run, "BadRecords")
     assert {t: i["threshold"] for t, i in lag.items()} == {"events.orders": 7200, "events.daily": 86400}
     assert lag["events.daily"]["period"] == 86400, "three 12h intervals are capped at CloudWatch's one day"
@@ -106,16 +114,30 @@ def test_thresholds_and_opting_out_per_table_and_no_topic(tmp_path):
     assert all(a.inputs["alarmActions"] == [] and a.inputs["okActions"] == [] for a in run.of_type(ALARM))
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"icefloe:tables": [{"sourceCluster": "events", "topic": "orders", "alarms": {"lag": "30s"}}]},
-     r"icefloe:tables\[0\] \(orders\)\.alarms\.lag: lag must be between 1m and 1d"),
-    ({"icefloe:tables": [{"sourceCluster": "events", "topic": "orders", "alarms": {"badRecords": -1}}]},
-     r"icefloe:tables\[0\] \(orders\)\.alarms\.badRecords: Input should be greater than or equal to 0"),
-    ({"icefloe:alarms": {"topicArn": "arn:aws:sqs:us-east-1:123456789012:q"}}, r"icefloe:alarms\.topicArn: String should match"),
-    ({"icefloe:alarms": {"topic": TOPIC}}, r"icefloe:alarms\.topic: Extra inputs are not permitted"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"icefloe:tables": [{"sourceCluster": "events", "topic": "orders", "alarms": {"lag": "30s"}}]},
+            r"icefloe:tables\[0\] \(orders\)\.alarms\.lag: lag must be between 1m and 1d",
+        ),
+        (
+            {"icefloe:tables": [{"sourceCluster": "events", "topic": "orders", "alarms": {"badRecords": -1}}]},
+            r"icefloe:tables\[0\] \(orders\)\.alarms\.badRecords: Input should be greater than or equal to 0",
+        ),
+        (
+            {"icefloe:alarms": {"topicArn": "arn:aws:sqs:us-east-1:123456789012:q"}},
+            r"icefloe:alarms\.topicArn: String should match",
+        ),
+        ({"icefloe:alarms": {"topic": TOPIC}}, r"icefloe:alarms\.topic: Extra inputs are not permitted"),
+    ],
+)
 def test_bad_alarm_settings_are_named(change, message):
-    raw = {k.split(":", 1)[1]: v for k, v in yaml.safe_load(MINIMAL.read_text())["config"].items() if k.startswith("icefloe:")}
+    raw = {
+        k.split(":", 1)[1]: v
+        for k, v in yaml.safe_load(MINIMAL.read_text())["config"].items()
+        if k.startswith("icefloe:")
+    }
     raw.update({k.split(":", 1)[1]: v for k, v in change.items()})
     with pytest.raises(ConfigError, match=message):
         load_stack_config(raw)

@@ -49,7 +49,12 @@ def test_bundle_is_deterministic_and_holds_the_runtime(tmp_path):
     with tarfile.open(first.archive) as tar:
         members = tar.getmembers()
     names = {m.name for m in members}
-    assert {"./icefloe/cli.py", "./icefloe/materialize/batch.py", "./icefloe/spec.py", "./icefloe/table/catalog.py"} <= names
+    assert {
+        "./icefloe/cli.py",
+        "./icefloe/materialize/batch.py",
+        "./icefloe/spec.py",
+        "./icefloe/table/catalog.py",
+    } <= names
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
     assert {m.mtime for m in members} == {0} and {m.uid for m in members} == {0}
     assert first.entry_point.read_text() == ENTRY_POINT
@@ -126,7 +131,9 @@ def test_entry_point_runs_the_runtime_cli_from_deps(tmp_path):
     result = run_isolated(workdir, "main.py", "run", "--help")
     assert result.returncode == 0, result.stderr
     assert "--once" in result.stdout and "--continuous" in result.stdout
-    where = run_isolated(workdir, "-c", "import sys; sys.path.insert(0, './deps'); import icefloe; print(icefloe.__file__)")
+    where = run_isolated(
+        workdir, "-c", "import sys; sys.path.insert(0, './deps'); import icefloe; print(icefloe.__file__)"
+    )
     assert Path(where.stdout.strip()).resolve() == (workdir / "deps" / "icefloe" / "__init__.py").resolve()
     bad = run_isolated(workdir, "main.py", "run", "--table", "x")  # the runtime's own parser rejects it
     assert bad.returncode == 2 and "--config" in bad.stderr
@@ -169,7 +176,17 @@ def test_plan_and_demo_are_not_in_the_bundle_and_it_says_so(tmp_path):
 
 def test_the_bundle_asks_for_the_runtime_dependencies():
     names = {re.split(r"[\[=<>]", r)[0] for r in runtime_requirements()}
-    assert names == {"confluent-kafka", "pydantic", "pyyaml", "boto3", "pyarrow", "aws-msk-iam-sasl-signer-python", "grpcio-tools", "cryptography", "pandas"}
+    assert names == {
+        "confluent-kafka",
+        "pydantic",
+        "pyyaml",
+        "boto3",
+        "pyarrow",
+        "aws-msk-iam-sasl-signer-python",
+        "grpcio-tools",
+        "cryptography",
+        "pandas",
+    }
 
 
 @pytest.mark.bundle
@@ -178,9 +195,15 @@ def test_real_bundle_is_manylinux_cp311_x86_64_and_self_contained(tmp_path):
     bundle = build_bundle("X86_64", "3.11", out_dir=tmp_path / "out")
     with tarfile.open(bundle.archive) as tar:
         names = tar.getnames()
-        wheel_tags = {w: {line.split(":", 1)[1].strip() for line in tar.extractfile(w).read().decode().splitlines()
-                          if line.startswith("Tag:")}
-                      for w in names if w.endswith(".dist-info/WHEEL")}  # fmt: skip
+        wheel_tags = {
+            w: {
+                line.split(":", 1)[1].strip()
+                for line in tar.extractfile(w).read().decode().splitlines()
+                if line.startswith("Tag:")
+            }
+            for w in names
+            if w.endswith(".dist-info/WHEEL")
+        }
     extensions = [n for n in names if n.endswith(".so")]
     for package in ("confluent_kafka", "pyarrow", "pydantic_core"):
         assert any(n.startswith(f"./{package}/") for n in extensions), package
@@ -203,14 +226,16 @@ def test_real_bundle_is_manylinux_cp311_x86_64_and_self_contained(tmp_path):
     assert time.monotonic() - again_started < max(5.0, built_in / 4)
 
     workdir = extract(bundle, tmp_path / "job")
-    script = ("import os, sys; sys.path.insert(0, './deps')\n"
-              "import confluent_kafka, pyarrow, pydantic, yaml, boto3, fastavro, aws_msk_iam_sasl_signer, pandas\n"
-              "from confluent_kafka.schema_registry.avro import AvroDeserializer\n"
-              "from icefloe.spec import load_config\n"
-              "deps = os.path.abspath('deps') + os.sep\n"
-              "assert all(os.path.abspath(m.__file__).startswith(deps) for m in (confluent_kafka, pyarrow, pydantic, yaml, pandas))\n"
-              "from importlib.metadata import version\n"
-              "print(version('confluent-kafka'), version('pyarrow'), pyarrow.__version__)")  # fmt: skip
+    script = (
+        "import os, sys; sys.path.insert(0, './deps')\n"
+        "import confluent_kafka, pyarrow, pydantic, yaml, boto3, fastavro, aws_msk_iam_sasl_signer, pandas\n"
+        "from confluent_kafka.schema_registry.avro import AvroDeserializer\n"
+        "from icefloe.spec import load_config\n"
+        "deps = os.path.abspath('deps') + os.sep\n"
+        "assert all(os.path.abspath(m.__file__).startswith(deps) for m in (confluent_kafka, pyarrow, pydantic, yaml, pandas))\n"
+        "from importlib.metadata import version\n"
+        "print(version('confluent-kafka'), version('pyarrow'), pyarrow.__version__)"
+    )
     result = run_isolated(workdir, "-c", script)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["2.16.0", "26.0.1", "26.0.1"]

@@ -31,7 +31,9 @@ def _collect_after_failed_programs():
 def raw_config(path: Path = EXAMPLE) -> dict:
     """The `icefloe:*` keys of a stack file as the program receives them (defaults applied, JSON decoded)."""
     _, config, _ = stack_config(path)
-    return {k.split(":", 1)[1]: json.loads(v) if v[:1] in "[{" else v for k, v in config.items() if k.startswith("icefloe:")}
+    return {
+        k.split(":", 1)[1]: json.loads(v) if v[:1] in "[{" else v for k, v in config.items() if k.startswith("icefloe:")
+    }
 
 
 def write_stack(tmp_path: Path, name: str, base: Path, **changes) -> Path:
@@ -93,18 +95,32 @@ def test_secure_values_arrive_decrypted_and_their_key_secret():
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"emr": {"releaseLabel": "emr-6.15.0"}},
-         r"icefloe:emr\.releaseLabel: 'emr-6\.15\.0' is not a release icefloe runs on: use emr-7\.1\.0 or a later emr-7\.x"),
-        ({"emr": {"releaseLabel": "emr-7.0.0"}}, r"icefloe:emr\.releaseLabel: 'emr-7\.0\.0' is not a release icefloe runs on"),
+        (
+            {"emr": {"releaseLabel": "emr-6.15.0"}},
+            r"icefloe:emr\.releaseLabel: 'emr-6\.15\.0' is not a release icefloe runs on: use emr-7\.1\.0 or a later emr-7\.x",
+        ),
+        (
+            {"emr": {"releaseLabel": "emr-7.0.0"}},
+            r"icefloe:emr\.releaseLabel: 'emr-7\.0\.0' is not a release icefloe runs on",
+        ),
         ({"emr": {"imageUri": "docker.io/me/spark:latest"}}, r"icefloe:emr\.imageUri: String should match pattern"),
         ({"tabels": []}, r"unknown key\(s\) icefloe:tabels"),
         ({"catalog": {"type": "glue", "warehouse": "s3://b/w"}}, r"icefloe:catalog is set by the stack"),
         ({"owner": ""}, r"icefloe:owner: String should have at least 1 character"),
         ({"logRetentionDays": 31}, r"icefloe:logRetentionDays: CloudWatch Logs accepts one of"),
-        ({"schedule": {"maximumEventAge": "10s"}}, r"icefloe:schedule\.maximumEventAge: maximumEventAge must be between 60s"),
+        (
+            {"schedule": {"maximumEventAge": "10s"}},
+            r"icefloe:schedule\.maximumEventAge: maximumEventAge must be between 60s",
+        ),
         ({"storage": {"existingBucket": "corp-lake"}}, r"icefloe:storage: existingBucket needs existingKmsKeyArn"),
-        ({"externalAccess": [{"name": "x", "principalArn": "arn:aws:iam::1:root"}]}, r"icefloe:externalAccess\[0\]\.principalArn"),
-        ({"secrets": {}}, r"icefloe:sourceClusters\[0\] \(main\)\.schemaRegistry\.credentialsSecret: names secret 'registry'"),
+        (
+            {"externalAccess": [{"name": "x", "principalArn": "arn:aws:iam::1:root"}]},
+            r"icefloe:externalAccess\[0\]\.principalArn",
+        ),
+        (
+            {"secrets": {}},
+            r"icefloe:sourceClusters\[0\] \(main\)\.schemaRegistry\.credentialsSecret: names secret 'registry'",
+        ),
     ],
 )
 def test_bad_stack_config_fails_naming_the_key(change, message):
@@ -140,7 +156,9 @@ def test_without_emr_settings_the_stack_runs_on_the_release_python():
 def test_the_program_itself_rejects_a_bad_stack_file(tmp_path):
     bad = tmp_path / "Pulumi.bad.yaml"
     bad.write_text(EXAMPLE.read_text().replace("format: avro", "format: avr", 1))
-    with pytest.raises(ConfigError, match=r"Pulumi\.bad\.yaml: invalid icefloe config:\n.*icefloe:tables\[0\] \(stock_trades\)\.format"):
+    with pytest.raises(
+        ConfigError, match=r"Pulumi\.bad\.yaml: invalid icefloe config:\n.*icefloe:tables\[0\] \(stock_trades\)\.format"
+    ):
         run_program(bad)
     typo = write_stack(tmp_path, "typo", MINIMAL, tabels=[{"sourceCluster": "events", "topic": "x"}])
     with pytest.raises(ConfigError, match=r"unknown key\(s\) icefloe:tabels"):
@@ -151,5 +169,6 @@ def test_the_password_never_shows_in_the_validated_model():
     _, deployment = load_stack_config(raw_config())
     secret = deployment.secrets["registry"]
     assert secret.password.get_secret_value() == decrypted_value(
-        yaml.safe_load(EXAMPLE.read_text())["config"]["icefloe:secrets"]["registry"]["password"]["secure"])
+        yaml.safe_load(EXAMPLE.read_text())["config"]["icefloe:secrets"]["registry"]["password"]["secure"]
+    )
     assert secret.password.get_secret_value() not in repr(deployment) + str(secret)

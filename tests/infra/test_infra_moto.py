@@ -45,8 +45,11 @@ def program():
 
 @pytest.fixture
 def aws(monkeypatch):
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": REGION}.items():  # fmt: skip
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+    }.items():
         monkeypatch.setenv(key, value)
     with moto.mock_aws():
         yield
@@ -116,7 +119,9 @@ def ints(value):
 
 
 def test_storage_glue_logs_and_secrets_are_accepted(program, aws):
-    key_arn = call(client("kms"), "create_key", Description=program.one("aws:kms/key:Key").inputs["description"])["KeyMetadata"]["Arn"]
+    key_arn = call(client("kms"), "create_key", Description=program.one("aws:kms/key:Key").inputs["description"])[
+        "KeyMetadata"
+    ]["Arn"]
     client("kms").enable_key_rotation(KeyId=key_arn)
     assert client("kms").get_key_rotation_status(KeyId=key_arn)["KeyRotationEnabled"]
 
@@ -125,64 +130,123 @@ def test_storage_glue_logs_and_secrets_are_accepted(program, aws):
     tags = program.one("aws:s3/bucket:Bucket").inputs["tags"]
     call(s3, "create_bucket", Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": REGION})
     call(s3, "put_bucket_tagging", Bucket=bucket, Tagging={"TagSet": [{"Key": k, "Value": v} for k, v in tags.items()]})
-    (rule,) = program.one("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration").inputs["rules"]
-    call(s3, "put_bucket_encryption", Bucket=bucket, ServerSideEncryptionConfiguration={"Rules": [{
-        "ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": rule["applyServerSideEncryptionByDefault"]["sseAlgorithm"],
-                                               "KMSMasterKeyID": key_arn},
-        "BucketKeyEnabled": rule["bucketKeyEnabled"]}]})  # fmt: skip
+    (rule,) = program.one(
+        "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
+    ).inputs["rules"]
+    call(
+        s3,
+        "put_bucket_encryption",
+        Bucket=bucket,
+        ServerSideEncryptionConfiguration={
+            "Rules": [
+                {
+                    "ApplyServerSideEncryptionByDefault": {
+                        "SSEAlgorithm": rule["applyServerSideEncryptionByDefault"]["sseAlgorithm"],
+                        "KMSMasterKeyID": key_arn,
+                    },
+                    "BucketKeyEnabled": rule["bucketKeyEnabled"],
+                }
+            ]
+        },
+    )
     block = program.one("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").inputs
-    call(s3, "put_public_access_block", Bucket=bucket, PublicAccessBlockConfiguration={
-        k[0].upper() + k[1:]: block[k] for k in ("blockPublicAcls", "ignorePublicAcls", "blockPublicPolicy", "restrictPublicBuckets")})
+    call(
+        s3,
+        "put_public_access_block",
+        Bucket=bucket,
+        PublicAccessBlockConfiguration={
+            k[0].upper() + k[1:]: block[k]
+            for k in ("blockPublicAcls", "ignorePublicAcls", "blockPublicPolicy", "restrictPublicBuckets")
+        },
+    )
     versioning = program.one("aws:s3/bucketVersioning:BucketVersioning").inputs["versioningConfiguration"]
     call(s3, "put_bucket_versioning", Bucket=bucket, VersioningConfiguration={"Status": versioning["status"]})
-    call(s3, "put_bucket_policy", Bucket=bucket, Policy=program.one("aws:s3/bucketPolicy:BucketPolicy").inputs["policy"])
+    call(
+        s3, "put_bucket_policy", Bucket=bucket, Policy=program.one("aws:s3/bucketPolicy:BucketPolicy").inputs["policy"]
+    )
     lifecycle = program.one("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration").inputs["rules"]
     rules = []
     for item in lifecycle:
         rule_ = {"ID": item["id"], "Status": item["status"], "Filter": {"Prefix": item["filter"]["prefix"]}}
         if "abortIncompleteMultipartUpload" in item:
             rule_["AbortIncompleteMultipartUpload"] = {
-                "DaysAfterInitiation": int(item["abortIncompleteMultipartUpload"]["daysAfterInitiation"])}
+                "DaysAfterInitiation": int(item["abortIncompleteMultipartUpload"]["daysAfterInitiation"])
+            }
         if "noncurrentVersionExpiration" in item:
             rule_["NoncurrentVersionExpiration"] = {
-                "NoncurrentDays": int(item["noncurrentVersionExpiration"]["noncurrentDays"])}
+                "NoncurrentDays": int(item["noncurrentVersionExpiration"]["noncurrentDays"])
+            }
         rules.append(rule_)
     call(s3, "put_bucket_lifecycle_configuration", Bucket=bucket, LifecycleConfiguration={"Rules": rules})
     stored = s3.get_bucket_encryption(Bucket=bucket)["ServerSideEncryptionConfiguration"]["Rules"][0]
     assert stored["ApplyServerSideEncryptionByDefault"]["KMSMasterKeyID"] == key_arn and stored["BucketKeyEnabled"]
     assert json.loads(s3.get_bucket_policy(Bucket=bucket)["Policy"])["Statement"][0]["Effect"] == "Deny"
     assert {r["ID"] for r in s3.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]} == {
-        "abort-incomplete-multipart-uploads", "expire-old-versions"}
+        "abort-incomplete-multipart-uploads",
+        "expire-old-versions",
+    }
 
     glue = client("glue")
     for database in program.of_type("aws:glue/catalogDatabase:CatalogDatabase"):
-        call(glue, "create_database", DatabaseInput={"Name": database.inputs["name"], "Description": database.inputs["description"],
-                                                     "LocationUri": database.inputs["locationUri"]},
-             Tags=database.inputs["tags"])  # fmt: skip
+        call(
+            glue,
+            "create_database",
+            DatabaseInput={
+                "Name": database.inputs["name"],
+                "Description": database.inputs["description"],
+                "LocationUri": database.inputs["locationUri"],
+            },
+            Tags=database.inputs["tags"],
+        )
     assert glue.get_database(Name="main")["Database"]["LocationUri"] == program.outputs["warehouseUri"] + "/main.db"
 
     logs = client("logs")
     group = program.one("aws:cloudwatch/logGroup:LogGroup")
     call(logs, "create_log_group", logGroupName=group.outputs["name"], tags=group.inputs["tags"])
-    call(logs, "put_retention_policy", logGroupName=group.outputs["name"], retentionInDays=int(group.inputs["retentionInDays"]))
+    call(
+        logs,
+        "put_retention_policy",
+        logGroupName=group.outputs["name"],
+        retentionInDays=int(group.inputs["retentionInDays"]),
+    )
 
     secrets = client("secretsmanager")
     secret = program.one("aws:secretsmanager/secret:Secret").inputs
     version = program.one("aws:secretsmanager/secretVersion:SecretVersion").inputs
-    created = call(secrets, "create_secret", Name="icefloe-registry", Description=secret["description"], KmsKeyId=key_arn,
-                   SecretString=version["secretString"], Tags=[{"Key": k, "Value": v} for k, v in secret["tags"].items()])
-    assert json.loads(secrets.get_secret_value(SecretId=created["ARN"])["SecretString"]).keys() == {"username", "password"}
+    created = call(
+        secrets,
+        "create_secret",
+        Name="icefloe-registry",
+        Description=secret["description"],
+        KmsKeyId=key_arn,
+        SecretString=version["secretString"],
+        Tags=[{"Key": k, "Value": v} for k, v in secret["tags"].items()],
+    )
+    assert json.loads(secrets.get_secret_value(SecretId=created["ARN"])["SecretString"]).keys() == {
+        "username",
+        "password",
+    }
 
 
 def test_roles_and_policies_are_accepted_verbatim(program, aws):
     iam = client("iam")
     for role in program.of_type("aws:iam/role:Role"):
-        call(iam, "create_role", RoleName=role.name, AssumeRolePolicyDocument=role.inputs["assumeRolePolicy"],
-             MaxSessionDuration=int(role.inputs.get("maxSessionDuration", 3600)),
-             Tags=[{"Key": k, "Value": v} for k, v in role.inputs["tags"].items()])  # fmt: skip
+        call(
+            iam,
+            "create_role",
+            RoleName=role.name,
+            AssumeRolePolicyDocument=role.inputs["assumeRolePolicy"],
+            MaxSessionDuration=int(role.inputs.get("maxSessionDuration", 3600)),
+            Tags=[{"Key": k, "Value": v} for k, v in role.inputs["tags"].items()],
+        )
     for attached in program.of_type("aws:iam/rolePolicy:RolePolicy"):
-        call(iam, "put_role_policy", RoleName=attached.inputs["role"], PolicyName=attached.name,
-             PolicyDocument=attached.inputs["policy"])  # fmt: skip
+        call(
+            iam,
+            "put_role_policy",
+            RoleName=attached.inputs["role"],
+            PolicyName=attached.name,
+            PolicyDocument=attached.inputs["policy"],
+        )
     for role in program.of_type("aws:iam/role:Role"):
         stored = iam.get_role(RoleName=role.name)["Role"]["AssumeRolePolicyDocument"]
         assert stored == json.loads(role.inputs["assumeRolePolicy"])
@@ -193,33 +257,58 @@ def test_emr_application_schedules_and_every_job_run_are_accepted(program, aws):
     app = ints(program.one("aws:emrserverless/application:Application").inputs)
     emr = client("emr-serverless")
     created = call(
-        emr, "create_application", name="icefloe", clientToken="replay",
+        emr,
+        "create_application",
+        name="icefloe",
+        clientToken="replay",
         # The provider documents lowercase "spark" and the service takes either case; moto knows only "SPARK".
-        type=app["type"].upper(), releaseLabel=app["releaseLabel"], architecture=app["architecture"],
-        autoStartConfiguration=app["autoStartConfiguration"], autoStopConfiguration=app["autoStopConfiguration"],
-        maximumCapacity=app["maximumCapacity"], monitoringConfiguration=monitoring_api_shape(app["monitoringConfiguration"]),
+        type=app["type"].upper(),
+        releaseLabel=app["releaseLabel"],
+        architecture=app["architecture"],
+        autoStartConfiguration=app["autoStartConfiguration"],
+        autoStopConfiguration=app["autoStopConfiguration"],
+        maximumCapacity=app["maximumCapacity"],
+        monitoringConfiguration=monitoring_api_shape(app["monitoringConfiguration"]),
         tags=app["tags"],
-    )  # fmt: skip
+    )
     application_id = created["applicationId"]
     assert emr.get_application(applicationId=application_id)["application"]["autoStopConfiguration"] == {
-        "enabled": True, "idleTimeoutMinutes": 15}
+        "enabled": True,
+        "idleTimeoutMinutes": 15,
+    }
 
     sqs = client("sqs")
     queue = ints(program.one("aws:sqs/queue:Queue").inputs)
-    call(sqs, "create_queue", QueueName="icefloe-schedules-dlq", Attributes={
-        "MessageRetentionPeriod": str(queue["messageRetentionSeconds"]), "SqsManagedSseEnabled": "true"})
+    call(
+        sqs,
+        "create_queue",
+        QueueName="icefloe-schedules-dlq",
+        Attributes={"MessageRetentionPeriod": str(queue["messageRetentionSeconds"]), "SqsManagedSseEnabled": "true"},
+    )
 
     scheduler = client("scheduler")
     for schedule in program.of_type("aws:scheduler/schedule:Schedule"):
         inputs = ints(schedule.inputs)
         target = inputs["target"]
-        call(scheduler, "create_schedule", Name=schedule.name, Description=inputs["description"],
-             ScheduleExpression=inputs["scheduleExpression"], State=inputs["state"],
-             FlexibleTimeWindow={"Mode": inputs["flexibleTimeWindow"]["mode"]},
-             Target={"Arn": target["arn"], "RoleArn": target["roleArn"], "Input": target["input"],
-                     "RetryPolicy": {"MaximumRetryAttempts": target["retryPolicy"]["maximumRetryAttempts"],
-                                     "MaximumEventAgeInSeconds": target["retryPolicy"]["maximumEventAgeInSeconds"]},
-                     "DeadLetterConfig": {"Arn": target["deadLetterConfig"]["arn"]}})  # fmt: skip
+        call(
+            scheduler,
+            "create_schedule",
+            Name=schedule.name,
+            Description=inputs["description"],
+            ScheduleExpression=inputs["scheduleExpression"],
+            State=inputs["state"],
+            FlexibleTimeWindow={"Mode": inputs["flexibleTimeWindow"]["mode"]},
+            Target={
+                "Arn": target["arn"],
+                "RoleArn": target["roleArn"],
+                "Input": target["input"],
+                "RetryPolicy": {
+                    "MaximumRetryAttempts": target["retryPolicy"]["maximumRetryAttempts"],
+                    "MaximumEventAgeInSeconds": target["retryPolicy"]["maximumEventAgeInSeconds"],
+                },
+                "DeadLetterConfig": {"Arn": target["deadLetterConfig"]["arn"]},
+            },
+        )
 
         # What the Scheduler does at each firing: fill in the context attribute, call StartJobRun with the input.
         assert target["input"].count(EXECUTION_ID) == 1
@@ -227,11 +316,15 @@ def test_emr_application_schedules_and_every_job_run_are_accepted(program, aws):
         request["applicationId"] = application_id  # moto's, in place of the mocks'
         run = call(emr, "start_job_run", **request)
         job = emr.get_job_run(applicationId=application_id, jobRunId=run["jobRunId"])["jobRun"]
-        assert job["jobDriver"]["sparkSubmit"]["entryPointArguments"] == request["jobDriver"]["sparkSubmit"]["entryPointArguments"]
+        assert (
+            job["jobDriver"]["sparkSubmit"]["entryPointArguments"]
+            == request["jobDriver"]["sparkSubmit"]["entryPointArguments"]
+        )
         again = call(emr, "start_job_run", **request)  # a retried delivery of the same firing: same token
         assert again["jobRunId"]
     assert {s["Name"] for s in scheduler.list_schedules()["Schedules"]} == {
-        s.name for s in program.of_type("aws:scheduler/schedule:Schedule")}
+        s.name for s in program.of_type("aws:scheduler/schedule:Schedule")
+    }
 
 
 def test_an_application_on_your_own_image_is_accepted(aws, tmp_path):
@@ -244,9 +337,16 @@ def test_an_application_on_your_own_image_is_accepted(aws, tmp_path):
     path.write_text(yaml.safe_dump(document))
     app = ints(run_program(path).one("aws:emrserverless/application:Application").inputs)
     emr = client("emr-serverless")
-    created = call(emr, "create_application", name="icefloe", clientToken="replay", type=app["type"].upper(),
-                   releaseLabel=app["releaseLabel"], imageConfiguration=app["imageConfiguration"],
-                   maximumCapacity=app["maximumCapacity"])  # fmt: skip
+    created = call(
+        emr,
+        "create_application",
+        name="icefloe",
+        clientToken="replay",
+        type=app["type"].upper(),
+        releaseLabel=app["releaseLabel"],
+        imageConfiguration=app["imageConfiguration"],
+        maximumCapacity=app["maximumCapacity"],
+    )
     assert app["imageConfiguration"] == {"imageUri": image}  # checked against the model's pattern by `call`
     assert emr.get_application(applicationId=created["applicationId"])["application"]["releaseLabel"] == "emr-7.12.0"
 
@@ -257,8 +357,14 @@ def test_the_runtime_reads_its_config_object_from_s3(program, aws):
     s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": REGION})
     for obj in program.of_type("aws:s3/bucketObjectv2:BucketObjectv2"):
         body = obj.inputs.get("content") or Path(obj.inputs["source"]["asset"]).read_bytes()
-        call(s3, "put_object", Bucket=obj.inputs["bucket"], Key=obj.inputs["key"], Body=body,
-             ContentType=obj.inputs["contentType"])  # fmt: skip
+        call(
+            s3,
+            "put_object",
+            Bucket=obj.inputs["bucket"],
+            Key=obj.inputs["key"],
+            Body=body,
+            ContentType=obj.inputs["contentType"],
+        )
     config = load_config(program.outputs["jobConfigUri"])  # the runtime's loader, through boto3 against moto
     assert config.catalog.warehouse == program.outputs["warehouseUri"]
     assert [config.identifier(t) for t in config.tables] == program.outputs["tables"]

@@ -43,8 +43,9 @@ def jvm_lib(tmp_path_factory) -> Path:
 
 def plan(config: Path, jvm_lib: Path, *flags: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "ICEFLOE_JVM_LIB": str(jvm_lib)}
-    return subprocess.run([str(ICEFLOE), "plan", "--config", str(config), *flags], capture_output=True, text=True,
-                          env=env, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [str(ICEFLOE), "plan", "--config", str(config), *flags], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def stack(tmp_path: Path, name: str, base: Path = MINIMAL, **changes) -> Path:
@@ -80,7 +81,9 @@ def test_plan_of_the_example_prints_resources_tables_and_the_pack_verdict(jvm_li
     assert "/spark-sql-kafka-0-10_2.12-3.5.7.jar\n" in out
     assert "Policy pack: passed (0 mandatory," in out
     # No secret: neither the ExternalId given in config nor the (placeholder) registry password.
-    password = decrypted_value(yaml.safe_load(EXAMPLE.read_text())["config"]["icefloe:secrets"]["registry"]["password"]["secure"])
+    password = decrypted_value(
+        yaml.safe_load(EXAMPLE.read_text())["config"]["icefloe:secrets"]["registry"]["password"]["secure"]
+    )
     assert "MYORG_SFCRole" not in out and password not in out and "secretString: [secret]" in out
     assert result.stderr == ""
 
@@ -100,20 +103,32 @@ def test_plan_as_json_for_each_example_stack(jvm_lib):
 
 
 def test_plan_of_a_broken_stack_names_the_key_and_exits_2(jvm_lib, tmp_path):
-    typo = stack(tmp_path, "typo", **{"icefloe:tables": [{"sourceCluster": "events", "topic": "orders", "format": "avr"}]})
+    typo = stack(
+        tmp_path, "typo", **{"icefloe:tables": [{"sourceCluster": "events", "topic": "orders", "format": "avr"}]}
+    )
     result = plan(typo, jvm_lib)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith("icefloe plan: invalid stack: ")
     assert "icefloe:tables[0] (orders).format: Input should be 'avro', 'json'" in result.stderr
 
 
-@pytest.mark.parametrize("name, changes, expected", [
-    ("release", {"icefloe:emr": {"releaseLabel": "emr-6.15.0"}},
-     "icefloe:emr.releaseLabel: 'emr-6.15.0' is not a release icefloe runs on"),
-    ("unknown", {"icefloe:tabels": []}, "unknown key(s) icefloe:tabels"),
-    ("noowner", {"icefloe:owner": None}, "Stack 'noowner' is missing configuration value(s) icefloe:owner"),
-    ("byo", {"icefloe:storage": {"existingBucket": "corp-lake"}}, "icefloe:storage: existingBucket needs existingKmsKeyArn"),
-])
+@pytest.mark.parametrize(
+    "name, changes, expected",
+    [
+        (
+            "release",
+            {"icefloe:emr": {"releaseLabel": "emr-6.15.0"}},
+            "icefloe:emr.releaseLabel: 'emr-6.15.0' is not a release icefloe runs on",
+        ),
+        ("unknown", {"icefloe:tabels": []}, "unknown key(s) icefloe:tabels"),
+        ("noowner", {"icefloe:owner": None}, "Stack 'noowner' is missing configuration value(s) icefloe:owner"),
+        (
+            "byo",
+            {"icefloe:storage": {"existingBucket": "corp-lake"}},
+            "icefloe:storage: existingBucket needs existingKmsKeyArn",
+        ),
+    ],
+)
 def test_every_kind_of_stack_error_is_a_named_exit_2(jvm_lib, tmp_path, monkeypatch, capsys, name, changes, expected):
     monkeypatch.setenv("ICEFLOE_JVM_LIB", str(jvm_lib))
     assert cli_main(["plan", "--config", str(stack(tmp_path, name, **changes))]) == 2
@@ -141,8 +156,13 @@ def test_plan_fails_an_unsafe_stack_without_printing_the_credential(jvm_lib, tmp
 def test_plan_fails_when_the_program_grants_too_much(jvm_lib, monkeypatch, capsys):
     # An external role without the ExternalId condition (a program defect, not a config one): the pack catches it.
     monkeypatch.setenv("ICEFLOE_JVM_LIB", str(jvm_lib))
-    monkeypatch.setattr(iam_module, "external_trust", lambda principal, _id: iam_module.policy(
-        {"Effect": "Allow", "Principal": {"AWS": principal}, "Action": "sts:AssumeRole"}))  # fmt: skip
+    monkeypatch.setattr(
+        iam_module,
+        "external_trust",
+        lambda principal, _id: iam_module.policy(
+            {"Effect": "Allow", "Principal": {"AWS": principal}, "Action": "sts:AssumeRole"}
+        ),
+    )
     assert cli_main(["plan", "--config", str(EXAMPLE)]) == 1
     out = capsys.readouterr().out
     assert "mandatory iam-external-trust-requires-external-id [icefloe-snowflake-role]" in out
@@ -151,8 +171,10 @@ def test_plan_fails_when_the_program_grants_too_much(jvm_lib, monkeypatch, capsy
 
 def test_the_runtime_cli_does_not_import_pulumi():
     # `plan` plugs in through icefloe_infra.command, which must stay light: Pulumi loads only when the plan runs.
-    code = ("import sys, icefloe.cli; icefloe.cli.build_parser()\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pulumi', 'pulumi_aws', 'icefloe_infra')\n"
-            "             and m not in ('icefloe_infra', 'icefloe_infra.command')))")
+    code = (
+        "import sys, icefloe.cli; icefloe.cli.build_parser()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pulumi', 'pulumi_aws', 'icefloe_infra')\n"
+        "             and m not in ('icefloe_infra', 'icefloe_infra.command')))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr

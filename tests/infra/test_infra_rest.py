@@ -14,8 +14,13 @@ from pulumi_mocks import run_program
 from test_infra import MINIMAL, OBJECT, policy_of, spark_conf
 
 CREDENTIAL_ARN = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:icefloe/polaris-AbCdEf"
-POLARIS = {"type": "rest", "uri": "https://acme.snowflakecomputing.com/polaris/api/catalog", "warehouse": "lake",
-           "credential": {"secretArn": CREDENTIAL_ARN}, "scope": "PRINCIPAL_ROLE:ALL"}  # fmt: skip
+POLARIS = {
+    "type": "rest",
+    "uri": "https://acme.snowflakecomputing.com/polaris/api/catalog",
+    "warehouse": "lake",
+    "credential": {"secretArn": CREDENTIAL_ARN},
+    "scope": "PRINCIPAL_ROLE:ALL",
+}
 
 
 def stack_with(tmp_path, catalog: dict, **extra):
@@ -60,7 +65,7 @@ def test_a_rest_catalog_reaches_the_job_by_uri_and_secret_arn(tmp_path):
         (POLARIS | {"credential": {"name": "nope"}}, r"icefloe:catalog\.credential: names secret 'nope'"),
         ({"type": "glue", "warehouse": "s3://b/w"}, r"icefloe:catalog is set by the stack"),
     ],
-)  # fmt: skip
+)
 def test_rest_credentials_in_a_stack_are_secret_references(tmp_path, catalog, message):
     from icefloe.spec import namespaced, read_stack_file
     from icefloe_infra.deployment import load_stack_config

@@ -56,8 +56,12 @@ def test_the_rate_comes_from_the_checkpoint_and_its_commit_time():
 
 
 def test_a_plan_is_cut_evenly_and_records_where_each_partition_stops():
-    plan = Plan([OffsetRange("t", 0, 0, 1000), OffsetRange("t", 1, 50, 60), OffsetRange("t", 2, 5, 1005)],
-                {0: 1000, 1: 60, 2: 1005, 3: 7}, [], None)  # fmt: skip
+    plan = Plan(
+        [OffsetRange("t", 0, 0, 1000), OffsetRange("t", 1, 50, 60), OffsetRange("t", 2, 5, 1005)],
+        {0: 1000, 1: 60, 2: 1005, 3: 7},
+        [],
+        None,
+    )
     cut = limited(plan, 100)
     assert [(r.partition, r.start, r.end) for r in cut.ranges] == [(0, 0, 45), (1, 50, 60), (2, 5, 50)]
     assert cut.next_offsets == {0: 45, 1: 60, 2: 50, 3: 7}
@@ -73,12 +77,20 @@ def test_a_continuous_run_ends_before_its_job_time_limit_instead_of_starting_a_b
     from icefloe.operate.runner import run_continuously
     from icefloe.spec import parse_config
 
-    config = parse_config({"sourceClusters": [{"name": "c", "bootstrapServers": "127.0.0.1:1"}],
-                           "tables": [{"sourceCluster": "c", "topic": "t", "format": "json"}]})  # fmt: skip
+    config = parse_config(
+        {
+            "sourceClusters": [{"name": "c", "bootstrapServers": "127.0.0.1:1"}],
+            "tables": [{"sourceCluster": "c", "topic": "t", "format": "json"}],
+        }
+    )
     results: list = []
     deadline = Deadline.after_minutes(1, started=time.time() - 55)
-    assert run_continuously(None, config, list(config.tables), tmp_path, results.append, threading.Event(),
-                            deadline=deadline) == 0  # fmt: skip
+    assert (
+        run_continuously(
+            None, config, list(config.tables), tmp_path, results.append, threading.Event(), deadline=deadline
+        )
+        == 0
+    )
     assert results == []
 
 

@@ -9,19 +9,35 @@ from icefloe.materialize.conversion import BatchBuilder, ValueConverter
 
 MARKER = "PAYLOAD-MARKER-7c1e"
 NUMBER = 98765432109876543210  # a value no message may quote either
-STRUCT = T.StructType([
-    T.StructField("small", T.IntegerType()), T.StructField("n", T.LongType()), T.StructField("f", T.FloatType()),
-    T.StructField("price", T.DecimalType(9, 2)), T.StructField("at", T.TimestampType()),
-    T.StructField("local", T.TimestampNTZType()), T.StructField("day", T.DateType()),
-])  # fmt: skip
+STRUCT = T.StructType(
+    [
+        T.StructField("small", T.IntegerType()),
+        T.StructField("n", T.LongType()),
+        T.StructField("f", T.FloatType()),
+        T.StructField("price", T.DecimalType(9, 2)),
+        T.StructField("at", T.TimestampType()),
+        T.StructField("local", T.TimestampNTZType()),
+        T.StructField("day", T.DateType()),
+    ]
+)
 
 
-@pytest.mark.parametrize("value", [
-    {"small": NUMBER}, {"n": NUMBER}, {"f": float(NUMBER) ** 2}, {"price": f"{MARKER}"}, {"price": NUMBER},
-    {"at": f"{MARKER}"}, {"at": NUMBER}, {"local": f"{MARKER}"}, {"day": f"{MARKER}"},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"small": NUMBER},
+        {"n": NUMBER},
+        {"f": float(NUMBER) ** 2},
+        {"price": f"{MARKER}"},
+        {"price": NUMBER},
+        {"at": f"{MARKER}"},
+        {"at": NUMBER},
+        {"local": f"{MARKER}"},
+        {"day": f"{MARKER}"},
+    ],
+)
 def test_conversion_errors_name_the_field_not_the_value(value):
-    (field, item), = value.items()
+    ((field, item),) = value.items()
     with pytest.raises(ValueError) as raised:
         ValueConverter(STRUCT, strict=True)(value)
     message = str(raised.value)

@@ -17,11 +17,21 @@ MIB = 1024 * 1024
 def rows_of_json(count: int, size: int) -> pa.RecordBatch:
     """Records as the JVM path hands them to Python: Kafka columns and the raw value."""
     value = json.dumps({"s": "x" * size}).encode()
-    return pa.RecordBatch.from_pylist([
-        {"kafka_topic": "t", "kafka_partition": 0, "kafka_offset": n, "kafka_timestamp_ms": 0,
-         "kafka_timestamp_type": "CreateTime", "kafka_key": None, "kafka_headers": None, "value": value}
-        for n in range(count)
-    ])  # fmt: skip
+    return pa.RecordBatch.from_pylist(
+        [
+            {
+                "kafka_topic": "t",
+                "kafka_partition": 0,
+                "kafka_offset": n,
+                "kafka_timestamp_ms": 0,
+                "kafka_timestamp_type": "CreateTime",
+                "kafka_key": None,
+                "kafka_headers": None,
+                "value": value,
+            }
+            for n in range(count)
+        ]
+    )
 
 
 def plan(**limits) -> ReadPlan:

@@ -36,10 +36,18 @@ from support import avro_serializer, by_position, produce, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 UTC = dt.UTC
-ITEM = {"type": "record", "name": "Item", "fields": [
-    {"name": "sku", "type": "string"}, {"name": "at", "type": {"type": "int", "logicalType": "time-millis"}}]}
+ITEM = {
+    "type": "record",
+    "name": "Item",
+    "fields": [
+        {"name": "sku", "type": "string"},
+        {"name": "at", "type": {"type": "int", "logicalType": "time-millis"}},
+    ],
+}
 SCHEMA = {
-    "type": "record", "name": "Event", "namespace": "test.jvm",
+    "type": "record",
+    "name": "Event",
+    "namespace": "test.jvm",
     "fields": [
         {"name": "id", "type": "long"},
         {"name": "name", "type": ["null", "string"], "default": None},
@@ -58,7 +66,7 @@ SCHEMA = {
         {"name": "tags", "type": {"type": "array", "items": "string"}},
         {"name": "attrs", "type": {"type": "map", "values": ["null", "Item"]}},
     ],
-}  # fmt: skip
+}
 
 
 def raw_schema(schema: dict) -> dict:
@@ -70,15 +78,23 @@ def raw_schema(schema: dict) -> dict:
 def event(i: int, rng: random.Random) -> dict:
     """A random valid event, as raw Avro values."""
     return {
-        "id": i, "name": None if i % 5 == 0 else f"ñame-{i}", "ref": str(uuid.UUID(int=rng.getrandbits(128))),
-        "kind": rng.choice("AB"), "at": rng.randrange(-10**12, 4 * 10**12), "at_us": rng.randrange(0, 4 * 10**15),
-        "local": rng.randrange(0, 4 * 10**12), "day": rng.randrange(-10**5, 10**5), "clock": rng.randrange(86_400_000),
-        "clock_us": rng.randrange(86_400_000_000), "price": rng.randrange(-10**8, 10**8).to_bytes(4, "big", signed=True),
-        "code": bytes([rng.randrange(256), rng.randrange(256)]), "ratio": rng.choice([0.5, -2.0, 1e10]),
+        "id": i,
+        "name": None if i % 5 == 0 else f"ñame-{i}",
+        "ref": str(uuid.UUID(int=rng.getrandbits(128))),
+        "kind": rng.choice("AB"),
+        "at": rng.randrange(-(10**12), 4 * 10**12),
+        "at_us": rng.randrange(0, 4 * 10**15),
+        "local": rng.randrange(0, 4 * 10**12),
+        "day": rng.randrange(-(10**5), 10**5),
+        "clock": rng.randrange(86_400_000),
+        "clock_us": rng.randrange(86_400_000_000),
+        "price": rng.randrange(-(10**8), 10**8).to_bytes(4, "big", signed=True),
+        "code": bytes([rng.randrange(256), rng.randrange(256)]),
+        "ratio": rng.choice([0.5, -2.0, 1e10]),
         "items": [{"sku": f"s{j}", "at": rng.randrange(86_400_000)} for j in range(rng.randrange(3))],
         "tags": [f"t{j}" for j in range(rng.randrange(3))],
         "attrs": {f"k{j}": None if j == 1 else {"sku": "x", "at": j} for j in range(rng.randrange(3))},
-    }  # fmt: skip
+    }
 
 
 # (name, changes to a valid event): values Avro Java decodes but Python refuses or rewrites, and bodies Java fails on.
@@ -124,10 +140,14 @@ def _as_bytes(value):
 def read_plan(table, decoder, kafka_conf, value_fields) -> ReadPlan:
     struct_ = table_struct(value_fields)
     return ReadPlan(
-        kafka_conf=kafka_conf, decoder=decoder, batch_schema_json=batch_struct(struct_).json(),
-        value_fields=tuple(f.name for f in value_fields), strict=False,
-        needs_key=table.mode == "upsert" and not table.key, max_record_bytes=table.max_record_bytes,
-    )  # fmt: skip
+        kafka_conf=kafka_conf,
+        decoder=decoder,
+        batch_schema_json=batch_struct(struct_).json(),
+        value_fields=tuple(f.name for f in value_fields),
+        strict=False,
+        needs_key=table.mode == "upsert" and not table.key,
+        max_record_bytes=table.max_record_bytes,
+    )
 
 
 def rows_of(frame) -> dict:
@@ -169,7 +189,9 @@ def test_every_row_of_the_jvm_path_is_the_python_paths_row(spark, broker, regist
     rng = random.Random(5)
     valid = [framed(schema_id, encode(SCHEMA, event(i, rng))) for i in range(120)]
     sample = valid[0]
-    for_python = [framed(schema_id, encode(SCHEMA, {**event(1000 + n, rng), **change})) for n, (_, change) in enumerate(MUTATIONS)]
+    for_python = [
+        framed(schema_id, encode(SCHEMA, {**event(1000 + n, rng), **change})) for n, (_, change) in enumerate(MUTATIONS)
+    ]
     for_python += [
         sample[:12],  # truncated
         b"\x01" + sample[1:],  # wrong magic byte
@@ -181,9 +203,14 @@ def test_every_row_of_the_jvm_path_is_the_python_paths_row(spark, broker, regist
     trailing = [sample + b"\x00"]  # trailing bytes after the record: both paths ignore them (registry framing)
     values = valid + for_python + trailing + [None]
     rng.shuffle(values)
-    produce(broker.bootstrap_servers, topic, [{"key": b"k%d" % i, "value": v, "partition": i % 2,
-                                              "headers": [("h", b"v")] if i % 3 == 0 else None}
-                                             for i, v in enumerate(values)])  # fmt: skip
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [
+            {"key": b"k%d" % i, "value": v, "partition": i % 2, "headers": [("h", b"v")] if i % 3 == 0 else None}
+            for i, v in enumerate(values)
+        ],
+    )
 
     config = make_config({"topic": topic, "errors": "skip"})
     path, jvm, jvm_rows, python_rows = rows_on_both_paths(spark, config)
@@ -208,10 +235,15 @@ def test_every_row_of_the_jvm_path_is_the_python_paths_row(spark, broker, regist
 # Strings inside collections, reached without lambdas where Spark allows (flatten, field extraction, map_values):
 # arrays of arrays, of nullable arrays (a null must not hide its neighbours' strings), of records holding arrays,
 # of nullable records, of records holding nullable records, of maps, of unions; maps of arrays.
-LINE = {"type": "record", "name": "Line", "fields": [
-    {"name": "sku", "type": "string"}, {"name": "tags", "type": {"type": "array", "items": "string"}}]}
+LINE = {
+    "type": "record",
+    "name": "Line",
+    "fields": [{"name": "sku", "type": "string"}, {"name": "tags", "type": {"type": "array", "items": "string"}}],
+}
 NESTED = {
-    "type": "record", "name": "Nested", "namespace": "test.jvm",
+    "type": "record",
+    "name": "Nested",
+    "namespace": "test.jvm",
     "fields": [
         {"name": "id", "type": "long"},
         {"name": "grid", "type": {"type": "array", "items": {"type": "array", "items": "string"}}},
@@ -221,11 +253,31 @@ NESTED = {
         {"name": "dicts", "type": {"type": "array", "items": {"type": "map", "values": "string"}}},
         {"name": "groups", "type": {"type": "map", "values": {"type": "array", "items": "string"}}},
         {"name": "choice", "type": {"type": "array", "items": ["long", {"type": "array", "items": "string"}]}},
-        {"name": "wrapped", "type": {"type": "array", "items": {"type": "record", "name": "Wrap", "fields": [
-            {"name": "inner", "type": ["null", {"type": "record", "name": "Inner", "fields": [
-                {"name": "tags", "type": {"type": "array", "items": "string"}}]}]}]}}},
+        {
+            "name": "wrapped",
+            "type": {
+                "type": "array",
+                "items": {
+                    "type": "record",
+                    "name": "Wrap",
+                    "fields": [
+                        {
+                            "name": "inner",
+                            "type": [
+                                "null",
+                                {
+                                    "type": "record",
+                                    "name": "Inner",
+                                    "fields": [{"name": "tags", "type": {"type": "array", "items": "string"}}],
+                                },
+                            ],
+                        }
+                    ],
+                },
+            },
+        },
     ],
-}  # fmt: skip
+}
 
 
 def nested(i: int, rng: random.Random, fffd: bool = True) -> dict:
@@ -235,7 +287,8 @@ def nested(i: int, rng: random.Random, fffd: bool = True) -> dict:
         return [rng.choice(words) + str(j) for j in range(rng.randrange(n))]
 
     return {
-        "id": i, "grid": [some() for _ in range(rng.randrange(3))],
+        "id": i,
+        "grid": [some() for _ in range(rng.randrange(3))],
         "holes": [None if rng.random() < 0.3 else some() for _ in range(rng.randrange(4))],
         "lines": [{"sku": rng.choice(words), "tags": some()} for _ in range(rng.randrange(3))],
         "maybe_lines": [None if rng.random() < 0.3 else {"sku": "s", "tags": some()} for _ in range(rng.randrange(4))],
@@ -243,7 +296,7 @@ def nested(i: int, rng: random.Random, fffd: bool = True) -> dict:
         "groups": {f"g{j}": some() for j in range(rng.randrange(3))},
         "choice": [rng.choice([7, some()]) for _ in range(rng.randrange(4))],
         "wrapped": [{"inner": None if rng.random() < 0.3 else {"tags": some()}} for _ in range(rng.randrange(4))],
-    }  # fmt: skip
+    }
 
 
 NESTED_MUTATIONS = [
@@ -263,12 +316,16 @@ NESTED_MUTATIONS = [
 
 def test_strings_in_nested_collections_are_checked_as_python_decodes_them(spark, broker, registry, topic, make_config):
     broker.create_topic(topic, 1)
-    schema_id = SchemaRegistryClient({"url": registry.url}).register_schema(f"{topic}-value", Schema(json.dumps(NESTED), "AVRO"))
+    schema_id = SchemaRegistryClient({"url": registry.url}).register_schema(
+        f"{topic}-value", Schema(json.dumps(NESTED), "AVRO")
+    )
     rng = random.Random(9)
     valid = [framed(schema_id, encode(NESTED, nested(i, rng))) for i in range(150)]
     # Without U+FFFD elsewhere: a mutation must be found by itself, not because its record also went to Python.
-    bad = [framed(schema_id, encode(NESTED, {**nested(1000 + n, rng, fffd=False), **change}))
-           for n, (_, change) in enumerate(NESTED_MUTATIONS)]  # fmt: skip
+    bad = [
+        framed(schema_id, encode(NESTED, {**nested(1000 + n, rng, fffd=False), **change}))
+        for n, (_, change) in enumerate(NESTED_MUTATIONS)
+    ]
     produce(broker.bootstrap_servers, topic, [{"key": b"k", "value": v} for v in valid + bad])
 
     config = make_config({"topic": topic, "errors": "skip"})
@@ -287,31 +344,62 @@ def test_strings_in_nested_collections_are_checked_as_python_decodes_them(spark,
 def test_strings_are_reached_without_lambdas_unless_a_null_or_a_map_is_in_the_way():
     """Spark interprets lambdas (`transform`): several times slower than the generated code of field extraction,
     `flatten` and `map_values`."""
+
     def lambdas(schema: dict) -> dict:
         names = avro_jvm._Names()  # one for the whole schema: later fields name types defined by earlier ones
-        return {f["name"]: "transform(" in " ".join(avro_jvm._strings(f["type"], f["name"], names, count()))
-                for f in schema["fields"]}  # fmt: skip
+        return {
+            f["name"]: "transform(" in " ".join(avro_jvm._strings(f["type"], f["name"], names, count()))
+            for f in schema["fields"]
+        }
 
     assert not any(lambdas(SCHEMA).values())
-    assert lambdas(NESTED) == {"id": False, "grid": False, "holes": True, "lines": False, "maybe_lines": True,
-                               "dicts": True, "groups": False, "choice": True, "wrapped": True}  # fmt: skip
+    assert lambdas(NESTED) == {
+        "id": False,
+        "grid": False,
+        "holes": True,
+        "lines": False,
+        "maybe_lines": True,
+        "dicts": True,
+        "groups": False,
+        "choice": True,
+        "wrapped": True,
+    }
 
 
 def test_older_records_resolve_to_the_evolved_schema_and_logical_type_changes_go_to_python(
     spark, broker, registry, state_dir, topic, make_config
 ):
     broker.create_topic(topic, 1)
-    v1 = {"type": "record", "name": "Reading", "fields": [
-        {"name": "id", "type": "long"}, {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}}]}
+    v1 = {
+        "type": "record",
+        "name": "Reading",
+        "fields": [
+            {"name": "id", "type": "long"},
+            {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        ],
+    }
     # Avro's compatibility rules ignore logical types: the registry accepts the change of unit.
-    v2 = {**v1, "fields": [{"name": "id", "type": "long"}, {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
-                           {"name": "unit", "type": "string", "default": "none"}]}  # fmt: skip
+    v2 = {
+        **v1,
+        "fields": [
+            {"name": "id", "type": "long"},
+            {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+            {"name": "unit", "type": "string", "default": "none"},
+        ],
+    }
     v3 = {**v2, "fields": [*v2["fields"], {"name": "note", "type": ["null", "string"], "default": None}]}
     when = dt.datetime(2026, 5, 1, 12, 0, 0, 123000, tzinfo=UTC)
     produced = []
-    for version, value in [(v1, {"id": 1, "at": when}), (v2, {"id": 2, "at": when, "unit": "C"}),
-                           (v3, {"id": 3, "at": when, "unit": "F", "note": "n"})]:  # fmt: skip
-        produced += produce(broker.bootstrap_servers, topic, [{"value": avro_serializer(registry.url, topic, json.dumps(version))(value)}])
+    for version, value in [
+        (v1, {"id": 1, "at": when}),
+        (v2, {"id": 2, "at": when, "unit": "C"}),
+        (v3, {"id": 3, "at": when, "unit": "F", "note": "n"}),
+    ]:
+        produced += produce(
+            broker.bootstrap_servers,
+            topic,
+            [{"value": avro_serializer(registry.url, topic, json.dumps(version))(value)}],
+        )
     config = make_config({"topic": topic})
     path = choose_read_path(spark, decoder_spec(config.tables[0], config.cluster("local")))
     assert len(path.avro.writers) == 2 and len(path.avro.routed) == 1, "v1's millis would be read as micros in Java"
@@ -321,7 +409,9 @@ def test_older_records_resolve_to_the_evolved_schema_and_logical_type_changes_go
     assert result.read_path == JVM and result.rows_written == 3 and result.records_failed == 0
     rows = sorted(read_pyiceberg(state_dir, result.identifier), key=lambda r: r["id"])
     assert [(r["id"], r["at"], r["unit"], r["note"]) for r in rows] == [
-        (1, when, "none", None), (2, when, "C", None), (3, when, "F", "n")
+        (1, when, "none", None),
+        (2, when, "C", None),
+        (3, when, "F", "n"),
     ]
 
 
@@ -335,9 +425,13 @@ def test_json_tables_stay_on_python_and_the_path_is_reported(spark, broker, stat
     assert any("read path python" in r.getMessage() for r in caplog.records)
 
 
-def test_aborted_transactions_never_reach_the_table_on_the_jvm_path(spark, broker, registry, state_dir, topic, make_config):
+def test_aborted_transactions_never_reach_the_table_on_the_jvm_path(
+    spark, broker, registry, state_dir, topic, make_config
+):
     broker.create_topic(topic, 1)
-    serialize = avro_serializer(registry.url, topic, json.dumps({"type": "record", "name": "N", "fields": [{"name": "n", "type": "long"}]}))
+    serialize = avro_serializer(
+        registry.url, topic, json.dumps({"type": "record", "name": "N", "fields": [{"name": "n", "type": "long"}]})
+    )
     producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "transactional.id": f"{topic}-tx"})
     producer.init_transactions()
     for n, commit in [(0, True), (1, False), (2, True)]:
@@ -357,7 +451,9 @@ def test_aborted_transactions_never_reach_the_table_on_the_jvm_path(spark, broke
     assert again.status == "up-to-date"
 
 
-def test_a_clean_append_batch_never_decodes_in_python(spark, broker, registry, state_dir, topic, make_config, monkeypatch, caplog):
+def test_a_clean_append_batch_never_decodes_in_python(
+    spark, broker, registry, state_dir, topic, make_config, monkeypatch, caplog
+):
     broker.create_topic(topic, 2)
     serialize = avro_serializer(registry.url, topic, json.dumps(SCHEMA))
     rng = random.Random(9)
@@ -382,7 +478,9 @@ def test_a_clean_append_batch_never_decodes_in_python(spark, broker, registry, s
     assert len(rows) == 54 and bad[0] not in rows
 
 
-def test_a_record_for_python_is_the_only_one_read_again(spark, broker, registry, state_dir, topic, make_config, monkeypatch):
+def test_a_record_for_python_is_the_only_one_read_again(
+    spark, broker, registry, state_dir, topic, make_config, monkeypatch
+):
     """One record the JVM cannot decode: the streamed write keeps every other record, and only that record's
     offsets are read again (for Python), not the whole batch; it is dead-lettered, the rest committed once."""
     broker.create_topic(topic, 2)
@@ -415,31 +513,54 @@ def cooked(raw: dict) -> dict:
     """A raw event as the serializer wants it (logical types as Python values)."""
     epoch = dt.datetime(1970, 1, 1, tzinfo=UTC)
     return {
-        **raw, "at": epoch + dt.timedelta(milliseconds=raw["at"]), "at_us": epoch + dt.timedelta(microseconds=raw["at_us"]),
+        **raw,
+        "at": epoch + dt.timedelta(milliseconds=raw["at"]),
+        "at_us": epoch + dt.timedelta(microseconds=raw["at_us"]),
         "local": dt.datetime(1970, 1, 1) + dt.timedelta(milliseconds=raw["local"]),
         "day": dt.date(1970, 1, 1) + dt.timedelta(days=raw["day"]),
         "clock": (dt.datetime(2000, 1, 1) + dt.timedelta(milliseconds=raw["clock"])).time(),
         "clock_us": (dt.datetime(2000, 1, 1) + dt.timedelta(microseconds=raw["clock_us"])).time(),
         "price": Decimal(int.from_bytes(raw["price"], "big", signed=True)).scaleb(-2),
-        "items": [{**item, "at": (dt.datetime(2000, 1, 1) + dt.timedelta(milliseconds=item["at"])).time()} for item in raw["items"]],
-        "attrs": {k: None if v is None else {**v, "at": (dt.datetime(2000, 1, 1) + dt.timedelta(milliseconds=v["at"])).time()}
-                  for k, v in raw["attrs"].items()},
-    }  # fmt: skip
+        "items": [
+            {**item, "at": (dt.datetime(2000, 1, 1) + dt.timedelta(milliseconds=item["at"])).time()}
+            for item in raw["items"]
+        ],
+        "attrs": {
+            k: None if v is None else {**v, "at": (dt.datetime(2000, 1, 1) + dt.timedelta(milliseconds=v["at"])).time()}
+            for k, v in raw["attrs"].items()
+        },
+    }
 
 
 def test_kafka_options_carry_the_cluster_security_settings():
     plain = kafka_options({"bootstrap.servers": "b:9092", "security.protocol": "PLAINTEXT", "client.id": "icefloe"})
     assert plain["kafka.bootstrap.servers"] == "b:9092" and plain["kafka.security.protocol"] == "PLAINTEXT"
     assert plain["kafka.isolation.level"] == "read_committed" and "kafka.sasl.jaas.config" not in plain
-    scram = kafka_options({"bootstrap.servers": "b:9096", "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
-                           "sasl.username": "u", "sasl.password": 'p"w\\d'})  # fmt: skip
+    scram = kafka_options(
+        {
+            "bootstrap.servers": "b:9096",
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": "u",
+            "sasl.password": 'p"w\\d',
+        }
+    )
     assert scram["kafka.sasl.mechanism"] == "SCRAM-SHA-512" and scram["kafka.security.protocol"] == "SASL_SSL"
     assert scram["kafka.sasl.jaas.config"] == (
         'org.apache.kafka.common.security.scram.ScramLoginModule required username="u" password="p\\"w\\\\d";'
     )
-    plain_sasl = kafka_options({"bootstrap.servers": "b", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
-                                "sasl.username": "u", "sasl.password": "p"})  # fmt: skip
-    assert plain_sasl["kafka.sasl.jaas.config"].startswith("org.apache.kafka.common.security.plain.PlainLoginModule required")
+    plain_sasl = kafka_options(
+        {
+            "bootstrap.servers": "b",
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "u",
+            "sasl.password": "p",
+        }
+    )
+    assert plain_sasl["kafka.sasl.jaas.config"].startswith(
+        "org.apache.kafka.common.security.plain.PlainLoginModule required"
+    )
     with pytest.raises(ConfigError, match="ssl.ca.location"):
         kafka_options({"bootstrap.servers": "b", "ssl.ca.location": "/x"})
 
@@ -451,17 +572,23 @@ def test_an_avro_schema_java_refuses_keeps_the_table_on_python(spark):
     assert path.name == PYTHON
 
 
-def test_avro_upsert_on_the_jvm_path_keeps_the_last_value_per_key(spark, broker, registry, state_dir, topic, make_config):
+def test_avro_upsert_on_the_jvm_path_keeps_the_last_value_per_key(
+    spark, broker, registry, state_dir, topic, make_config
+):
     broker.create_topic(topic, 2)
-    serialize = avro_serializer(registry.url, topic, json.dumps(
-        {"type": "record", "name": "Balance", "fields": [{"name": "amount", "type": "long"}]}))  # fmt: skip
+    serialize = avro_serializer(
+        registry.url,
+        topic,
+        json.dumps({"type": "record", "name": "Balance", "fields": [{"name": "amount", "type": "long"}]}),
+    )
     rng = random.Random(3)
     records, state = [], {}
     for seq in range(300):
         key = f"acct-{rng.randrange(30)}".encode()
         value = None if rng.random() < 0.2 else seq
-        records.append({"key": key, "value": None if value is None else serialize({"amount": value}),
-                        "partition": key[-1] % 2})  # fmt: skip
+        records.append(
+            {"key": key, "value": None if value is None else serialize({"amount": value}), "partition": key[-1] % 2}
+        )
         state[key] = value
     records.append({"key": None, "value": serialize({"amount": -1}), "partition": 0})  # no key: a bad record
     produce(broker.bootstrap_servers, topic, records)

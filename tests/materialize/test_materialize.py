@@ -41,7 +41,11 @@ ORDER_SCHEMA = json.dumps(
             {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID", "SHIPPED"]}},
             {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 3}},
             {"name": "created_ms", "type": {"type": "long", "logicalType": "timestamp-millis"}},
-            {"name": "created_us", "type": ["null", {"type": "long", "logicalType": "timestamp-micros"}], "default": None},
+            {
+                "name": "created_us",
+                "type": ["null", {"type": "long", "logicalType": "timestamp-micros"}],
+                "default": None,
+            },
             {"name": "local_ts", "type": {"type": "long", "logicalType": "local-timestamp-micros"}},
             {"name": "day", "type": {"type": "int", "logicalType": "date"}},
             {"name": "ref", "type": {"type": "string", "logicalType": "uuid"}},
@@ -63,7 +67,10 @@ ORDER_SCHEMA = json.dumps(
                                 "type": {
                                     "type": "record",
                                     "name": "Geo",
-                                    "fields": [{"name": "lat", "type": "double"}, {"name": "lon", "type": ["null", "double"]}],
+                                    "fields": [
+                                        {"name": "lat", "type": "double"},
+                                        {"name": "lon", "type": ["null", "double"]},
+                                    ],
                                 },
                             },
                         ],
@@ -75,7 +82,11 @@ ORDER_SCHEMA = json.dumps(
                 "name": "items",
                 "type": {
                     "type": "array",
-                    "items": {"type": "record", "name": "Item", "fields": [{"name": "sku", "type": "string"}, {"name": "qty", "type": "int"}]},
+                    "items": {
+                        "type": "record",
+                        "name": "Item",
+                        "fields": [{"name": "sku", "type": "string"}, {"name": "qty", "type": "int"}],
+                    },
                 },
             },
             {"name": "attrs", "type": {"type": "map", "values": ["null", "string"]}},
@@ -89,12 +100,12 @@ FIELD_NAMES = [f["name"] for f in json.loads(ORDER_SCHEMA)["fields"]]
 
 
 def order(i: int, rng: random.Random) -> dict:
-    maybe = (lambda v: None if rng.random() < 0.3 else v)  # noqa: E731 - nulls in every optional field
+    maybe = lambda v: None if rng.random() < 0.3 else v  # noqa: E731 - nulls in every optional field
     return {
         "id": i,
         "name": maybe(f"customer-{i}-ü"),
         "status": rng.choice(["NEW", "PAID", "SHIPPED"]),
-        "amount": Decimal(rng.randint(-10**9, 10**9)).scaleb(-3),
+        "amount": Decimal(rng.randint(-(10**9), 10**9)).scaleb(-3),
         "created_ms": dt.datetime(2024, 2, 29, 23, 59, 59, 123000, tzinfo=UTC) + dt.timedelta(seconds=i),
         "created_us": maybe(dt.datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC) - dt.timedelta(days=i)),
         "local_ts": dt.datetime(2030, 1, 1, 8, 30, 0, 654321) + dt.timedelta(minutes=i),
@@ -104,7 +115,9 @@ def order(i: int, rng: random.Random) -> dict:
         "score": rng.uniform(-1e6, 1e6),
         "ratio": rng.choice([0.5, -1.25, 3.0, 0.0]),
         "flag": rng.random() < 0.5,
-        "address": maybe({"street": f"{i} Main St", "geo": {"lat": rng.uniform(-90, 90), "lon": maybe(rng.uniform(-180, 180))}}),
+        "address": maybe(
+            {"street": f"{i} Main St", "geo": {"lat": rng.uniform(-90, 90), "lon": maybe(rng.uniform(-180, 180))}}
+        ),
         "items": [{"sku": f"sku-{j}", "qty": j} for j in range(rng.randint(0, 3))],
         "attrs": {f"k{j}": maybe(f"v{j}") for j in range(rng.randint(0, 3))},
         "checksum": i.to_bytes(4, "big"),
@@ -155,7 +168,9 @@ def assert_rows_match(rows: list[dict], produced: dict, topic: str, empty_for_nu
         if value is None:
             if empty_for_null_struct_list and row["items"] == []:
                 row["items"] = None
-            assert all(row[name] is None for name in FIELD_NAMES), str({n: row[n] for n in FIELD_NAMES if row[n] is not None})
+            assert all(row[name] is None for name in FIELD_NAMES), str(
+                {n: row[n] for n in FIELD_NAMES if row[n] is not None}
+            )
         else:
             for name, want in expected_row(value).items():
                 assert row[name] == want, f"{position} field {name}: {row[name]!r} != {want!r}"
@@ -189,7 +204,9 @@ def test_avro_topic_lands_field_by_field(catalog, spark, broker, registry, state
     assert [(f.name, str(f.transform)) for f in spec.fields] == [("created_ms_day", "day")]
 
 
-def test_second_run_commits_nothing_and_new_records_only_add_rows(spark, broker, registry, state_dir, topic, make_config):
+def test_second_run_commits_nothing_and_new_records_only_add_rows(
+    spark, broker, registry, state_dir, topic, make_config
+):
     broker.create_topic(topic, 3)
     rng = random.Random(7)
     produced = produce_orders(broker, registry, topic, range(90), rng)
@@ -249,15 +266,26 @@ def test_schema_evolution_adds_a_column(spark, broker, registry, state_dir, topi
     result = run_table(spark, config, config.tables[0], state_dir)
     assert result.rows_written == 1
     rows = sorted(read_pyiceberg(state_dir, result.identifier), key=lambda r: r["id"])
-    assert [(r["id"], r["age"], r["email"]) for r in rows] == [(0, 30, None), (1, 31, None), (2, 32, None), (9, 50, "a@b.c")]
+    assert [(r["id"], r["age"], r["email"]) for r in rows] == [
+        (0, 30, None),
+        (1, 31, None),
+        (2, 32, None),
+        (9, 50, "a@b.c"),
+    ]
 
 
-def test_a_key_field_the_registry_schema_lacks_is_a_config_error(spark, broker, registry, state_dir, topic, make_config):
+def test_a_key_field_the_registry_schema_lacks_is_a_config_error(
+    spark, broker, registry, state_dir, topic, make_config
+):
     from icefloe.errors import ConfigError
 
     broker.create_topic(topic, 1)
     schema = {"type": "record", "name": "User", "fields": [{"name": "id", "type": "long"}]}
-    produce(broker.bootstrap_servers, topic, [{"value": avro_serializer(registry.url, topic, json.dumps(schema))({"id": 1})}])
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [{"value": avro_serializer(registry.url, topic, json.dumps(schema))({"id": 1})}],
+    )
     config = make_config({"topic": topic, "mode": "upsert", "key": ["user_id"]})
     with pytest.raises(ConfigError, match=r"key names field\(s\) \['user_id'\] that the value schema does not have"):
         materialize_once(spark, config, config.tables[0])
@@ -273,8 +301,13 @@ def test_added_columns_quote_nested_field_names(spark, state_dir):
     table = IcebergTable(spark, "local.quoted_names")
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.local")
     spark.sql(f"CREATE TABLE {table.full_name} (id bigint) USING iceberg")
-    nested = T.StructType([T.StructField("unit price", T.DoubleType()), T.StructField("a`b", T.LongType()),
-                           T.StructField("tags", T.ArrayType(T.StructType([T.StructField("x-y", T.StringType())])))])  # fmt: skip
+    nested = T.StructType(
+        [
+            T.StructField("unit price", T.DoubleType()),
+            T.StructField("a`b", T.LongType()),
+            T.StructField("tags", T.ArrayType(T.StructType([T.StructField("x-y", T.StringType())]))),
+        ]
+    )
     wanted = T.StructType([T.StructField("id", T.LongType()), T.StructField("price info", nested)])
     table.evolve(wanted)
     assert spark.table(table.full_name).schema["price info"].dataType == nested
@@ -292,18 +325,28 @@ def small_backlog_table(fmt: str, broker, registry, topic: str, records: int) ->
     """A 2-partition topic of `records` tiny records (JSON or registry Avro) and the table spec reading it."""
     broker.create_topic(topic, 2)
     if fmt == "json":
-        encode, spec = (lambda n: json.dumps({"n": n}).encode()), {"format": "json", "schema": {"fields": [{"name": "n", "type": "long"}]}}
+        encode, spec = (
+            (lambda n: json.dumps({"n": n}).encode()),
+            {"format": "json", "schema": {"fields": [{"name": "n", "type": "long"}]}},
+        )
     else:
         serialize = avro_serializer(registry.url, topic, N_SCHEMA)
         encode, spec = (lambda n: serialize({"n": n})), {"format": "avro"}
-    positions = produce(broker.bootstrap_servers, topic, [{"value": encode(n), "partition": n % 2} for n in range(records)])
-    return {"topic": topic, **spec, "runTimeout": "1m", "maintenance": {"enabled": False, "orphanFileAge": "1m"}}, positions
+    positions = produce(
+        broker.bootstrap_servers, topic, [{"value": encode(n), "partition": n % 2} for n in range(records)]
+    )
+    return {
+        "topic": topic,
+        **spec,
+        "runTimeout": "1m",
+        "maintenance": {"enabled": False, "orphanFileAge": "1m"},
+    }, positions
 
 
 @pytest.mark.parametrize("fmt", ["json", "avro"])  # the Python read path and the JVM one
 def test_backlog_in_batches_that_each_publish_under_a_short_time_limit(
     fmt, spark, broker, registry, state_dir, topic, make_config, monkeypatch
-):  # fmt: skip
+):
     """Each run is a job stopped after 90 s (`--deadline-minutes 1.5`; a loaded machine needs tens of seconds for a
     batch of nothing), its writer slowed to 33 records/s: a batch of the whole backlog (2,000 records) would write
     for 60 s after that. Every run must publish (be done before its time limit); the first, unmeasured, is sized by
@@ -336,8 +379,9 @@ def test_backlog_in_batches_that_each_publish_under_a_short_time_limit(
     assert sorted(by_position(read_pyiceberg(state_dir, result.identifier))) == sorted(positions)
 
 
-def test_a_run_stopped_before_it_published_halves_the_next_plan(spark, broker, registry, state_dir, topic, make_config,
-                                                                monkeypatch):  # fmt: skip
+def test_a_run_stopped_before_it_published_halves_the_next_plan(
+    spark, broker, registry, state_dir, topic, make_config, monkeypatch
+):
     """A run stopped at its job's time limit (or SIGKILLed) leaves its branch and publishes nothing; the next run
     plans half of what that run planned from the same checkpoint, so a backlog cannot wedge the table."""
     from icefloe.commit import branch as commit
@@ -370,8 +414,9 @@ def test_a_run_stopped_before_it_published_halves_the_next_plan(spark, broker, r
     assert sorted(by_position(read_pyiceberg(state_dir, result.identifier))) == sorted(positions)
 
 
-def test_a_batch_refused_at_its_run_timeout_is_retried_at_half_the_size(spark, broker, registry, state_dir, topic,
-                                                                       make_config, monkeypatch):  # fmt: skip
+def test_a_batch_refused_at_its_run_timeout_is_retried_at_half_the_size(
+    spark, broker, registry, state_dir, topic, make_config, monkeypatch
+):
     """A batch that wrote for longer than `runTimeout` is refused before it publishes; `run_table` retries it at
     once, each retry planning half the records of the attempt before (the same size would be refused again), so
     the run publishes some of a backlog too big for its time."""

@@ -64,9 +64,12 @@ def avro_poisons(registry_url: str, topic: str) -> list[tuple[str, str, bytes | 
     other_id = SchemaRegistryClient({"url": registry_url}).register_schema(
         f"{topic}-other-value", Schema(json.dumps(other), "AVRO")
     )
-    wide_schema = {**AVRO_SCHEMA, "fields": [
-        {**f, "type": {**f["type"], "precision": 20}} if f["name"] == "amount" else f for f in AVRO_SCHEMA["fields"]
-    ]}  # fmt: skip
+    wide_schema = {
+        **AVRO_SCHEMA,
+        "fields": [
+            {**f, "type": {**f["type"], "precision": 20}} if f["name"] == "amount" else f for f in AVRO_SCHEMA["fields"]
+        ],
+    }
     wide = avro_serializer(registry_url, f"{topic}-wide", json.dumps(wide_schema))
     return [
         ("wrong magic byte", "DecodeError", b"k", b"\x01" + sample[1:]),
@@ -78,13 +81,17 @@ def avro_poisons(registry_url: str, topic: str) -> list[tuple[str, str, bytes | 
         # id=1 (zigzag 0x02), then a 2-byte string (0x04) that is not UTF-8, then the rest of the sample after "ann"
         ("invalid utf-8 in string", "DecodeError", b"k", framed + b"\x02\x04\xff\xfe" + sample[10:]),
         ("oversized record", "RecordTooLarge", b"k", framed + b"\x00" * (MAX_BYTES + 1)),
-        ("decimal beyond precision", "DecodeError|ConversionError", b"k",
-         wide({"id": 2, "payer": "bob", "amount": Decimal("1234567890.12"), "at": 0})),
+        (
+            "decimal beyond precision",
+            "DecodeError|ConversionError",
+            b"k",
+            wide({"id": 2, "payer": "bob", "amount": Decimal("1234567890.12"), "at": 0}),
+        ),
         # `at` is the last field and 0 encodes as one byte: replace it by a timestamp far past year 9999
         ("timestamp out of range", "DecodeError", b"k", sample[:-1] + _zigzag(2**62)),
         ("kafka timestamp in nanoseconds", "InvalidTimestamp", b"k", sample, NANOS_TIMESTAMP),
         ("kafka timestamp in microseconds", "InvalidTimestamp", b"k", sample, NANOS_TIMESTAMP // 1000),  # year 55,840
-    ]  # fmt: skip
+    ]
 
 
 def _zigzag(number: int) -> bytes:
@@ -97,8 +104,17 @@ def _zigzag(number: int) -> bytes:
 
 
 def json_poisons() -> list[tuple[str, str, bytes | None, bytes | None]]:
-    ok = {"id": 1, "small": 2, "price": "1.25", "ratio": 0.5, "at": "2024-01-01T00:00:00Z", "day": "2024-01-01",
-          "blob": "aGVsbG8=", "tags": [1, 2], "owner": {"name": "ann"}}  # fmt: skip
+    ok = {
+        "id": 1,
+        "small": 2,
+        "price": "1.25",
+        "ratio": 0.5,
+        "at": "2024-01-01T00:00:00Z",
+        "day": "2024-01-01",
+        "blob": "aGVsbG8=",
+        "tags": [1, 2],
+        "owner": {"name": "ann"},
+    }
 
     def with_(**changes) -> bytes:
         return json.dumps({**ok, **changes}).encode()
@@ -110,7 +126,12 @@ def json_poisons() -> list[tuple[str, str, bytes | None, bytes | None]]:
         ("NaN token", "DecodeError", b"k4", b'{"id": 1, "ratio": NaN}'),
         ("Infinity token", "DecodeError", b"k5", b'{"id": 1, "ratio": -Infinity}'),
         ("wrong type", "ConversionError", b"k6", with_(id="seven")),
-        ("missing required field", "ConversionError", b"k7", json.dumps({k: v for k, v in ok.items() if k != "id"}).encode()),
+        (
+            "missing required field",
+            "ConversionError",
+            b"k7",
+            json.dumps({k: v for k, v in ok.items() if k != "id"}).encode(),
+        ),
         ("missing required nested field", "ConversionError", b"k8", with_(owner={})),
         ("int out of range", "ConversionError", b"k9", with_(small=2**40)),
         ("decimal beyond precision", "ConversionError", b"k10", with_(price="123456.78")),
@@ -158,8 +179,19 @@ TEXT_POISONS = [
 
 
 def good_json(i: int) -> bytes:
-    return json.dumps({"id": i, "small": i, "price": "9.99", "ratio": 1.5, "at": 1_700_000_000_000 + i,
-                       "day": "2020-02-29", "blob": "", "tags": [], "owner": {"name": f"o{i}"}}).encode()  # fmt: skip
+    return json.dumps(
+        {
+            "id": i,
+            "small": i,
+            "price": "9.99",
+            "ratio": 1.5,
+            "at": 1_700_000_000_000 + i,
+            "day": "2020-02-29",
+            "blob": "",
+            "tags": [],
+            "owner": {"name": f"o{i}"},
+        }
+    ).encode()
 
 
 def lay_out(broker, topic: str, poisons, good) -> tuple[dict, dict]:
@@ -215,8 +247,16 @@ def dead_letter_messages(state_dir, result, bads) -> dict[str, str]:
 def test_json_poison_catalogue(spark, broker, state_dir, topic, make_config, mode):
     poisons = json_poisons()
     goods, bads = lay_out(broker, topic, poisons, good_json)
-    config = make_config({"topic": topic, "format": "json", "schema": JSON_SCHEMA, "mode": "upsert",
-                          "errors": mode, "maxRecordBytes": MAX_BYTES})  # fmt: skip
+    config = make_config(
+        {
+            "topic": topic,
+            "format": "json",
+            "schema": JSON_SCHEMA,
+            "mode": "upsert",
+            "errors": mode,
+            "maxRecordBytes": MAX_BYTES,
+        }
+    )
     check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
 
 
@@ -234,7 +274,9 @@ def test_avro_poison_catalogue(spark, broker, registry, state_dir, topic, make_c
 @pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
 def test_schemaless_json_poison_catalogue(spark, broker, state_dir, topic, make_config, mode):
     goods, bads = lay_out(broker, topic, schemaless_poisons(), good_schemaless)
-    config = make_config({"topic": topic, "format": "json", "mode": "upsert", "errors": mode, "maxRecordBytes": MAX_BYTES})
+    config = make_config(
+        {"topic": topic, "format": "json", "mode": "upsert", "errors": mode, "maxRecordBytes": MAX_BYTES}
+    )
     check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
 
 
@@ -243,7 +285,9 @@ def test_schemaless_json_poison_catalogue(spark, broker, state_dir, topic, make_
 def test_raw_and_string_poison_catalogue(spark, broker, state_dir, topic, make_config, mode, format):
     poisons = TEXT_POISONS if format == "string" else [p for p in TEXT_POISONS if p[1] != "DecodeError"]
     goods, bads = lay_out(broker, topic, poisons, lambda i: b"good %d" % i)
-    config = make_config({"topic": topic, "format": format, "mode": "upsert", "errors": mode, "maxRecordBytes": MAX_BYTES})
+    config = make_config(
+        {"topic": topic, "format": format, "mode": "upsert", "errors": mode, "maxRecordBytes": MAX_BYTES}
+    )
     check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
 
 
@@ -277,7 +321,10 @@ def test_protobuf_poison_catalogue(spark, broker, registry, state_dir, topic, ma
     serialize = protobuf_serializer(registry.url, topic, Payment)
     good = serialize(Payment(id=1, payer="a-long-payer-name"))
     header = good[:5]
-    json_id = SchemaRegistryClient({"url": registry.url}).register_schema(f"{topic}-other", Schema(json.dumps({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object"}), "JSON"))
+    json_id = SchemaRegistryClient({"url": registry.url}).register_schema(
+        f"{topic}-other",
+        Schema(json.dumps({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object"}), "JSON"),
+    )
     poisons = [
         ("message index out of range", "DecodeError", None, header + b"\x02\x0a" + good[6:]),  # [5]
         ("a nested message, not the table's", "DecodeError", None, header + b"\x04\x00\x00" + good[6:]),  # [0, 0]
@@ -294,11 +341,15 @@ def test_protobuf_poison_catalogue(spark, broker, registry, state_dir, topic, ma
 JSON_SCHEMA_DOC = {
     "$schema": "http://json-schema.org/draft-07/schema#",
     "type": "object",
-    "properties": {"id": {"type": "integer"}, "ref": {"type": "string", "format": "uuid"},
-                   "at": {"type": "string", "format": "date-time"}, "secret": {"type": "string", "maxLength": 8}},
+    "properties": {
+        "id": {"type": "integer"},
+        "ref": {"type": "string", "format": "uuid"},
+        "at": {"type": "string", "format": "date-time"},
+        "secret": {"type": "string", "maxLength": 8},
+    },
     "required": ["id"],
     "additionalProperties": False,
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("mode", ["fail", "skip", "dlq"])
@@ -328,7 +379,7 @@ def test_json_schema_poison_catalogue(spark, broker, registry, state_dir, topic,
     if mode == "dlq":  # the error names the rule that failed, never the value
         messages = [r["error_message"] for r in read_pyiceberg(state_dir, config.identifier(config.tables[0]) + "_dlq")]
         assert not [m for m in messages if "PERSONAL-DATA" in m], messages
-        assert any("value.id: fails type \"integer\"" in m for m in messages), messages
+        assert any('value.id: fails type "integer"' in m for m in messages), messages
         assert any("required property 'id' is missing" in m for m in messages), messages
 
 

@@ -26,8 +26,11 @@ FRAME = re.compile(r"read ([\d,]+) of 6,000 records \((\d+)%, (\d+)/(\d+) tasks\
 @pytest.fixture
 def backlog(broker, topic, make_config, monkeypatch):
     broker.create_topic(topic, 1)
-    produce(broker.bootstrap_servers, topic, [{"value": json.dumps({"n": i}).encode(), "partition": 0}
-                                              for i in range(RECORDS)])  # fmt: skip
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [{"value": json.dumps({"n": i}).encode(), "partition": 0} for i in range(RECORDS)],
+    )
     monkeypatch.setattr(materializer, "RECORDS_PER_TASK", PER_TASK)
     monkeypatch.setattr(progress, "REDRAW_EVERY_S", 0.05)
     return make_config({"topic": topic, "format": "json", "schema": SCHEMA, "maintenance": {"enabled": False}})

@@ -17,7 +17,13 @@ from icefloe.operate.runner import run_table
 from support import ANY_CATALOG, WatchedRun, crash_point, crash_seed, crash_trials, produce, read_duckdb, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
-SCHEMA = {"fields": [{"name": "account", "type": "string"}, {"name": "balance", "type": "long"}, {"name": "seq", "type": "long"}]}
+SCHEMA = {
+    "fields": [
+        {"name": "account", "type": "string"},
+        {"name": "balance", "type": "long"},
+        {"name": "seq", "type": "long"},
+    ]
+}
 
 
 def changes(rng: random.Random, keys: int, count: int, start_seq: int = 0) -> list[dict]:
@@ -25,7 +31,11 @@ def changes(rng: random.Random, keys: int, count: int, start_seq: int = 0) -> li
     out = []
     for seq in range(start_seq, start_seq + count):
         key = f"acct-{rng.randrange(keys)}"
-        value = None if rng.random() < 0.15 else json.dumps({"account": key, "balance": rng.randrange(10**6), "seq": seq}).encode()
+        value = (
+            None
+            if rng.random() < 0.15
+            else json.dumps({"account": key, "balance": rng.randrange(10**6), "seq": seq}).encode()
+        )
         out.append({"key": key.encode(), "value": value, "partition": zlib.crc32(key.encode()) % 3})
     return out
 
@@ -69,11 +79,21 @@ def test_key_fields_with_json_key_tombstones(spark, broker, state_dir, topic, ma
     config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert", "key": ["account"]})
 
     def upsert(account, balance, seq):
-        return {"key": json.dumps({"account": account}).encode(),
-                "value": json.dumps({"account": account, "balance": balance, "seq": seq}).encode()}  # fmt: skip
+        return {
+            "key": json.dumps({"account": account}).encode(),
+            "value": json.dumps({"account": account, "balance": balance, "seq": seq}).encode(),
+        }
 
-    produce(broker.bootstrap_servers, topic, [upsert("a", 1, 0), upsert("b", 2, 1), upsert("a", 3, 2),
-                                              {"key": json.dumps({"account": "b"}).encode(), "value": None}])  # fmt: skip
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [
+            upsert("a", 1, 0),
+            upsert("b", 2, 1),
+            upsert("a", 3, 2),
+            {"key": json.dumps({"account": "b"}).encode(), "value": None},
+        ],
+    )
     result = run_table(spark, config, config.tables[0], state_dir)
     rows = read_pyiceberg(state_dir, result.identifier)
     assert [(r["account"], r["balance"]) for r in rows] == [("a", 3)]
@@ -96,10 +116,16 @@ def test_a_key_spanning_partitions_takes_the_newest_record_timestamp(spark, brok
 
 
 def stack_file(path, bootstrap, table: dict):
-    path.write_text(yaml.safe_dump({"config": {
-        "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": bootstrap}],
-        "icefloe:tables": [{"sourceCluster": "local", **table}],
-    }}))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "config": {
+                    "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": bootstrap}],
+                    "icefloe:tables": [{"sourceCluster": "local", **table}],
+                }
+            }
+        )
+    )
     return path
 
 
@@ -113,10 +139,24 @@ def test_sigkill_at_random_points_then_rerun_gives_the_last_value_per_key(broker
     batch = 15_000
     sent = changes(rng, keys=5000, count=batch * (trials + 1))
     produce(broker.bootstrap_servers, topic, sent)
-    path = stack_file(tmp_path / "Pulumi.upsert.yaml", broker.bootstrap_servers,
-                      {"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert", "maxRecordsPerRun": batch})  # fmt: skip
+    path = stack_file(
+        tmp_path / "Pulumi.upsert.yaml",
+        broker.bootstrap_servers,
+        {"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert", "maxRecordsPerRun": batch},
+    )
     env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[2]"}
-    command = [sys.executable, "-m", "icefloe.cli", "run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)]
+    command = [
+        sys.executable,
+        "-m",
+        "icefloe.cli",
+        "run",
+        "--config",
+        str(path),
+        "--once",
+        "--json",
+        "--state-dir",
+        str(state_dir),
+    ]
     kills = 0
     for _ in range(trials + 1):
         if kills == trials:
@@ -145,13 +185,21 @@ def avro_bytes(registry_url: str, topic: str, schema: str, value, field: str):
     return serializer(value, SerializationContext(topic, MessageField.KEY if field == "key" else MessageField.VALUE))
 
 
-REQUIRED = {"fields": [{"name": "id", "type": "long", "optional": False},
-                       {"name": "name", "type": "string", "optional": False}]}  # fmt: skip
-ACCOUNT = json.dumps({"type": "record", "name": "Account", "fields": [{"name": "id", "type": "string"},
-                                                                     {"name": "name", "type": "string"}]})  # fmt: skip
+REQUIRED = {
+    "fields": [{"name": "id", "type": "long", "optional": False}, {"name": "name", "type": "string", "optional": False}]
+}
+ACCOUNT = json.dumps(
+    {
+        "type": "record",
+        "name": "Account",
+        "fields": [{"name": "id", "type": "string"}, {"name": "name", "type": "string"}],
+    }
+)
 
 
-@pytest.mark.parametrize("case", ["json key, optional: false fields", "string key of a long field", "avro primitive key"])
+@pytest.mark.parametrize(
+    "case", ["json key, optional: false fields", "string key of a long field", "avro primitive key"]
+)
 def test_tombstones_of_key_field_tables_delete(spark, broker, registry, state_dir, topic, make_config, case):
     """A tombstone carries only the key: `optional: false` value fields must not refuse it, and a key given as a
     string or as a primitive Avro key names the row as well as a JSON object would."""
@@ -160,14 +208,22 @@ def test_tombstones_of_key_field_tables_delete(spark, broker, registry, state_di
         spec = {"topic": topic, "format": "avro", "mode": "upsert", "key": ["id"], "keyFormat": "avro"}
 
         def upsert(ident, name):
-            return {"key": avro_bytes(registry.url, topic, '"string"', str(ident), "key"),
-                    "value": avro_bytes(registry.url, topic, ACCOUNT, {"id": str(ident), "name": name}, "value")}  # fmt: skip
+            return {
+                "key": avro_bytes(registry.url, topic, '"string"', str(ident), "key"),
+                "value": avro_bytes(registry.url, topic, ACCOUNT, {"id": str(ident), "name": name}, "value"),
+            }
 
         tombstone = {"key": avro_bytes(registry.url, topic, '"string"', "2", "key"), "value": None}
     else:
         string_key = case == "string key of a long field"
-        spec = {"topic": topic, "format": "json", "schema": REQUIRED, "mode": "upsert", "key": ["id"],
-                **({"keyFormat": "string"} if string_key else {})}  # fmt: skip
+        spec = {
+            "topic": topic,
+            "format": "json",
+            "schema": REQUIRED,
+            "mode": "upsert",
+            "key": ["id"],
+            **({"keyFormat": "string"} if string_key else {}),
+        }
 
         def upsert(ident, name):
             key = str(ident).encode() if string_key else json.dumps({"id": ident}).encode()
@@ -203,7 +259,9 @@ def run_until_up_to_date(spark, config, table, state_dir, runs: int = 40):
     raise AssertionError(f"{table.topic}: not up to date after {runs} runs")
 
 
-def test_one_partition_applies_its_records_in_offset_order_whatever_their_timestamps(spark, broker, state_dir, topic, make_config):
+def test_one_partition_applies_its_records_in_offset_order_whatever_their_timestamps(
+    spark, broker, state_dir, topic, make_config
+):
     """Review F2 scenario A: the second producer's clock is 5 s behind; Kafka (and compaction) say the later offset wins."""
     broker.create_topic(topic, 1)
     now = int(time.time() * 1000)
@@ -219,7 +277,10 @@ def test_batch_boundaries_do_not_change_the_table(spark, broker, state_dir, topi
     now = int(time.time() * 1000)
     produce(broker.bootstrap_servers, topic, [account_change("a", 1, 0, now), account_change("a", 2, 0, now - 5000)])
     spec = {"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert"}
-    config = make_config({**spec, "table": f"{topic}_one_batch"}, {**spec, "table": f"{topic}_one_record_per_batch", "maxRecordsPerRun": 1})
+    config = make_config(
+        {**spec, "table": f"{topic}_one_batch"},
+        {**spec, "table": f"{topic}_one_record_per_batch", "maxRecordsPerRun": 1},
+    )
     whole = run_table(spark, config, config.tables[0], state_dir)
     split = run_until_up_to_date(spark, config, config.tables[1], state_dir)
     assert balances(state_dir, whole.identifier) == balances(state_dir, split.identifier)
@@ -227,7 +288,7 @@ def test_batch_boundaries_do_not_change_the_table(spark, broker, state_dir, topi
 
 def test_an_older_change_read_later_from_a_lagging_partition_neither_overwrites_nor_resurrects(
     spark, broker, state_dir, topic, make_config
-):  # fmt: skip
+):
     """`key: [account]` spans partitions. Partition 1 is read first: `a` = 2 at T, `b` deleted at T. Partition 0's
     older changes (T - 10 s) arrive in a later batch: they must not overwrite `a` nor bring `b` back. A second table
     reading everything in one batch ends the same."""
@@ -235,15 +296,25 @@ def test_an_older_change_read_later_from_a_lagging_partition_neither_overwrites_
     now = int(time.time() * 1000)
     spec = {"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert", "key": ["account"]}
     config = make_config({**spec, "table": f"{topic}_in_batches"}, {**spec, "table": f"{topic}_in_one_batch"})
-    produce(broker.bootstrap_servers, topic, [
-        account_change("a", 2, 1, now, json_key=True), account_change("b", 5, 1, now - 30_000, json_key=True),
-        account_change("b", None, 1, now, json_key=True),
-    ])  # fmt: skip
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [
+            account_change("a", 2, 1, now, json_key=True),
+            account_change("b", 5, 1, now - 30_000, json_key=True),
+            account_change("b", None, 1, now, json_key=True),
+        ],
+    )
     first = run_table(spark, config, config.tables[0], state_dir)
     assert balances(state_dir, first.identifier) == {"a": 2}
-    produce(broker.bootstrap_servers, topic, [
-        account_change("a", 1, 0, now - 10_000, json_key=True), account_change("b", 4, 0, now - 10_000, json_key=True),
-    ])  # fmt: skip
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [
+            account_change("a", 1, 0, now - 10_000, json_key=True),
+            account_change("b", 4, 0, now - 10_000, json_key=True),
+        ],
+    )
     second = run_table(spark, config, config.tables[0], state_dir)
     assert second.status == "committed"
     assert balances(state_dir, first.identifier) == {"a": 2}
@@ -273,13 +344,20 @@ def test_the_same_records_in_one_batch_or_many_give_the_same_table(spark, broker
     rng = random.Random(5)
     now = int(time.time() * 1000)
     sent = [
-        account_change(f"k{rng.randrange(6)}", None if rng.random() < 0.2 else n, rng.randrange(3),
-                       now + rng.randrange(-20_000, 20_000), json_key=True)
+        account_change(
+            f"k{rng.randrange(6)}",
+            None if rng.random() < 0.2 else n,
+            rng.randrange(3),
+            now + rng.randrange(-20_000, 20_000),
+            json_key=True,
+        )
         for n in range(60)
-    ]  # fmt: skip
+    ]
     positions = produce(broker.bootstrap_servers, topic, sent)
     spec = {"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert", "key": ["account"]}
-    config = make_config({**spec, "table": f"{topic}_one_batch"}, {**spec, "table": f"{topic}_batches_of_7", "maxRecordsPerRun": 7})
+    config = make_config(
+        {**spec, "table": f"{topic}_one_batch"}, {**spec, "table": f"{topic}_batches_of_7", "maxRecordsPerRun": 7}
+    )
     whole = run_table(spark, config, config.tables[0], state_dir)
     split = run_until_up_to_date(spark, config, config.tables[1], state_dir)
     expected = positions_model(sent, positions)
@@ -296,12 +374,27 @@ def test_maintenance_expires_delete_markers_older_than_their_retention(spark, br
     broker.create_topic(topic, 1)
     now = int(time.time() * 1000)
     three_days_ago = now - 3 * 86_400_000
-    produce(broker.bootstrap_servers, topic, [
-        account_change("old", 1, 0, three_days_ago, json_key=True), account_change("old", None, 0, three_days_ago, json_key=True),
-        account_change("new", 2, 0, now, json_key=True), account_change("new", None, 0, now, json_key=True),
-    ])  # fmt: skip
-    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert", "key": ["account"],
-                          "deleteMarkerRetention": "1d", "maintenance": {"enabled": False}})  # fmt: skip
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [
+            account_change("old", 1, 0, three_days_ago, json_key=True),
+            account_change("old", None, 0, three_days_ago, json_key=True),
+            account_change("new", 2, 0, now, json_key=True),
+            account_change("new", None, 0, now, json_key=True),
+        ],
+    )
+    config = make_config(
+        {
+            "topic": topic,
+            "format": "json",
+            "schema": SCHEMA,
+            "mode": "upsert",
+            "key": ["account"],
+            "deleteMarkerRetention": "1d",
+            "maintenance": {"enabled": False},
+        }
+    )
     result = run_table(spark, config, config.tables[0], state_dir)
     assert balances(state_dir, result.identifier) == {}
     markers = f"{result.identifier}_deletes"
@@ -311,7 +404,9 @@ def test_maintenance_expires_delete_markers_older_than_their_retention(spark, br
     assert maintained.delete_markers is not None and maintained.delete_markers.rows_expired_by_ttl == 1
 
 
-def test_deletes_are_one_deletion_vector_per_data_file_and_every_reader_reads_them(spark, broker, state_dir, topic, make_config):
+def test_deletes_are_one_deletion_vector_per_data_file_and_every_reader_reads_them(
+    spark, broker, state_dir, topic, make_config
+):
     """Issue 30: with `formatVersion: 3`, an upsert table's (and its markers') deletes are deletion vectors, at most one per data file
     whatever the number of batches (v2's position-delete files piled up, one set per batch, until compaction); Spark,
     pyiceberg and DuckDB read the table as the topic implies."""
@@ -329,9 +424,13 @@ def test_deletes_are_one_deletion_vector_per_data_file_and_every_reader_reads_th
         assert spark.sql(f"SHOW TBLPROPERTIES {name} ('format-version')").first().value == "3", table
         deletes = spark.sql(f"SELECT file_format, referenced_data_file FROM {name}.delete_files").collect()
         assert deletes and {r.file_format for r in deletes} == {"PUFFIN"}, (table, deletes)
-        assert len({r.referenced_data_file for r in deletes}) == len(deletes), f"{table}: two deletion vectors for one file"
+        assert len({r.referenced_data_file for r in deletes}) == len(deletes), (
+            f"{table}: two deletion vectors for one file"
+        )
     expected = expected_state(sent)
     assert table_state(read_pyiceberg(state_dir, result.identifier)) == expected
     assert table_state(read_duckdb(result.metadata_location)) == expected
-    spark_rows = [{**r.asDict(), "kafka_key": bytes(r.kafka_key)} for r in spark.table(f"icefloe.{result.identifier}").collect()]
+    spark_rows = [
+        {**r.asDict(), "kafka_key": bytes(r.kafka_key)} for r in spark.table(f"icefloe.{result.identifier}").collect()
+    ]
     assert table_state(spark_rows) == expected

@@ -32,7 +32,9 @@ def stack_file(path: Path, bootstrap: str, registry_url: str, tables: list[dict]
     document = {
         "config": {
             "aws:region": "eu-west-1",
-            "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": bootstrap, "schemaRegistry": {"url": registry_url}}],
+            "icefloe:sourceClusters": [
+                {"name": "local", "bootstrapServers": bootstrap, "schemaRegistry": {"url": registry_url}}
+            ],
             "icefloe:tables": [{"sourceCluster": "local", **t} for t in tables],
         }
     }
@@ -41,8 +43,12 @@ def stack_file(path: Path, bootstrap: str, registry_url: str, tables: list[dict]
 
 
 def test_bad_config_exits_2_and_names_table_and_field(tmp_path):
-    path = stack_file(tmp_path / "Pulumi.bad.yaml", "127.0.0.1:1", "http://127.0.0.1:1", [{"topic": "orders", "mode": "upsrt"}])
-    done = subprocess.run([*ICEFLOE, "run", "--config", str(path), "--once"], capture_output=True, text=True, timeout=60)
+    path = stack_file(
+        tmp_path / "Pulumi.bad.yaml", "127.0.0.1:1", "http://127.0.0.1:1", [{"topic": "orders", "mode": "upsrt"}]
+    )
+    done = subprocess.run(
+        [*ICEFLOE, "run", "--config", str(path), "--once"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2
     assert "icefloe:tables[0] (orders).mode: Input should be 'append' or 'upsert'" in done.stderr
     assert str(path) in done.stderr
@@ -55,8 +61,10 @@ def test_unreachable_broker_is_a_clear_source_error(spark, state_dir, make_confi
     monkeypatch.setattr(kafka_source, "METADATA_TIMEOUT_S", 2.0)
     monkeypatch.setattr(runner, "SOURCE_ATTEMPTS", 2)
     monkeypatch.setattr(runner, "SOURCE_BACKOFF_S", 0.1)
-    config = make_config({"topic": "nowhere", "format": "json", "schema": {"fields": [{"name": "a", "type": "long"}]}},
-                         bootstrap=f"127.0.0.1:{port}")  # fmt: skip
+    config = make_config(
+        {"topic": "nowhere", "format": "json", "schema": {"fields": [{"name": "a", "type": "long"}]}},
+        bootstrap=f"127.0.0.1:{port}",
+    )
     with pytest.raises(SourceError, match=f"cannot reach Kafka at 127.0.0.1:{port}"):
         runner.run_table(spark, config, config.tables[0], state_dir)
 
@@ -93,13 +101,19 @@ def test_sigkill_midway_then_rerun_is_exactly_once(catalog, broker, registry, sp
 
 
 # A writer that takes no local lock: on AWS nothing serializes two runs of one table.
-UNLOCKED = [sys.executable, "-c", "import contextlib, sys; from icefloe import cli; from icefloe.operate import runner; "
-            "runner.table_lock = lambda *args: contextlib.nullcontext(); sys.exit(cli.main())"]  # fmt: skip
+UNLOCKED = [
+    sys.executable,
+    "-c",
+    "import contextlib, sys; from icefloe import cli; from icefloe.operate import runner; "
+    "runner.table_lock = lambda *args: contextlib.nullcontext(); sys.exit(cli.main())",
+]
 
 
 @pytest.mark.spark
 @pytest.mark.broker
-def test_two_overlapping_writers_one_killed_at_random_is_exactly_once(broker, registry, spark, state_dir, topic, tmp_path):
+def test_two_overlapping_writers_one_killed_at_random_is_exactly_once(
+    broker, registry, spark, state_dir, topic, tmp_path
+):
     """Two runs of one table overlap (no lock between them); one of them, chosen at random, is SIGKILLed at a random
     point of a phase (`crash_point`) while the other goes on to commit. Each trial (ICEFLOE_CRASH_TRIALS, one by default) overlaps the next
     batch of the same table; a trial whose victim finished before the kill is tried again."""
@@ -116,8 +130,9 @@ def test_two_overlapping_writers_one_killed_at_random_is_exactly_once(broker, re
 
     def produce_batches(count: int) -> None:
         nonlocal records
-        records += produce_avro(broker.bootstrap_servers, registry.url, topic, stock_trades.SCHEMA,
-                                islice(trades, count * batch))  # fmt: skip
+        records += produce_avro(
+            broker.bootstrap_servers, registry.url, topic, stock_trades.SCHEMA, islice(trades, count * batch)
+        )
 
     env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[1]"}
     arguments = ["run", "--once", "--json", "--state-dir", str(state_dir)]
@@ -133,11 +148,17 @@ def test_two_overlapping_writers_one_killed_at_random_is_exactly_once(broker, re
         second = WatchedRun([*UNLOCKED, *arguments, "--config", str(path)], env)
         victim, survivor = (first, second) if rng.random() < 0.5 else (second, first)
         point = crash_point(rng, test=1, trial=kills)
-        print(f"seed {seed}, attempt {attempt}: killing the {'first' if victim is first else 'second'} writer at {point}")
+        print(
+            f"seed {seed}, attempt {attempt}: killing the {'first' if victim is first else 'second'} writer at {point}"
+        )
         kills += victim.kill_at(point)
         victim.process.wait(timeout=120)
-        assert survivor.process.wait(timeout=600) in (0, 1), f"attempt {attempt} (seed {seed}): the surviving writer crashed"
-    assert kills == trials, f"seed {seed}: {kills} of {trials} victims still running when killed; the test did not test a crash"
+        assert survivor.process.wait(timeout=600) in (0, 1), (
+            f"attempt {attempt} (seed {seed}): the surviving writer crashed"
+        )
+    assert kills == trials, (
+        f"seed {seed}: {kills} of {trials} victims still running when killed; the test did not test a crash"
+    )
     produce_batches(1)
     run_to_the_end([*ICEFLOE, *arguments, "--config", str(catch_up_stack(path))], env)
     assert_exactly_once(state_dir, f"local.{topic}", records)
@@ -147,8 +168,12 @@ def trades_stack(path: Path, broker, registry, topic: str, records: int, max_rec
     """A 3-partition topic of `records` Avro stock trades, and a stack file reading it `max_records` per batch."""
     broker.create_topic(topic, 3)
     produce_avro(broker.bootstrap_servers, registry.url, topic, stock_trades.SCHEMA, stock_trades.trades(records))
-    return stack_file(path, broker.bootstrap_servers, registry.url,
-                      [{"topic": topic, "partitionBy": ["hour(event_time)"], "maxRecordsPerRun": max_records}])  # fmt: skip
+    return stack_file(
+        path,
+        broker.bootstrap_servers,
+        registry.url,
+        [{"topic": topic, "partitionBy": ["hour(event_time)"], "maxRecordsPerRun": max_records}],
+    )
 
 
 def catch_up_stack(path: Path) -> Path:
@@ -200,8 +225,14 @@ def test_logs_errors_and_json_never_carry_a_bad_records_values(broker, registry,
     from support import compile_protos, message_class, produce, protobuf_serializer
 
     broker.create_topic(topic, 1)
-    schema = {"fields": [{"name": "n", "type": "long"}, {"name": "at", "type": "timestamptz"},
-                         {"name": "day", "type": "date"}, {"name": "price", "type": "decimal(9,2)"}]}  # fmt: skip
+    schema = {
+        "fields": [
+            {"name": "n", "type": "long"},
+            {"name": "at", "type": "timestamptz"},
+            {"name": "day", "type": "date"},
+            {"name": "price", "type": "decimal(9,2)"},
+        ]
+    }
     bad = [{"at": f"{MARKER}-at"}, {"day": f"{MARKER}-day"}, {"price": f"{MARKER}-price"}]
     values = [{"n": 1}, *bad, {"n": 2}]
     produce(broker.bootstrap_servers, topic, [{"value": json.dumps(v).encode()} for v in values])
@@ -214,16 +245,30 @@ def test_logs_errors_and_json_never_carry_a_bad_records_values(broker, registry,
     Stamp = message_class(compile_protos({f"{ns}/stamp.proto": STAMP_PROTO.format(ns=ns)}, tmp_path), f"{ns}.Stamp")
     stamp = Stamp()
     stamp.at.seconds = SECONDS_MARKER
-    produce(broker.bootstrap_servers, f"{topic}_pb", [{"value": protobuf_serializer(registry.url, f"{topic}_pb", Stamp)(stamp)}])
-    path = stack_file(tmp_path / "Pulumi.marker.yaml", broker.bootstrap_servers, registry.url, [
-        {"topic": topic, "table": "marker_fail", "format": "json", "schema": schema, "errors": "fail"},
-        {"topic": topic, "table": "marker_skip", "format": "json", "schema": schema, "errors": "skip"},
-        {"topic": topic, "table": "marker_dlq", "format": "json", "schema": schema, "errors": "dlq"},
-        {"topic": f"{topic}_sl", "table": "marker_schemaless", "format": "json", "errors": "fail"},
-        {"topic": f"{topic}_pb", "table": "marker_protobuf", "format": "protobuf", "errors": "fail"},
-    ])  # fmt: skip
-    done = subprocess.run([*ICEFLOE, "-v", "run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)],
-                          capture_output=True, text=True, env={**os.environ, "ICEFLOE_SPARK_MASTER": "local[1]"}, timeout=600)  # fmt: skip
+    produce(
+        broker.bootstrap_servers,
+        f"{topic}_pb",
+        [{"value": protobuf_serializer(registry.url, f"{topic}_pb", Stamp)(stamp)}],
+    )
+    path = stack_file(
+        tmp_path / "Pulumi.marker.yaml",
+        broker.bootstrap_servers,
+        registry.url,
+        [
+            {"topic": topic, "table": "marker_fail", "format": "json", "schema": schema, "errors": "fail"},
+            {"topic": topic, "table": "marker_skip", "format": "json", "schema": schema, "errors": "skip"},
+            {"topic": topic, "table": "marker_dlq", "format": "json", "schema": schema, "errors": "dlq"},
+            {"topic": f"{topic}_sl", "table": "marker_schemaless", "format": "json", "errors": "fail"},
+            {"topic": f"{topic}_pb", "table": "marker_protobuf", "format": "protobuf", "errors": "fail"},
+        ],
+    )
+    done = subprocess.run(
+        [*ICEFLOE, "-v", "run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ICEFLOE_SPARK_MASTER": "local[1]"},
+        timeout=600,
+    )
     assert done.returncode == 1, done.stderr[-3000:]  # the fail table stopped at its first bad record
     assert "partition 0 offset 1" in done.stderr and "at: not an ISO-8601 timestamp" in done.stderr
     assert MARKER not in done.stdout and MARKER not in done.stderr
@@ -231,17 +276,22 @@ def test_logs_errors_and_json_never_carry_a_bad_records_values(broker, registry,
     for marker in (str(BIG_MARKER), str(SECONDS_MARKER)):
         assert marker not in done.stdout and marker not in done.stderr
     dead = read_pyiceberg(state_dir, "local.marker_dlq_dlq")
-    assert [json.loads(row["raw_value"]) for row in sorted(dead, key=lambda r: r["kafka_offset"])] == bad, "raw payloads kept"
+    assert [json.loads(row["raw_value"]) for row in sorted(dead, key=lambda r: r["kafka_offset"])] == bad, (
+        "raw payloads kept"
+    )
     assert not any(MARKER in row["error_message"] for row in dead)
 
 
 @pytest.mark.spark
 @pytest.mark.broker
-def test_the_demo_shows_protobuf_and_json_schema_topics_end_to_end(broker, registry, spark, state_dir, tmp_path, monkeypatch, capsys, caplog):
+def test_the_demo_shows_protobuf_and_json_schema_topics_end_to_end(
+    broker, registry, spark, state_dir, tmp_path, monkeypatch, capsys, caplog
+):
     """`icefloe demo --format protobuf|json-schema` as a user runs it, on the session's broker, registry and Spark
     (they stand in for the ones the demo starts: the session starts them with the demo's own `local_services`): every
     trade in the table with its values, read on the Python path; the second run commits nothing; DuckDB's sums per
     symbol printed."""
+
     @contextmanager
     def running(demo_state):
         yield broker, registry
@@ -257,20 +307,37 @@ def test_the_demo_shows_protobuf_and_json_schema_topics_end_to_end(broker, regis
         monkeypatch.setattr(demo, "TOPIC", f"demo_{format.replace('-', '_')}")
         caplog.clear()
         with caplog.at_level("INFO", logger="icefloe.materialize.batch"):
-            code = cli.main(["demo", "--format", format, "--records", str(records), "--partitions", "2",
-                             "--state-dir", str(tmp_path / format)])  # fmt: skip
+            code = cli.main(
+                [
+                    "demo",
+                    "--format",
+                    format,
+                    "--records",
+                    str(records),
+                    "--partitions",
+                    "2",
+                    "--state-dir",
+                    str(tmp_path / format),
+                ]
+            )
         out = capsys.readouterr().out
         assert code == 0, out
         assert "read path python" in caplog.text and "second run: " in out and "nothing committed" in out
         identifier = out.split("rows in ")[1].split(":")[0]
         assert f"rows in {identifier}: {records}\n" in out
-        printed = {line.split()[0]: line.split()[1:] for line in out.split("avg_price\n")[1].split("\n\n")[0].splitlines()}
+        printed = {
+            line.split()[0]: line.split()[1:] for line in out.split("avg_price\n")[1].split("\n\n")[0].splitlines()
+        }
         for symbol, trades in per_symbol.items():
             count, shares, price = printed[symbol]
-            assert (int(count), int(shares.replace(",", ""))) == (len(trades), sum(t["quantity"] for t in trades)), format
+            assert (int(count), int(shares.replace(",", ""))) == (len(trades), sum(t["quantity"] for t in trades)), (
+                format
+            )
             assert abs(float(price) - sum(t["price"] for t in trades) / len(trades)) <= 0.0051, format
         rows = read_pyiceberg(state_dir, identifier)
-        assert sorted(({k: r[k] for k in expected[0]} for r in rows), key=_items) == sorted(expected, key=_items), format
+        assert sorted(({k: r[k] for k in expected[0]} for r in rows), key=_items) == sorted(expected, key=_items), (
+            format
+        )
         times = sorted(r["event_time"] for r in rows)
         assert {(b - a).total_seconds() for a, b in zip(times, times[1:])} == {0.001}, "one trade per millisecond"
 

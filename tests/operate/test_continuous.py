@@ -24,15 +24,28 @@ SCHEMA = {"fields": [{"name": "n", "type": "long"}]}
 
 
 def records(start: int, count: int, partitions: int = 2, timestamp: int | None = None) -> list[dict]:
-    return [{"value": json.dumps({"n": i}).encode(), "partition": i % partitions, "timestamp": timestamp}
-            for i in range(start, start + count)]  # fmt: skip
+    return [
+        {"value": json.dumps({"n": i}).encode(), "partition": i % partitions, "timestamp": timestamp}
+        for i in range(start, start + count)
+    ]
 
 
-def start_continuous(config_path: Path, state_dir: Path, log: Path | None = None, quick_retries: bool = False) -> subprocess.Popen:
+def start_continuous(
+    config_path: Path, state_dir: Path, log: Path | None = None, quick_retries: bool = False
+) -> subprocess.Popen:
     """The `icefloe run --continuous` command; `quick_retries` shortens its Kafka timeout and backoff (QUICK_RETRIES)."""
     program = QUICK_RETRIES if quick_retries else ["-m", "icefloe.cli"]
-    command = [sys.executable, *program, "run", "--config", str(config_path), "--continuous", "--json",
-               "--state-dir", str(state_dir)]  # fmt: skip
+    command = [
+        sys.executable,
+        *program,
+        "run",
+        "--config",
+        str(config_path),
+        "--continuous",
+        "--json",
+        "--state-dir",
+        str(state_dir),
+    ]
     env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[2]"}
     stderr = open(log, "w") if log else subprocess.DEVNULL
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
@@ -41,22 +54,42 @@ def start_continuous(config_path: Path, state_dir: Path, log: Path | None = None
 # The job as `icefloe run`, with a 2 s Kafka metadata timeout and 0.5 s first backoff instead of 15 s and 2 s: a run
 # against an absent broker gives up within seconds (backing off 0.5 + 1 s instead of 2 + 4 s, and no metadata request
 # waits 15 s), so an outage spans several of the loop's retries quickly. The loop (runner.run_continuously) is as shipped.
-QUICK_RETRIES = ["-c", "import sys; from icefloe import cli; from icefloe.source import kafka as kafka_source; from icefloe.operate import runner; kafka_source.METADATA_TIMEOUT_S = 2.0; "
-                 "runner.SOURCE_BACKOFF_S = 0.5; sys.exit(cli.main())"]  # fmt: skip
+QUICK_RETRIES = [
+    "-c",
+    "import sys; from icefloe import cli; from icefloe.source import kafka as kafka_source; from icefloe.operate import runner; kafka_source.METADATA_TIMEOUT_S = 2.0; "
+    "runner.SOURCE_BACKOFF_S = 0.5; sys.exit(cli.main())",
+]
 RUN_RETRY = "; retrying in "  # runner.run_table's line for each retry inside one run
 
 
 def continuous_stack(path: Path, bootstrap: str, topic: str) -> Path:
     """A stack file with one continuous JSON table on a 2 s refresh, maintenance off."""
-    path.write_text(yaml.safe_dump({"config": {
-        "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": bootstrap}],
-        "icefloe:tables": [{"sourceCluster": "local", "topic": topic, "format": "json", "schema": SCHEMA,
-                            "refresh": "2s", "continuous": True, "maintenance": {"enabled": False}}],
-    }}))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "config": {
+                    "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": bootstrap}],
+                    "icefloe:tables": [
+                        {
+                            "sourceCluster": "local",
+                            "topic": topic,
+                            "format": "json",
+                            "schema": SCHEMA,
+                            "refresh": "2s",
+                            "continuous": True,
+                            "maintenance": {"enabled": False},
+                        }
+                    ],
+                }
+            }
+        )
+    )
     return path
 
 
-def test_continuous_rows_visible_within_interval_and_sigterm_restart_is_exactly_once(broker, spark, state_dir, topic, tmp_path):
+def test_continuous_rows_visible_within_interval_and_sigterm_restart_is_exactly_once(
+    broker, spark, state_dir, topic, tmp_path
+):
     broker.create_topic(topic, 2)
     path = continuous_stack(tmp_path / "Pulumi.cont.yaml", broker.bootstrap_servers, topic)
     identifier = f"local.{topic}"
@@ -73,12 +106,16 @@ def test_continuous_rows_visible_within_interval_and_sigterm_restart_is_exactly_
                 produced += 50
                 sent_at = time.monotonic()
                 while True:
-                    if IcebergTable(spark, identifier).exists() and len(read_pyiceberg(state_dir, identifier)) == produced:
+                    if (
+                        IcebergTable(spark, identifier).exists()
+                        and len(read_pyiceberg(state_dir, identifier)) == produced
+                    ):
                         break
                     # Step 0 includes the job's Spark start (tens of seconds on a loaded 2-core machine).
                     limit = 180 if step == 0 else 60
                     assert time.monotonic() - sent_at < limit, (
-                        f"rows not visible after {limit}s (round {round_}, step {step}):\n{job_log.read_text()[-3000:]}")
+                        f"rows not visible after {limit}s (round {round_}, step {step}):\n{job_log.read_text()[-3000:]}"
+                    )
                     time.sleep(0.5)
                 # Spark start is paid once per process; after that a batch is due every 2s (a loose functional bound:
                 # a trigger that ignored `refresh` would wait for the 15m default).
@@ -104,10 +141,24 @@ def plant_orphan(table: IcebergTable) -> Path:
     return orphan
 
 
-def test_maintenance_compacts_expires_and_removes_orphans_without_changing_content(spark, broker, state_dir, topic, make_config):
+def test_maintenance_compacts_expires_and_removes_orphans_without_changing_content(
+    spark, broker, state_dir, topic, make_config
+):
     broker.create_topic(topic, 2)
-    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "runTimeout": "1m", "maintenance": {
-        "enabled": False, "snapshotRetention": "1s", "minSnapshotsToKeep": 1, "orphanFileAge": "1m"}})  # fmt: skip
+    config = make_config(
+        {
+            "topic": topic,
+            "format": "json",
+            "schema": SCHEMA,
+            "runTimeout": "1m",
+            "maintenance": {
+                "enabled": False,
+                "snapshotRetention": "1s",
+                "minSnapshotsToKeep": 1,
+                "orphanFileAge": "1m",
+            },
+        }
+    )
     table_spec = config.tables[0]
     for batch in range(6):  # six small commits: at least six small files per partition
         produce(broker.bootstrap_servers, topic, records(batch * 20, 20))
@@ -130,12 +181,26 @@ def test_maintenance_compacts_expires_and_removes_orphans_without_changing_conte
     assert len(by_position(read_pyiceberg(state_dir, table.identifier))) == 130
 
 
-def test_managed_maintenance_leaves_compaction_expiry_and_orphans_to_the_catalog(spark, broker, state_dir, topic, make_config):
+def test_managed_maintenance_leaves_compaction_expiry_and_orphans_to_the_catalog(
+    spark, broker, state_dir, topic, make_config
+):
     """S3 Tables maintain their tables themselves (`catalog.type: s3tables`): icefloe's maintenance then compacts,
     expires and removes nothing; run here on the local catalog with the flag S3 Tables sets."""
     broker.create_topic(topic, 1)
-    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "runTimeout": "1m", "maintenance": {
-        "enabled": False, "snapshotRetention": "1s", "minSnapshotsToKeep": 1, "orphanFileAge": "1m"}})  # fmt: skip
+    config = make_config(
+        {
+            "topic": topic,
+            "format": "json",
+            "schema": SCHEMA,
+            "runTimeout": "1m",
+            "maintenance": {
+                "enabled": False,
+                "snapshotRetention": "1s",
+                "minSnapshotsToKeep": 1,
+                "orphanFileAge": "1m",
+            },
+        }
+    )
     table_spec = config.tables[0]
     for batch in range(3):
         produce(broker.bootstrap_servers, topic, records(batch * 10, 10, 1))
@@ -157,8 +222,9 @@ def test_retention_ttl_deletes_rows_older_than_the_window(spark, broker, state_d
     broker.create_topic(topic, 1)
     day_ago = int((time.time() - 86_400) * 1000)
     produce(broker.bootstrap_servers, topic, records(0, 5, 1, timestamp=day_ago) + records(5, 3, 1))
-    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "retention": "1h",
-                          "maintenance": {"enabled": False}})  # fmt: skip
+    config = make_config(
+        {"topic": topic, "format": "json", "schema": SCHEMA, "retention": "1h", "maintenance": {"enabled": False}}
+    )
     run_table(spark, config, config.tables[0], state_dir)
     table = IcebergTable(spark, config.identifier(config.tables[0]))
     result = maintain(table, config.tables[0])
@@ -192,8 +258,10 @@ def test_continuous_mode_rides_out_a_broker_outage(spark, state_dir, topic, tmp_
                 time.sleep(0.5)
 
         def rows_visible(count: int):
-            return lambda: (pyiceberg_catalog(state_dir).table_exists(identifier)
-                            and len(read_pyiceberg(state_dir, identifier)) == count)  # fmt: skip
+            return lambda: (
+                pyiceberg_catalog(state_dir).table_exists(identifier)
+                and len(read_pyiceberg(state_dir, identifier)) == count
+            )
 
         job_log = tmp_path / "job.log"
         process = start_continuous(path, state_dir, job_log, quick_retries=True)
@@ -204,8 +272,11 @@ def test_continuous_mode_rides_out_a_broker_outage(spark, state_dir, topic, tmp_
             broker.stop()
             away_since = time.monotonic()
             retries = job_log.read_text().count(RUN_RETRY) + failed_runs * (runner.SOURCE_ATTEMPTS - 1)
-            wait_until(lambda: job_log.read_text().count(RUN_RETRY) >= retries and time.monotonic() - away_since >= outage_s,
-                       f"{failed_runs} runs failing on the absent broker", 180 + outage_s)  # fmt: skip
+            wait_until(
+                lambda: job_log.read_text().count(RUN_RETRY) >= retries and time.monotonic() - away_since >= outage_s,
+                f"{failed_runs} runs failing on the absent broker",
+                180 + outage_s,
+            )
             assert "waiting for its source/catalog to come back" in job_log.read_text()
             broker.start()  # same ports, same data: the broker is back
             produce(broker.bootstrap_servers, topic, records(50, 50))
@@ -221,8 +292,15 @@ def test_continuous_mode_rides_out_a_broker_outage(spark, state_dir, topic, tmp_
 
 def test_maintenance_also_compacts_and_expires_the_dead_letter_table(spark, broker, state_dir, topic, make_config):
     broker.create_topic(topic, 1)
-    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "errors": "dlq", "maintenance": {
-        "enabled": False, "snapshotRetention": "1s", "minSnapshotsToKeep": 1}})  # fmt: skip
+    config = make_config(
+        {
+            "topic": topic,
+            "format": "json",
+            "schema": SCHEMA,
+            "errors": "dlq",
+            "maintenance": {"enabled": False, "snapshotRetention": "1s", "minSnapshotsToKeep": 1},
+        }
+    )
     table_spec = config.tables[0]
     for batch in range(4):  # four batches with a bad record each: four small DLQ files and snapshots
         produce(broker.bootstrap_servers, topic, [*records(batch * 2, 1, 1), {"value": b"not json"}])
@@ -262,8 +340,16 @@ def micro_batches(spark, broker, state_dir, topic: str, make_config, count: int,
 
     broker.create_topic(topic, 2)
     produce(broker.bootstrap_servers, topic, records(0, 5))
-    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "refresh": "1s", "continuous": True,
-                          "maintenance": {"interval": "1d"}})  # fmt: skip
+    config = make_config(
+        {
+            "topic": topic,
+            "format": "json",
+            "schema": SCHEMA,
+            "refresh": "1s",
+            "continuous": True,
+            "maintenance": {"interval": "1d"},
+        }
+    )
     stop, seen = threading.Event(), []
 
     def on_result(result) -> None:
@@ -279,8 +365,9 @@ def micro_batches(spark, broker, state_dir, topic: str, make_config, count: int,
     return seen
 
 
-def test_a_micro_batch_costs_the_same_commits_and_loads_however_many_came_before(spark, broker, state_dir, topic,
-                                                                                  make_config):  # fmt: skip
+def test_a_micro_batch_costs_the_same_commits_and_loads_however_many_came_before(
+    spark, broker, state_dir, topic, make_config
+):
     """Each micro-batch commits COMMITS_PER_BATCH times and loads the table at most LOADS_PER_BATCH times, the same
     for the 3rd and the 12th batch (the 1st and 2nd include creating and maintaining the table), so a regression
     that adds a commit or a load per batch, or one that grows with history, fails."""
@@ -297,8 +384,9 @@ def test_a_micro_batch_costs_the_same_commits_and_loads_however_many_came_before
     assert all(loads == costs[0][1] for _, loads in costs) and costs[0][1] <= LOADS_PER_BATCH, costs
 
 
-def test_continuous_mode_bounds_the_snapshots_and_keeps_the_checkpoint(spark, broker, state_dir, topic, make_config,
-                                                                       monkeypatch):  # fmt: skip
+def test_continuous_mode_bounds_the_snapshots_and_keeps_the_checkpoint(
+    spark, broker, state_dir, topic, make_config, monkeypatch
+):
     """Snapshot expiry by count between maintenance runs (maintenance.bound_snapshots, 3 kept here): a table never
     holds more than twice that and a batch, whatever `snapshotRetention` (1d) says, and the next run resumes from
     the checkpoint (every record once)."""
@@ -359,7 +447,9 @@ def test_continuous_mode_bounds_the_snapshots_of_the_delete_markers_and_dead_let
     assert len(read_pyiceberg(state_dir, f"{identifier}_dlq")) == 10
 
 
-def test_an_unexpected_failure_in_one_table_leaves_the_others_committing_and_heals(spark, broker, state_dir, topic, make_config, monkeypatch):
+def test_an_unexpected_failure_in_one_table_leaves_the_others_committing_and_heals(
+    spark, broker, state_dir, topic, make_config, monkeypatch
+):
     """A failure no icefloe error describes (a RuntimeError from a step of one table's batch) must not end the
     continuous job: the other table goes on committing, and the failing table commits again once the cause is gone."""
     from icefloe.materialize import batch as materializer
@@ -426,8 +516,18 @@ def test_an_idle_continuous_loop_polling_commit_records_reuses_one_admin_client(
 
     broker.create_topic(topic, 2)
     produce(broker.bootstrap_servers, topic, records(0, 10))
-    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "refresh": "1h", "continuous": True,
-                          "commitRecords": 1000, "onDataLoss": "warn", "maintenance": {"enabled": False}})  # fmt: skip
+    config = make_config(
+        {
+            "topic": topic,
+            "format": "json",
+            "schema": SCHEMA,
+            "refresh": "1h",
+            "continuous": True,
+            "commitRecords": 1000,
+            "onDataLoss": "warn",
+            "maintenance": {"enabled": False},
+        }
+    )
     opened: list[int] = []
 
     class Counted(AdminClient):

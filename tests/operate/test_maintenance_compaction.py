@@ -22,7 +22,7 @@ def records(start: int, count: int, partitions: int) -> list[dict]:
 
 def test_maintenance_after_a_tables_first_batch_leaves_the_files_that_batch_wrote(
     spark, broker, state_dir, topic, make_config
-):  # fmt: skip
+):
     broker.create_topic(topic, 4)
     produce(broker.bootstrap_servers, topic, records(0, 40, 4))
     config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "maintenance": {"enabled": False}})

@@ -32,7 +32,7 @@ def properties(table: IcebergTable) -> dict[str, str]:
 
 def test_a_maintenance_failure_after_a_committed_batch_does_not_fail_the_run(
     spark, broker, state_dir, topic, make_config, monkeypatch
-):  # fmt: skip
+):
     broker.create_topic(topic, 2)
     produce(broker.bootstrap_servers, topic, records(0, 10))
     config = make_config({"topic": topic, "format": "json", "schema": SCHEMA})  # a new table: maintenance is due
@@ -58,7 +58,9 @@ def test_a_maintenance_failure_after_a_committed_batch_does_not_fail_the_run(
 
 
 @ANY_CATALOG
-def test_a_live_claim_of_another_run_skips_maintenance_and_an_expired_one_does_not(catalog, spark, broker, topic, make_config):
+def test_a_live_claim_of_another_run_skips_maintenance_and_an_expired_one_does_not(
+    catalog, spark, broker, topic, make_config
+):
     broker.create_topic(topic, 2)
     produce(broker.bootstrap_servers, topic, records(0, 4))
     config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "maintenance": {"enabled": False}})
@@ -84,11 +86,14 @@ def test_a_live_claim_of_another_run_skips_maintenance_and_an_expired_one_does_n
     assert LEASE_PROPERTY not in properties(table)
 
 
-def test_counts_stay_non_negative_when_batches_commit_during_maintenance(spark, broker, topic, make_config, monkeypatch):
+def test_counts_stay_non_negative_when_batches_commit_during_maintenance(
+    spark, broker, topic, make_config, monkeypatch
+):
     broker.create_topic(topic, 2)
     produce(broker.bootstrap_servers, topic, records(0, 6))
-    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "retention": "3650d",
-                          "maintenance": {"enabled": False}})  # fmt: skip
+    config = make_config(
+        {"topic": topic, "format": "json", "schema": SCHEMA, "retention": "3650d", "maintenance": {"enabled": False}}
+    )
     table_spec = config.tables[0]
     first = materialize_once(spark, config, table_spec)
     table = IcebergTable(spark, first.identifier)
@@ -109,7 +114,9 @@ def test_counts_stay_non_negative_when_batches_commit_during_maintenance(spark, 
     assert result.rows_expired_by_ttl == 0 and result.orphan_files_removed >= 0
 
 
-def test_a_run_that_loses_every_re_plan_to_other_writers_yields(spark, broker, topic, make_config, monkeypatch, caplog, tmp_path):
+def test_a_run_that_loses_every_re_plan_to_other_writers_yields(
+    spark, broker, topic, make_config, monkeypatch, caplog, tmp_path
+):
     broker.create_topic(topic, 2)
     produce(broker.bootstrap_servers, topic, records(0, 4))
     config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "maintenance": {"enabled": False}})
@@ -142,8 +149,16 @@ def test_a_run_that_loses_every_re_plan_to_other_writers_yields(spark, broker, t
 @ANY_CATALOG
 def test_the_dead_letter_table_has_a_retention_of_its_own(catalog, spark, broker, state_dir, topic, make_config):
     broker.create_topic(topic, 1)
-    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "errors": "dlq",
-                          "deadLetterRetention": "1s", "maintenance": {"enabled": False}})  # fmt: skip
+    config = make_config(
+        {
+            "topic": topic,
+            "format": "json",
+            "schema": SCHEMA,
+            "errors": "dlq",
+            "deadLetterRetention": "1s",
+            "maintenance": {"enabled": False},
+        }
+    )
     table_spec = config.tables[0]
     produce(broker.bootstrap_servers, topic, [{"value": json.dumps({"n": 0}).encode()}, {"value": b"not json"}])
     run_table(spark, config, table_spec, state_dir)
@@ -165,17 +180,26 @@ def test_the_dead_letter_table_has_a_retention_of_its_own(catalog, spark, broker
 
 def test_icefloe_maintain_goes_on_with_the_other_tables_after_an_unexpected_failure(
     spark, broker, state_dir, topic, monkeypatch, tmp_path
-):  # fmt: skip
+):
     import yaml
 
     broker.create_topic(topic, 2)
     produce(broker.bootstrap_servers, topic, records(0, 4))
-    tables = [{"sourceCluster": "local", "topic": topic, "table": f"{topic[:50]}_{n}", "format": "json",
-               "schema": SCHEMA} for n in ("a", "b")]  # fmt: skip
+    tables = [
+        {"sourceCluster": "local", "topic": topic, "table": f"{topic[:50]}_{n}", "format": "json", "schema": SCHEMA}
+        for n in ("a", "b")
+    ]
     stack = tmp_path / "Pulumi.maint.yaml"
-    stack.write_text(yaml.safe_dump({"config": {
-        "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers}],
-        "icefloe:tables": tables}}))  # fmt: skip
+    stack.write_text(
+        yaml.safe_dump(
+            {
+                "config": {
+                    "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers}],
+                    "icefloe:tables": tables,
+                }
+            }
+        )
+    )
     from icefloe.spec import load_config
 
     config = load_config(str(stack))

@@ -18,11 +18,34 @@ from support import produce
 SCHEMA = {"fields": [{"name": "n", "type": "long"}]}
 # CloudWatch's metric units (MetricDatum.Unit).
 UNITS = {
-    "Seconds", "Microseconds", "Milliseconds", "Bytes", "Kilobytes", "Megabytes", "Gigabytes", "Terabytes", "Bits",
-    "Kilobits", "Megabits", "Gigabits", "Terabits", "Percent", "Count", "Bytes/Second", "Kilobytes/Second",
-    "Megabytes/Second", "Gigabytes/Second", "Terabytes/Second", "Bits/Second", "Kilobits/Second", "Megabits/Second",
-    "Gigabits/Second", "Terabits/Second", "Count/Second", "None",
-}  # fmt: skip
+    "Seconds",
+    "Microseconds",
+    "Milliseconds",
+    "Bytes",
+    "Kilobytes",
+    "Megabytes",
+    "Gigabytes",
+    "Terabytes",
+    "Bits",
+    "Kilobits",
+    "Megabits",
+    "Gigabits",
+    "Terabits",
+    "Percent",
+    "Count",
+    "Bytes/Second",
+    "Kilobytes/Second",
+    "Megabytes/Second",
+    "Gigabytes/Second",
+    "Terabytes/Second",
+    "Bits/Second",
+    "Kilobits/Second",
+    "Megabits/Second",
+    "Gigabits/Second",
+    "Terabits/Second",
+    "Count/Second",
+    "None",
+}
 
 
 def valid_emf(line: str) -> dict[str, float]:
@@ -63,11 +86,25 @@ def test_metrics_not_measured_are_not_declared():
 
 def stack(tmp_path: Path, bootstrap: str, topic: str, **table) -> str:
     path = tmp_path / f"Pulumi.metrics{len(list(tmp_path.iterdir()))}.yaml"
-    path.write_text(yaml.safe_dump({"config": {
-        "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": bootstrap}],
-        "icefloe:tables": [{"sourceCluster": "local", "topic": topic, "format": "json", "schema": SCHEMA,
-                            "maintenance": {"enabled": False}, **table}],
-    }}))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "config": {
+                    "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": bootstrap}],
+                    "icefloe:tables": [
+                        {
+                            "sourceCluster": "local",
+                            "topic": topic,
+                            "format": "json",
+                            "schema": SCHEMA,
+                            "maintenance": {"enabled": False},
+                            **table,
+                        }
+                    ],
+                }
+            }
+        )
+    )
     return str(path)
 
 
@@ -80,8 +117,11 @@ def emf_lines(text: str) -> list[dict]:
 def test_each_batch_prints_one_valid_emf_line(spark, broker, state_dir, topic, tmp_path, capsys):
     broker.create_topic(topic, 1)
     five_minutes_ago = int((time.time() - 300) * 1000)
-    produce(broker.bootstrap_servers, topic, [{"value": json.dumps({"n": i}).encode(), "partition": 0,
-                                               "timestamp": five_minutes_ago} for i in range(10)])  # fmt: skip
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [{"value": json.dumps({"n": i}).encode(), "partition": 0, "timestamp": five_minutes_ago} for i in range(10)],
+    )
     limited = stack(tmp_path, broker.bootstrap_servers, topic, maxRecordsPerRun=4)
     capsys.readouterr()
 

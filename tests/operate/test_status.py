@@ -32,16 +32,26 @@ ICEFLOE = [sys.executable, "-m", "icefloe.cli"]
 
 def records(start: int, count: int, partition: int, age_s: float) -> list[dict]:
     stamp = int((time.time() - age_s) * 1000)
-    return [{"value": json.dumps({"n": i}).encode(), "partition": partition, "timestamp": stamp}
-            for i in range(start, start + count)]  # fmt: skip
+    return [
+        {"value": json.dumps({"n": i}).encode(), "partition": partition, "timestamp": stamp}
+        for i in range(start, start + count)
+    ]
 
 
 def stack_file(tmp_path: Path, bootstrap: str, topic: str, **table) -> Path:
     path = tmp_path / "Pulumi.status.yaml"
-    path.write_text(yaml.safe_dump({"config": {
-        "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": bootstrap}],
-        "icefloe:tables": [{"sourceCluster": "local", "topic": topic, "format": "json", "schema": SCHEMA, **table}],
-    }}))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "config": {
+                    "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": bootstrap}],
+                    "icefloe:tables": [
+                        {"sourceCluster": "local", "topic": topic, "format": "json", "schema": SCHEMA, **table}
+                    ],
+                }
+            }
+        )
+    )
     return path
 
 
@@ -66,7 +76,9 @@ def test_status_shows_lag_until_a_run_and_the_data_lost_to_retention(spark, brok
     assert code == 0 and before["state"] == "missing" and before["exists"] is False
     assert before["lag_records"] == 10 and 590 <= before["lag_seconds"] <= 900
     assert [(p["partition"], p["committed"], p["end"], p["lag_records"]) for p in before["partitions"]] == [
-        (0, None, 6, 6), (1, None, 4, 4)]  # fmt: skip
+        (0, None, 6, 6),
+        (1, None, 4, 4),
+    ]
 
     materialize_once(spark, config, config.tables[0])
     code, (after,) = status(path, state_dir)
@@ -113,12 +125,14 @@ def test_status_shows_lag_until_a_run_and_the_data_lost_to_retention(spark, brok
 def test_status_tells_an_idle_table_from_a_stuck_one(spark, broker, state_dir, topic, make_config):
     broker.create_topic(topic, 1)
     produce(broker.bootstrap_servers, topic, records(0, 5, 0, age_s=0))
-    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "refresh": "1s",
-                          "maintenance": {"enabled": False}})  # fmt: skip
+    config = make_config(
+        {"topic": topic, "format": "json", "schema": SCHEMA, "refresh": "1s", "maintenance": {"enabled": False}}
+    )
     identifier = config.identifier(config.tables[0])
     results, stop = [], threading.Event()
-    loop = threading.Thread(target=run_continuously, args=(spark, config, list(config.tables), state_dir,
-                                                           results.append, stop))  # fmt: skip
+    loop = threading.Thread(
+        target=run_continuously, args=(spark, config, list(config.tables), state_dir, results.append, stop)
+    )
     loop.start()
     try:
         deadline = time.monotonic() + 120
@@ -174,11 +188,13 @@ def test_status_reads_a_glue_table_without_spark(broker, moto_aws, topic, tmp_pa
     rows = pa.table({"n": pa.array(range(5), pa.int64())})
     table = writer.create_table(f"local.{topic}", schema=rows.schema)
     table.append(rows, snapshot_properties=Checkpoint(topic, {0: 5}, run_id="r1").to_summary())
-    config = parse_config({
-        "sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers}],
-        "tables": [{"sourceCluster": "local", "topic": topic, "format": "json", "schema": SCHEMA}],
-        "catalog": {"type": "glue", "warehouse": warehouse, "endpoints": moto_aws.catalog_endpoints()},
-    })  # fmt: skip
+    config = parse_config(
+        {
+            "sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers}],
+            "tables": [{"sourceCluster": "local", "topic": topic, "format": "json", "schema": SCHEMA}],
+            "catalog": {"type": "glue", "warehouse": warehouse, "endpoints": moto_aws.catalog_endpoints()},
+        }
+    )
     for key in [k for k in os.environ if k.startswith("AWS_")]:
         monkeypatch.delenv(key)
     for key, value in moto_aws.aws_env().items():
@@ -192,9 +208,12 @@ def test_status_reads_a_glue_table_without_spark(broker, moto_aws, topic, tmp_pa
 
 # --- the state rules, from lag and heartbeat (no broker needed) ----------------------------------------------
 
-TABLE = parse_config({"sourceClusters": [{"name": "c", "bootstrapServers": "x:1"}],
-                      "tables": [{"sourceCluster": "c", "topic": "t", "format": "json", "schema": SCHEMA,
-                                  "refresh": "5m"}]}).tables[0]  # fmt: skip
+TABLE = parse_config(
+    {
+        "sourceClusters": [{"name": "c", "bootstrapServers": "x:1"}],
+        "tables": [{"sourceCluster": "c", "topic": "t", "format": "json", "schema": SCHEMA, "refresh": "5m"}],
+    }
+).tables[0]
 
 
 def lag(records: int, seconds: float | None) -> Lag:
@@ -211,21 +230,24 @@ def dead_pid() -> int:
     return child.pid
 
 
-@pytest.mark.parametrize("lag_, heartbeat, expected", [
-    (lag(0, None), None, "up-to-date"),
-    (lag(0, None), ("up-to-date", 30), "idle"),
-    (lag(0, None), ("up-to-date", 900), "up-to-date"),  # last checked three refresh intervals ago: not live
-    (lag(0, None), ("stopped", 5), "up-to-date"),
-    (lag(5, 100.0), None, "catching-up"),
-    (lag(5, 700.0), None, "stuck"),  # older than two refresh intervals (10m), nobody reading
-    (lag(5, 700.0), ("committed", 20), "behind"),  # a live job commits but does not keep up
-    (lag(5, 700.0), (RUNNING, 3000), "catching-up"),  # a live job's long batch is in flight
-    (lag(5, 700.0), ("committed", 20, "dead"), "stuck"),  # the job died
-    (lag(5, 700.0), (RUNNING, 30, "dead"), "stuck"),  # it died mid-batch
-    (lag(5, 700.0), ("waiting", 20), "waiting"),
-    (lag(5, 700.0), (FAILED, 20, "dead"), "failed"),
-    (None, None, "unknown"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "lag_, heartbeat, expected",
+    [
+        (lag(0, None), None, "up-to-date"),
+        (lag(0, None), ("up-to-date", 30), "idle"),
+        (lag(0, None), ("up-to-date", 900), "up-to-date"),  # last checked three refresh intervals ago: not live
+        (lag(0, None), ("stopped", 5), "up-to-date"),
+        (lag(5, 100.0), None, "catching-up"),
+        (lag(5, 700.0), None, "stuck"),  # older than two refresh intervals (10m), nobody reading
+        (lag(5, 700.0), ("committed", 20), "behind"),  # a live job commits but does not keep up
+        (lag(5, 700.0), (RUNNING, 3000), "catching-up"),  # a live job's long batch is in flight
+        (lag(5, 700.0), ("committed", 20, "dead"), "stuck"),  # the job died
+        (lag(5, 700.0), (RUNNING, 30, "dead"), "stuck"),  # it died mid-batch
+        (lag(5, 700.0), ("waiting", 20), "waiting"),
+        (lag(5, 700.0), (FAILED, 20, "dead"), "failed"),
+        (None, None, "unknown"),
+    ],
+)
 def test_state_rules(lag_, heartbeat, expected):
     now = time.time()
     heart = None

@@ -28,8 +28,14 @@ POLICIES_DIR = Path(__file__).resolve().parents[2] / "policies"
 @pytest.fixture(scope="module")
 def analyzer():
     env = {**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"]}
-    process = subprocess.Popen([sys.executable, "-S", "-u", str(POLICIES_DIR)], cwd=POLICIES_DIR, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-S", "-u", str(POLICIES_DIR)],
+        cwd=POLICIES_DIR,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         ready, _, _ = select.select([process.stdout], [], [], 60)
         port = process.stdout.readline().strip() if ready else ""
@@ -50,10 +56,25 @@ def struct(props: dict) -> struct_pb2.Struct:
 
 
 SNOWFLAKE_ROLE = analyzer_pb2.AnalyzeRequest(
-    type="aws:iam/role:Role", name="snowflake-access",
+    type="aws:iam/role:Role",
+    name="snowflake-access",
     urn="urn:pulumi:dev::icefloe::aws:iam/role:Role::snowflake-access",
-    properties=struct({"assumeRolePolicy": json.dumps({"Version": "2012-10-17", "Statement": [{
-        "Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::999988887777:user/sf"}, "Action": "sts:AssumeRole"}]})}),
+    properties=struct(
+        {
+            "assumeRolePolicy": json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Principal": {"AWS": "arn:aws:iam::999988887777:user/sf"},
+                            "Action": "sts:AssumeRole",
+                        }
+                    ],
+                }
+            )
+        }
+    ),
 )
 
 
@@ -74,8 +95,15 @@ def test_resource_violation_is_mandatory_until_configured_otherwise(analyzer):
     assert diagnostic.policyName == "iam-external-trust-requires-external-id"
     assert diagnostic.enforcementLevel == analyzer_pb2.MANDATORY
 
-    analyzer.Configure(analyzer_pb2.ConfigureAnalyzerRequest(policyConfig={
-        "iam-external-trust-requires-external-id": analyzer_pb2.PolicyConfig(enforcementLevel=analyzer_pb2.ADVISORY)}))
+    analyzer.Configure(
+        analyzer_pb2.ConfigureAnalyzerRequest(
+            policyConfig={
+                "iam-external-trust-requires-external-id": analyzer_pb2.PolicyConfig(
+                    enforcementLevel=analyzer_pb2.ADVISORY
+                )
+            }
+        )
+    )
     [diagnostic] = analyzer.Analyze(SNOWFLAKE_ROLE).diagnostics
     assert diagnostic.enforcementLevel == analyzer_pb2.ADVISORY
     analyzer.Configure(analyzer_pb2.ConfigureAnalyzerRequest())
@@ -83,13 +111,27 @@ def test_resource_violation_is_mandatory_until_configured_otherwise(analyzer):
 
 def test_stack_violation_names_the_bucket(analyzer):
     bucket_urn = "urn:pulumi:dev::icefloe::aws:s3/bucket:Bucket::lake"
-    request = analyzer_pb2.AnalyzeStackRequest(resources=[analyzer_pb2.AnalyzerResource(
-        type="aws:s3/bucket:Bucket", name="lake", urn=bucket_urn,
-        properties=struct({"bucket": "lake", "id": "lake", "tags": {"icefloe:stack": "dev", "icefloe:owner": "me"}}))])
+    request = analyzer_pb2.AnalyzeStackRequest(
+        resources=[
+            analyzer_pb2.AnalyzerResource(
+                type="aws:s3/bucket:Bucket",
+                name="lake",
+                urn=bucket_urn,
+                properties=struct(
+                    {"bucket": "lake", "id": "lake", "tags": {"icefloe:stack": "dev", "icefloe:owner": "me"}}
+                ),
+            )
+        ]
+    )
     diagnostics = analyzer.AnalyzeStack(request).diagnostics
     assert {d.policyName for d in diagnostics} == {
-        "s3-bucket-kms-encryption", "s3-bucket-public-access-block", "s3-bucket-deny-insecure-transport",
-        "s3-bucket-versioning", "s3-bucket-ownership-declared"}
+        "s3-bucket-kms-encryption",
+        "s3-bucket-public-access-block",
+        "s3-bucket-deny-insecure-transport",
+        "s3-bucket-versioning",
+        "s3-bucket-ownership-declared",
+    }
     assert {d.urn for d in diagnostics} == {bucket_urn}
     assert {d.policyName for d in diagnostics if d.enforcementLevel == analyzer_pb2.ADVISORY} == {
-        "s3-bucket-ownership-declared"}
+        "s3-bucket-ownership-declared"
+    }

@@ -29,7 +29,9 @@ from test_poison import MAX_BYTES, check_mode, dead_letter_messages, lay_out
 
 UTC = dt.UTC
 V1 = {
-    "type": "record", "name": "Payment", "namespace": "test.glue",
+    "type": "record",
+    "name": "Payment",
+    "namespace": "test.glue",
     "fields": [
         {"name": "id", "type": "long"},
         {"name": "payer", "type": ["null", "string"], "default": None},
@@ -38,7 +40,7 @@ V1 = {
         {"name": "tags", "type": {"type": "array", "items": "string"}},
         {"name": "ref", "type": ["string", "long"]},
     ],
-}  # fmt: skip
+}
 V2 = {**V1, "fields": [*V1["fields"], {"name": "note", "type": ["null", "string"], "default": None}]}
 
 
@@ -49,18 +51,24 @@ def _cluster(**registry) -> dict:
     return {"name": "c", "bootstrapServers": "b:9092", "schemaRegistry": registry}
 
 
-@pytest.mark.parametrize("registry, message", [
-    ({"type": "glue", "region": "eu-west-1"}, "needs registryName and region"),
-    ({"type": "glue", "registryName": "r", "region": "eu-west-1", "url": "http://x"}, "takes no url"),
-    ({"registryName": "r", "region": "eu-west-1", "url": "http://x"}, "only apply with type: glue"),
-    ({"type": "glue", "registryName": "r", "region": "Ireland"}, "region"),
-    ({}, "needs url"),
-    ({"url": "http://x", "keySchemaName": "k"}, "keySchemaName only apply with type: glue"),
-    ({**GLUE, "keySchemaName": "{topc}-key"}, r"keySchemaName '\{topc\}-key': the only placeholder is \{topic\}"),
-    ({**GLUE, "schemaName": "{topic"}, "schemaName '{topic': the only placeholder"),
-    ({**GLUE, "keySchemaNme": "k"}, r"schemaRegistry.keySchemaNme: Extra inputs are not permitted"),
-    ({**GLUE, "schemaName": "{topic}", "keySchemaName": "{topic}"}, "schemaName and keySchemaName are both '{topic}'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "registry, message",
+    [
+        ({"type": "glue", "region": "eu-west-1"}, "needs registryName and region"),
+        ({"type": "glue", "registryName": "r", "region": "eu-west-1", "url": "http://x"}, "takes no url"),
+        ({"registryName": "r", "region": "eu-west-1", "url": "http://x"}, "only apply with type: glue"),
+        ({"type": "glue", "registryName": "r", "region": "Ireland"}, "region"),
+        ({}, "needs url"),
+        ({"url": "http://x", "keySchemaName": "k"}, "keySchemaName only apply with type: glue"),
+        ({**GLUE, "keySchemaName": "{topc}-key"}, r"keySchemaName '\{topc\}-key': the only placeholder is \{topic\}"),
+        ({**GLUE, "schemaName": "{topic"}, "schemaName '{topic': the only placeholder"),
+        ({**GLUE, "keySchemaNme": "k"}, r"schemaRegistry.keySchemaNme: Extra inputs are not permitted"),
+        (
+            {**GLUE, "schemaName": "{topic}", "keySchemaName": "{topic}"},
+            "schemaName and keySchemaName are both '{topic}'",
+        ),
+    ],
+)
 def test_glue_registry_settings_are_validated(registry, message):
     with pytest.raises(ConfigError, match=message):
         parse_config({"sourceClusters": [_cluster(**registry)]})
@@ -76,10 +84,12 @@ def test_the_wire_format_is_split_and_refused_naming_the_problem():
     version = uuid.uuid4()
     assert split(b"\x03\x00" + version.bytes + b"body") == (version, b"body")
     assert split(b"\x03\x05" + version.bytes + zlib.compress(b"body")) == (version, b"body")
-    for data, message in [(b"\x00\x00\x00\x00\x01body", "not AWS Glue Schema Registry wire format"),
-                          (b"\x03\x00" + version.bytes[:5], "not AWS Glue"),
-                          (b"\x03\x07" + version.bytes + b"x", "unknown Glue compression byte 7"),
-                          (b"\x03\x05" + version.bytes + b"not zlib", "does not decompress")]:  # fmt: skip
+    for data, message in [
+        (b"\x00\x00\x00\x00\x01body", "not AWS Glue Schema Registry wire format"),
+        (b"\x03\x00" + version.bytes[:5], "not AWS Glue"),
+        (b"\x03\x07" + version.bytes + b"x", "unknown Glue compression byte 7"),
+        (b"\x03\x05" + version.bytes + b"not zlib", "does not decompress"),
+    ]:
         with pytest.raises(ValueError, match=message):
             split(data)
 
@@ -87,10 +97,15 @@ def test_the_wire_format_is_split_and_refused_naming_the_problem():
 def test_a_fresh_worker_reads_the_logical_types_fastavro_lacks():
     """fastavro's logical readers are per process: a Python worker that decodes only Glue tables must still read uuid
     on fixed(16), timestamp-nanos and duration as the table's types, not as their base types."""
-    schema = {"type": "record", "name": "R", "fields": [
-        {"name": "u", "type": {"type": "fixed", "name": "U", "size": 16, "logicalType": "uuid"}},
-        {"name": "t", "type": {"type": "long", "logicalType": "timestamp-nanos"}},
-        {"name": "d", "type": {"type": "fixed", "name": "D", "size": 12, "logicalType": "duration"}}]}  # fmt: skip
+    schema = {
+        "type": "record",
+        "name": "R",
+        "fields": [
+            {"name": "u", "type": {"type": "fixed", "name": "U", "size": 16, "logicalType": "uuid"}},
+            {"name": "t", "type": {"type": "long", "logicalType": "timestamp-nanos"}},
+            {"name": "d", "type": {"type": "fixed", "name": "D", "size": 12, "logicalType": "duration"}},
+        ],
+    }
     script = f"""
 import io, json, fastavro
 from icefloe.formats.avro.reader import glue_payload as avro_payload
@@ -102,9 +117,13 @@ print(repr(avro_payload(json.dumps(schema), json.dumps(schema))(body.getvalue())
 """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}  # this icefloe, however pytest found it
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == repr({
-        "u": uuid.UUID(bytes=bytes(range(16))), "t": dt.datetime(1970, 1, 1, 0, 0, 0, 1500, tzinfo=UTC),
-        "d": {"months": 1, "days": 2, "milliseconds": 3}})  # fmt: skip
+    assert out.strip() == repr(
+        {
+            "u": uuid.UUID(bytes=bytes(range(16))),
+            "t": dt.datetime(1970, 1, 1, 0, 0, 0, 1500, tzinfo=UTC),
+            "d": {"months": 1, "days": 2, "milliseconds": 3},
+        }
+    )
 
 
 class Glue:
@@ -135,8 +154,10 @@ class Glue:
 
     def config(self, topic: str, **table) -> dict:
         registry = {"type": "glue", "registryName": self.name, "region": "us-east-1", "endpoint": self.moto.endpoint}
-        return {"sourceClusters": [{"name": "local", "bootstrapServers": "", "schemaRegistry": registry}],
-                "tables": [{"sourceCluster": "local", "topic": topic, **table}]}  # fmt: skip
+        return {
+            "sourceClusters": [{"name": "local", "bootstrapServers": "", "schemaRegistry": registry}],
+            "tables": [{"sourceCluster": "local", "topic": topic, **table}],
+        }
 
 
 @pytest.fixture
@@ -153,17 +174,25 @@ def _parsed(raw: dict, broker) -> object:
 
 
 def payment(i: int, note: bool = False) -> dict:
-    value = {"id": i, "payer": None if i % 3 == 0 else f"p{i}", "amount": Decimal(i).scaleb(-2),
-             "at": dt.datetime(2026, 1, 1, tzinfo=UTC) + dt.timedelta(seconds=i), "tags": [f"t{i}"] * (i % 3),
-             "ref": f"r{i}" if i % 2 else i}  # fmt: skip
+    value = {
+        "id": i,
+        "payer": None if i % 3 == 0 else f"p{i}",
+        "amount": Decimal(i).scaleb(-2),
+        "at": dt.datetime(2026, 1, 1, tzinfo=UTC) + dt.timedelta(seconds=i),
+        "tags": [f"t{i}"] * (i % 3),
+        "ref": f"r{i}" if i % 2 else i,
+    }
     return {**value, "note": f"n{i}"} if note else value
 
 
 def avro_row(value: dict) -> dict:
     """An Avro payment as its table row: the union `ref` as its member struct, `note` null before V2."""
     ref = value["ref"]
-    return {"note": None, **value, "ref": {"member0": ref, "member1": None} if isinstance(ref, str) else
-            {"member0": None, "member1": ref}}  # fmt: skip
+    return {
+        "note": None,
+        **value,
+        "ref": {"member0": ref, "member1": None} if isinstance(ref, str) else {"member0": None, "member1": ref},
+    }
 
 
 def check_end_to_end(spark, broker, glue, state_dir, topic, schemas, make_value, as_row, read_path, **table):
@@ -172,10 +201,15 @@ def check_end_to_end(spark, broker, glue, state_dir, topic, schemas, make_value,
     first, second = schemas
     broker.create_topic(topic, 2)
     values = [(make_value(i), glue.serialize(topic, first, make_value(i), compressed=i % 4 == 0)) for i in range(20)]
-    values += [(make_value(i, True), glue.serialize(topic, second, make_value(i, True), compressed=i % 2 == 0))
-               for i in range(20, 26)]  # fmt: skip
-    positions = produce(broker.bootstrap_servers, topic, [{"key": b"%d" % v["id"], "value": data, "partition": v["id"] % 2}
-                                                          for v, data in values])  # fmt: skip
+    values += [
+        (make_value(i, True), glue.serialize(topic, second, make_value(i, True), compressed=i % 2 == 0))
+        for i in range(20, 26)
+    ]
+    positions = produce(
+        broker.bootstrap_servers,
+        topic,
+        [{"key": b"%d" % v["id"], "value": data, "partition": v["id"] % 2} for v, data in values],
+    )
     config = _parsed(glue.config(topic, **table), broker)
 
     result = materialize_once(spark, config, config.tables[0])
@@ -190,7 +224,9 @@ def check_end_to_end(spark, broker, glue, state_dir, topic, schemas, make_value,
 
 @pytest.mark.spark
 @pytest.mark.broker
-def test_glue_avro_end_to_end_with_evolution_and_zlib(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry):
+def test_glue_avro_end_to_end_with_evolution_and_zlib(
+    spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry
+):
     check_end_to_end(spark, broker, Glue(moto_aws, glue_registry), state_dir, topic, (V1, V2), payment, avro_row, JVM)
 
 
@@ -245,13 +281,19 @@ def test_glue_avro_takes_the_jvm_path_and_its_rows_are_the_python_paths(
     ]
     assert sample[18:21] == b"\x02\x02\x04" and sample[21:23] == b"p1"
     values = valid + for_python + [None]
-    produce(broker.bootstrap_servers, topic, [{"key": b"k%d" % i, "value": v, "partition": i % 2} for i, v in enumerate(values)])
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [{"key": b"k%d" % i, "value": v, "partition": i % 2} for i, v in enumerate(values)],
+    )
     config = _parsed(glue.config(topic, errors="skip"), broker)
 
     path, jvm, jvm_rows, python_rows = rows_on_both_paths(spark, config)
 
     assert path.name == JVM and len(path.avro.writers) == 2, path.reason
-    assert len(python_rows) == len(values) and sum(r["icefloe_error_class"] is not None for r in python_rows.values()) == 6
+    assert (
+        len(python_rows) == len(values) and sum(r["icefloe_error_class"] is not None for r in python_rows.values()) == 6
+    )
     for position, expected in python_rows.items():
         assert jvm_rows[position] == expected, position
     exact, observation = jvm.exact_rows("probe")
@@ -261,13 +303,17 @@ def test_glue_avro_takes_the_jvm_path_and_its_rows_are_the_python_paths(
 
     with caplog.at_level(logging.INFO, logger="icefloe.materialize.batch"):
         result = run_table(spark, config, config.tables[0], state_dir)
-    assert result.as_dict()["read_path"] == JVM and result.rows_written == len(values) - 6 and result.records_failed == 6
+    assert (
+        result.as_dict()["read_path"] == JVM and result.rows_written == len(values) - 6 and result.records_failed == 6
+    )
     assert any("read path jvm: Kafka source and from_avro (writer schemas " in r.getMessage() for r in caplog.records)
 
 
 # --- JSON Schema through Glue ---------------------------------------------------------------------------------------
 J1 = {
-    "$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "required": ["id", "amount"],
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "type": "object",
+    "required": ["id", "amount"],
     "properties": {
         "id": {"type": "integer"},
         "payer": {"type": ["string", "null"]},
@@ -277,13 +323,20 @@ J1 = {
         "meta": {"type": "object", "properties": {"source": {"type": "string"}}},
         "attrs": {"type": "object"},
     },
-}  # fmt: skip
+}
 J2 = {**J1, "properties": {**J1["properties"], "note": {"type": "string"}}}
 
 
 def json_payment(i: int, note: bool = False) -> dict:
-    value = {"id": i, "payer": None if i % 3 == 0 else f"p{i}", "amount": i / 4, "at": f"2026-01-01T00:00:{i:02d}Z",
-             "tags": [f"t{i}"] * (i % 3), "meta": {"source": f"s{i}"}, "attrs": {"k": i}}  # fmt: skip
+    value = {
+        "id": i,
+        "payer": None if i % 3 == 0 else f"p{i}",
+        "amount": i / 4,
+        "at": f"2026-01-01T00:00:{i:02d}Z",
+        "tags": [f"t{i}"] * (i % 3),
+        "meta": {"source": f"s{i}"},
+        "attrs": {"k": i},
+    }
     return {**value, "note": f"n{i}"} if note else value
 
 
@@ -293,13 +346,15 @@ def json_row(value: dict) -> dict:
     return {"note": None, **value, "at": at, "attrs": json.dumps(value["attrs"], separators=(",", ":"))}
 
 
-def test_a_glue_schema_of_another_data_format_than_the_table_reads_is_a_config_error(moto_aws, monkeypatch, topic,
-                                                                                    glue_registry):
+def test_a_glue_schema_of_another_data_format_than_the_table_reads_is_a_config_error(
+    moto_aws, monkeypatch, topic, glue_registry
+):
     for key, value in moto_aws.aws_env().items():
         monkeypatch.setenv(key, value)
     glue = Glue(moto_aws, glue_registry)
     glue.serialize(f"{topic}-a", V1, payment(1))
     glue.serialize(f"{topic}-j", J1, json_payment(1))
+
     def parsed(name: str, fmt: str):
         raw = glue.config(name, format=fmt)
         raw["sourceClusters"][0]["bootstrapServers"] = "b:9092"  # not reached: the decoder asks only the registry
@@ -307,7 +362,9 @@ def test_a_glue_schema_of_another_data_format_than_the_table_reads_is_a_config_e
 
     for name, fmt, data_format in [(f"{topic}-a", "json-schema", "AVRO"), (f"{topic}-j", "avro", "JSON")]:
         config = parsed(name, fmt)
-        with pytest.raises(ConfigError, match=f"Glue schema '{name}-value' is {data_format}, not .* \\(format {fmt}\\)"):
+        with pytest.raises(
+            ConfigError, match=f"Glue schema '{name}-value' is {data_format}, not .* \\(format {fmt}\\)"
+        ):
             decoder_spec(config.tables[0], config.source_clusters[0])
     config = parsed(f"{topic}-j", "json-schema")
     spec = decoder_spec(config.tables[0], config.source_clusters[0])
@@ -337,15 +394,23 @@ def test_the_key_schema_is_checked_on_the_driver(moto_aws, monkeypatch, topic, g
     with pytest.raises(ConfigError, match=f"no schema named 'keys-{topic}' in the Glue schema registry"):
         spec(keyFormat="json-schema", keySchemaName="keys-{topic}")
     found = spec(keyFormat="json-schema")
-    assert (found.key_format, found.key_conf["schema"], found.key_conf["data_format"]) == ("json-schema", f"{topic}-key", "JSON")
+    assert (found.key_format, found.key_conf["schema"], found.key_conf["data_format"]) == (
+        "json-schema",
+        f"{topic}-key",
+        "JSON",
+    )
     assert all(spec(keyFormat=fmt, keySchemaName="missing-{topic}").key_conf is None for fmt in ("json", "string"))
 
 
 @pytest.mark.spark
 @pytest.mark.broker
-def test_glue_json_schema_end_to_end_with_evolution_and_zlib(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry):
+def test_glue_json_schema_end_to_end_with_evolution_and_zlib(
+    spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry
+):
     glue = Glue(moto_aws, glue_registry)
-    check_end_to_end(spark, broker, glue, state_dir, topic, (J1, J2), json_payment, json_row, PYTHON, format="json-schema")
+    check_end_to_end(
+        spark, broker, glue, state_dir, topic, (J1, J2), json_payment, json_row, PYTHON, format="json-schema"
+    )
 
 
 @pytest.mark.spark
@@ -391,10 +456,22 @@ def test_glue_json_schema_poison_catalogue(spark, broker, moto_aws, aws_env, sta
 
 
 # --- Keys through Glue (upsert keyed by a value field: a tombstone's Glue-framed key names the row) ----------------
-AVRO_KEY = {"type": "record", "name": "PaymentKey", "namespace": "test.glue", "fields": [{"name": "id", "type": "long"}]}
-AVRO_KEY_2 = {**AVRO_KEY, "fields": [*AVRO_KEY["fields"], {"name": "region", "type": ["null", "string"], "default": None}]}
-JSON_KEY = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "required": ["id"],
-            "properties": {"id": {"type": "integer"}}}  # fmt: skip
+AVRO_KEY = {
+    "type": "record",
+    "name": "PaymentKey",
+    "namespace": "test.glue",
+    "fields": [{"name": "id", "type": "long"}],
+}
+AVRO_KEY_2 = {
+    **AVRO_KEY,
+    "fields": [*AVRO_KEY["fields"], {"name": "region", "type": ["null", "string"], "default": None}],
+}
+JSON_KEY = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "type": "object",
+    "required": ["id"],
+    "properties": {"id": {"type": "integer"}},
+}
 JSON_KEY_2 = {**JSON_KEY, "properties": {**JSON_KEY["properties"], "region": {"type": "string"}}}
 KEYED = {"mode": "upsert", "key": ["id"], "errors": "dlq"}
 
@@ -410,10 +487,15 @@ def check_glue_keys(spark, broker, state_dir, topic, config, key, value) -> dict
         "not Glue framing": b'{"id": 2}',
     }
     broker.create_topic(topic, 2)
-    records = [{"key": key(i, False), "value": value(i, name), "partition": 0}
-               for i, name in [(1, "one"), (2, "two"), (3, "three"), (1, "uno")]]  # fmt: skip
-    records += [{"key": key(2, False), "value": None, "partition": 0}, {"key": key(3, True), "value": None, "partition": 0},
-                {"key": key(4, False), "value": value(4, "four"), "partition": 0}]  # fmt: skip
+    records = [
+        {"key": key(i, False), "value": value(i, name), "partition": 0}
+        for i, name in [(1, "one"), (2, "two"), (3, "three"), (1, "uno")]
+    ]
+    records += [
+        {"key": key(2, False), "value": None, "partition": 0},
+        {"key": key(3, True), "value": None, "partition": 0},
+        {"key": key(4, False), "value": value(4, "four"), "partition": 0},
+    ]
     records += [{"key": data, "value": None, "partition": 1} for data in bad_keys.values()]
     positions = produce(broker.bootstrap_servers, topic, records)
 
@@ -424,9 +506,9 @@ def check_glue_keys(spark, broker, state_dir, topic, config, key, value) -> dict
     for rows in (read_pyiceberg(state_dir, result.identifier), read_duckdb(result.metadata_location)):
         assert sorted((str(r["id"]), r["payer"]) for r in rows) == [("1", "uno"), ("4", "four")]
     dead = by_position(read_pyiceberg(state_dir, result.identifier + "_dlq"))
-    assert set(dead) == set(positions[-len(bad_keys):])
+    assert set(dead) == set(positions[-len(bad_keys) :])
     assert {row["error_class"] for row in dead.values()} == {"InvalidKey"}
-    messages = {name: dead[p]["error_message"] for name, p in zip(bad_keys, positions[-len(bad_keys):])}
+    messages = {name: dead[p]["error_message"] for name, p in zip(bad_keys, positions[-len(bad_keys) :])}
     assert "schema version" in messages["unknown key schema version"]
     assert "is not in the Glue schema registry" in messages["unknown key schema version"]
     assert "not AWS Glue Schema Registry wire format" in messages["not Glue framing"]
@@ -439,12 +521,20 @@ def check_glue_keys(spark, broker, state_dir, topic, config, key, value) -> dict
 def test_glue_keys_of_an_upsert_table(spark, broker, moto_aws, aws_env, state_dir, topic, glue_registry, fmt):
     """Keys and values from the AWS Python serializer: keys under `<topic>-key`, its default naming and icefloe's."""
     glue = Glue(moto_aws, glue_registry)
-    schemas, make = {"avro": ((V1, AVRO_KEY, AVRO_KEY_2), payment), "json-schema": ((J1, JSON_KEY, JSON_KEY_2), json_payment)}[fmt]
+    schemas, make = {
+        "avro": ((V1, AVRO_KEY, AVRO_KEY_2), payment),
+        "json-schema": ((J1, JSON_KEY, JSON_KEY_2), json_payment),
+    }[fmt]
     value_schema, key_v1, key_v2 = schemas
 
     def key(i: int, newer: bool) -> bytes:
-        return glue.serialize(topic, key_v2 if newer else key_v1, {"id": i, **({"region": "eu"} if newer else {})},
-                              compressed=newer, key=True)  # fmt: skip
+        return glue.serialize(
+            topic,
+            key_v2 if newer else key_v1,
+            {"id": i, **({"region": "eu"} if newer else {})},
+            compressed=newer,
+            key=True,
+        )
 
     def value(i: int, payer: str) -> bytes:
         return glue.serialize(topic, value_schema, {**make(i), "payer": payer})
@@ -471,7 +561,10 @@ def test_glue_bad_keys_in_every_error_mode(spark, broker, moto_aws, aws_env, sta
     config = _parsed(glue.config(topic, mode="upsert", key=["id"], errors=mode), broker)
     result = check_mode(spark, state_dir, config, config.tables[0], mode, goods, bads)
     if mode == "dlq":
-        assert "is JSON; the table reads AVRO" in dead_letter_messages(state_dir, result, bads)["key of another data format"]
+        assert (
+            "is JSON; the table reads AVRO"
+            in dead_letter_messages(state_dir, result, bads)["key of another data format"]
+        )
 
 
 def test_a_later_batch_asks_glue_only_for_the_latest_version(moto_aws, monkeypatch, topic, glue_registry):
@@ -503,8 +596,13 @@ def test_a_later_batch_asks_glue_only_for_the_latest_version(moto_aws, monkeypat
     assert third.items() > first.items()
     client, schema = moto_aws.client("glue"), {"RegistryName": glue.name, "SchemaName": f"{topic}-value"}
     client.delete_schema(SchemaId=schema)  # created again under the same name: its version numbers start over
-    client.create_schema(RegistryId={"RegistryName": glue.name}, SchemaName=schema["SchemaName"], DataFormat="AVRO",
-                         Compatibility="BACKWARD", SchemaDefinition=json.dumps(v3))  # fmt: skip
+    client.create_schema(
+        RegistryId={"RegistryName": glue.name},
+        SchemaName=schema["SchemaName"],
+        DataFormat="AVRO",
+        Compatibility="BACKWARD",
+        SchemaDefinition=json.dumps(v3),
+    )
     again = batch()
     assert list(again.values()) == ["memo"] and not again.keys() & third.keys() and len(calls) == 1
 
@@ -545,4 +643,8 @@ def test_the_second_of_two_glue_batches_asks_only_for_the_latest_version(
     # the table's schema (before and after planning), then the JVM plan's latest version
     latest = ("GetSchemaVersion", {"LatestVersion": True})
     assert [(name, params["SchemaVersionNumber"]) for name, params in calls] == [latest] * 3
-    assert result.rows_written == 1 and sorted(r["id"] for r in read_pyiceberg(state_dir, result.identifier)) == [0, 1, 2]
+    assert result.rows_written == 1 and sorted(r["id"] for r in read_pyiceberg(state_dir, result.identifier)) == [
+        0,
+        1,
+        2,
+    ]

@@ -32,9 +32,18 @@ pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
 REGISTRY_PASSWORD = "registry-Pa55word-5e1f"
 KEY_PASSWORD = "regkey-Pa55word-77aa"
-AVRO = {"type": "record", "name": "Reading", "fields": [{"name": "id", "type": "long"}, {"name": "name", "type": "string"}]}
-JSON_SCHEMA = {"$schema": "http://json-schema.org/draft-07/schema#", "title": "Reading", "type": "object",
-               "properties": {"id": {"type": "integer"}, "name": {"type": "string"}}, "required": ["id", "name"]}  # fmt: skip
+AVRO = {
+    "type": "record",
+    "name": "Reading",
+    "fields": [{"name": "id", "type": "long"}, {"name": "name", "type": "string"}],
+}
+JSON_SCHEMA = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "title": "Reading",
+    "type": "object",
+    "properties": {"id": {"type": "integer"}, "name": {"type": "string"}},
+    "required": ["id", "name"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +59,9 @@ def pki(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def https_registry(pki, tmp_path_factory):
-    tls = RegistryTls(pki["ca"].certificate, pki["server"].certificate, pki["server"].key,
-                      users={"registry-user": REGISTRY_PASSWORD})  # fmt: skip
+    tls = RegistryTls(
+        pki["ca"].certificate, pki["server"].certificate, pki["server"].key, users={"registry-user": REGISTRY_PASSWORD}
+    )
     with SchemaRegistry(tmp_path_factory.mktemp("https-registry"), heap="384m", tls=tls) as registry:
         yield registry
 
@@ -63,8 +73,13 @@ def mtls_front(pki, https_registry):
 
 
 def _producer_client(pki, url: str) -> SchemaRegistryClient:
-    return SchemaRegistryClient({"url": url, "ssl.ca.location": str(pki["ca"].certificate),
-                                 "basic.auth.user.info": f"registry-user:{REGISTRY_PASSWORD}"})  # fmt: skip
+    return SchemaRegistryClient(
+        {
+            "url": url,
+            "ssl.ca.location": str(pki["ca"].certificate),
+            "basic.auth.user.info": f"registry-user:{REGISTRY_PASSWORD}",
+        }
+    )
 
 
 def _secret_env(monkeypatch, pki) -> None:
@@ -79,10 +94,16 @@ def _secret_env(monkeypatch, pki) -> None:
 def _cluster(broker, url: str, client_certificate: bool) -> dict:
     tls = {"caCertificate": {"env": "REG_CA"}}
     if client_certificate:
-        tls |= {"clientCertificate": {"env": "REG_CERT"}, "clientKey": {"env": "REG_KEY"},
-                "clientKeyPassword": {"env": "REG_KEY_PASSWORD"}}  # fmt: skip
-    return {"name": "local", "bootstrapServers": broker.bootstrap_servers,
-            "schemaRegistry": {"url": url, "credentialsSecret": {"env": "REG"}, "tls": tls}}  # fmt: skip
+        tls |= {
+            "clientCertificate": {"env": "REG_CERT"},
+            "clientKey": {"env": "REG_KEY"},
+            "clientKeyPassword": {"env": "REG_KEY_PASSWORD"},
+        }
+    return {
+        "name": "local",
+        "bootstrapServers": broker.bootstrap_servers,
+        "schemaRegistry": {"url": url, "credentialsSecret": {"env": "REG"}, "tls": tls},
+    }
 
 
 def _secrets(pki) -> list[str]:
@@ -90,8 +111,13 @@ def _secrets(pki) -> list[str]:
         lines = [line for line in pem.splitlines() if line and not line.startswith("-----")]
         return lines[len(lines) // 2]
 
-    return [REGISTRY_PASSWORD, KEY_PASSWORD, body(pki["client"].key_text), body(pki["client"].certificate_text),
-            body(pki["ca"].certificate.read_text())]  # fmt: skip
+    return [
+        REGISTRY_PASSWORD,
+        KEY_PASSWORD,
+        body(pki["client"].key_text),
+        body(pki["client"].certificate_text),
+        body(pki["ca"].certificate.read_text()),
+    ]
 
 
 @pytest.mark.parametrize("client_certificate", [False, True], ids=["https-basic-auth", "mutual-tls"])
@@ -105,8 +131,9 @@ def test_avro_and_json_schema_through_an_https_registry(
     url = mtls_front.url if client_certificate else https_registry.url
     name = "registry_mtls" if client_certificate else "registry_https"
     client = _producer_client(pki, https_registry.url)
-    avro, json_schema = SerializationContext(f"{name}_avro", MessageField.VALUE), SerializationContext(
-        f"{name}_json", MessageField.VALUE
+    avro, json_schema = (
+        SerializationContext(f"{name}_avro", MessageField.VALUE),
+        SerializationContext(f"{name}_json", MessageField.VALUE),
     )
     to_avro = AvroSerializer(client, json.dumps(AVRO))
     to_json = JSONSerializer(json.dumps(JSON_SCHEMA), client)
@@ -114,10 +141,20 @@ def test_avro_and_json_schema_through_an_https_registry(
         broker.create_topic(context.topic, 1)
         values = [serialize({"id": i, "name": f"n{i}"}, context) for i in range(5)]
         produce(broker.bootstrap_servers, context.topic, [{"value": v, "partition": 0} for v in values])
-    config = parse_config({"sourceClusters": [_cluster(broker, url, client_certificate)], "tables": [
-        {"sourceCluster": "local", "topic": avro.topic, "table": avro.topic, "format": "avro"},
-        {"sourceCluster": "local", "topic": json_schema.topic, "table": json_schema.topic, "format": "json-schema"},
-    ]})  # fmt: skip
+    config = parse_config(
+        {
+            "sourceClusters": [_cluster(broker, url, client_certificate)],
+            "tables": [
+                {"sourceCluster": "local", "topic": avro.topic, "table": avro.topic, "format": "avro"},
+                {
+                    "sourceCluster": "local",
+                    "topic": json_schema.topic,
+                    "table": json_schema.topic,
+                    "format": "json-schema",
+                },
+            ],
+        }
+    )
     results = {t.table_name: run_table(spark, config, t, state_dir) for t in config.tables}
     assert {n: r.read_path for n, r in results.items()} == {avro.topic: "jvm", json_schema.topic: "python"}
     for table, result in results.items():

@@ -14,10 +14,16 @@ from icefloe_dev.producer import SchemaRefused, produce_avro
 from support import produce, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
-V1 = {"type": "record", "name": "Account", "fields": [{"name": "id", "type": "long"}, {"name": "owner", "type": "string"}]}
+V1 = {
+    "type": "record",
+    "name": "Account",
+    "fields": [{"name": "id", "type": "long"}, {"name": "owner", "type": "string"}],
+}
 
 
-def test_incompatible_version_is_refused_and_the_table_keeps_going(spark, broker, registry, state_dir, topic, make_config):
+def test_incompatible_version_is_refused_and_the_table_keeps_going(
+    spark, broker, registry, state_dir, topic, make_config
+):
     broker.create_topic(topic, 1)
     produce_avro(broker.bootstrap_servers, registry.url, topic, json.dumps(V1), [(None, {"id": 1, "owner": "a"})])
     config = make_config({"topic": topic})
@@ -25,11 +31,25 @@ def test_incompatible_version_is_refused_and_the_table_keeps_going(spark, broker
 
     # A new required field without a default cannot read old records: BACKWARD refuses it, as Confluent's would.
     breaking = {**V1, "fields": [*V1["fields"], {"name": "balance", "type": "long"}]}
-    with pytest.raises(SchemaRefused, match=rf"refused the schema for subject '{topic}-value' \(HTTP 409, incompatible"):
-        produce_avro(broker.bootstrap_servers, registry.url, topic, json.dumps(breaking), [(None, {"id": 2, "owner": "b", "balance": 5})])
+    with pytest.raises(
+        SchemaRefused, match=rf"refused the schema for subject '{topic}-value' \(HTTP 409, incompatible"
+    ):
+        produce_avro(
+            broker.bootstrap_servers,
+            registry.url,
+            topic,
+            json.dumps(breaking),
+            [(None, {"id": 2, "owner": "b", "balance": 5})],
+        )
 
     compatible = {**V1, "fields": [*V1["fields"], {"name": "balance", "type": ["null", "long"], "default": None}]}
-    produce_avro(broker.bootstrap_servers, registry.url, topic, json.dumps(compatible), [(None, {"id": 3, "owner": "c", "balance": 7})])
+    produce_avro(
+        broker.bootstrap_servers,
+        registry.url,
+        topic,
+        json.dumps(compatible),
+        [(None, {"id": 3, "owner": "c", "balance": 7})],
+    )
     result = materialize_once(spark, config, config.tables[0])
     rows = sorted(read_pyiceberg(state_dir, result.identifier), key=lambda r: r["id"])
     assert [(r["id"], r["owner"], r["balance"]) for r in rows] == [(1, "a", None), (3, "c", 7)]
@@ -38,11 +58,17 @@ def test_incompatible_version_is_refused_and_the_table_keeps_going(spark, broker
 def test_unknown_schema_id_names_the_id_and_the_record(spark, broker, registry, state_dir, topic, make_config):
     broker.create_topic(topic, 1)
     produce_avro(broker.bootstrap_servers, registry.url, topic, json.dumps(V1), [(None, {"id": 1, "owner": "a"})])
-    produce(broker.bootstrap_servers, topic, [{"value": b"\x00" + struct.pack(">I", 987654) + b"\x02\x02a", "partition": 0}])
+    produce(
+        broker.bootstrap_servers, topic, [{"value": b"\x00" + struct.pack(">I", 987654) + b"\x02\x02a", "partition": 0}]
+    )
     config = make_config({"topic": topic})
-    with pytest.raises(RecordError, match=r"partition 0 offset 1: DecodeError: schema id 987654 is not known to the schema registry"):
+    with pytest.raises(
+        RecordError, match=r"partition 0 offset 1: DecodeError: schema id 987654 is not known to the schema registry"
+    ):
         materialize_once(spark, config, config.tables[0])
-    assert [r["id"] for r in read_pyiceberg(state_dir, config.identifier(config.tables[0]))] == [1], "committed up to the bad record"
+    assert [r["id"] for r in read_pyiceberg(state_dir, config.identifier(config.tables[0]))] == [1], (
+        "committed up to the bad record"
+    )
 
 
 def test_a_later_batch_lists_the_versions_and_asks_only_for_the_latest(registry, topic, monkeypatch):
@@ -53,6 +79,7 @@ def test_a_later_batch_lists_the_versions_and_asks_only_for_the_latest(registry,
     from icefloe_dev.schema_registry import _request
 
     subject, calls = f"{topic}-value", counted_registry_calls(monkeypatch)
+
     def register(extra: str) -> int:
         fields = [*V1["fields"], *({"name": name, "type": ["null", "string"], "default": None} for name in extra)]
         body = {"schema": json.dumps({**V1, "fields": fields})}
@@ -97,7 +124,9 @@ def test_the_second_of_two_batches_asks_the_registry_only_what_can_change(
     calls, schema = counted_registry_calls(monkeypatch), V1
     for i, name in enumerate(["balance", "note", "memo"]):
         schema = {**schema, "fields": [*schema["fields"], {"name": name, "type": ["null", "string"], "default": None}]}
-        produce_avro(broker.bootstrap_servers, registry.url, topic, json.dumps(schema), [(None, {"id": i, "owner": "a"})])
+        produce_avro(
+            broker.bootstrap_servers, registry.url, topic, json.dumps(schema), [(None, {"id": i, "owner": "a"})]
+        )
     config = make_config({"topic": topic})
     materialize_once(spark, config, config.tables[0])
     assert f"subjects/{topic}-value/versions/1" in calls  # every version, on the first batch
@@ -135,8 +164,12 @@ class LaggingRegistry:
                     self.send_response(404)
                 else:
                     length = int(self.headers.get("Content-Length") or 0)
-                    request = urllib.request.Request(base + self.path, data=self.rfile.read(length) if length else None,
-                                                     method=method, headers={"Content-Type": self.headers.get("Content-Type") or "application/json"})  # fmt: skip
+                    request = urllib.request.Request(
+                        base + self.path,
+                        data=self.rfile.read(length) if length else None,
+                        method=method,
+                        headers={"Content-Type": self.headers.get("Content-Type") or "application/json"},
+                    )
                     try:
                         with urllib.request.urlopen(request, timeout=30) as answer:
                             status, body = answer.status, answer.read()
@@ -166,7 +199,13 @@ def test_a_schema_id_the_registry_does_not_know_yet_is_retried_not_skipped(
     from icefloe.materialize.read_paths import PYTHON, ReadPath
 
     broker.create_topic(topic, 1)
-    produce_avro(broker.bootstrap_servers, registry.url, topic, json.dumps(V1), [(None, {"id": i, "owner": "a"}) for i in range(3)])
+    produce_avro(
+        broker.bootstrap_servers,
+        registry.url,
+        topic,
+        json.dumps(V1),
+        [(None, {"id": i, "owner": "a"}) for i in range(3)],
+    )
     lagging = LaggingRegistry(registry.url)
     # The Python path asks the registry for each writer id (the JVM path sends it the records of ids it lacks).
     monkeypatch.setattr(materializer, "choose_read_path", lambda spark, decoder: ReadPath(PYTHON, "forced by the test"))

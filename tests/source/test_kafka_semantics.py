@@ -113,7 +113,9 @@ def test_aborted_records_are_skipped_and_an_open_transaction_does_not_stall(
     assert materialize_once(spark, config, spec).status == "up-to-date"
 
 
-def test_records_deleted_before_they_were_read_fail_the_run_or_are_recorded(spark, broker, state_dir, topic, make_config, fmt):
+def test_records_deleted_before_they_were_read_fail_the_run_or_are_recorded(
+    spark, broker, state_dir, topic, make_config, fmt
+):
     broker.create_topic(topic, 2)
     produce(broker.bootstrap_servers, topic, values(fmt, 0, 10, partition=0) + values(fmt, 0, 4, partition=1))
     config, spec = make_table(fmt, make_config, topic)
@@ -146,8 +148,14 @@ def wait_for_compaction(bootstrap: str, topic: str, timeout: float = 90.0) -> li
     """Offsets left in partition 0 once the cleaner has removed some (compaction leaves gaps)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe", "enable.partition.eof": True,
-                             "auto.offset.reset": "earliest"})  # fmt: skip
+        consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "probe",
+                "enable.partition.eof": True,
+                "auto.offset.reset": "earliest",
+            }
+        )
         consumer.assign([TopicPartition(topic, 0, 0)])
         offsets = []
         while True:
@@ -163,15 +171,23 @@ def wait_for_compaction(bootstrap: str, topic: str, timeout: float = 90.0) -> li
 
 
 def test_compacted_topic_gaps_are_read_without_stall_or_miscount(spark, broker, state_dir, topic, make_config, fmt):
-    broker.create_topic(topic, 1, config={
-        "cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
-        "min.compaction.lag.ms": "0", "delete.retention.ms": "100",
-    })  # fmt: skip
+    broker.create_topic(
+        topic,
+        1,
+        config={
+            "cleanup.policy": "compact",
+            "segment.ms": "100",
+            "min.cleanable.dirty.ratio": "0.01",
+            "min.compaction.lag.ms": "0",
+            "delete.retention.ms": "100",
+        },
+    )
     for round_ in range(4):  # each round rolls a segment, so older rounds become cleanable
-        produce(broker.bootstrap_servers, topic, [
-            {"key": f"k{k}".encode(), "value": fmt.encode(round_ * 100 + k), "partition": 0}
-            for k in range(10)
-        ])  # fmt: skip
+        produce(
+            broker.bootstrap_servers,
+            topic,
+            [{"key": f"k{k}".encode(), "value": fmt.encode(round_ * 100 + k), "partition": 0} for k in range(10)],
+        )
         time.sleep(0.3)
     survivors = wait_for_compaction(broker.bootstrap_servers, topic)
 
@@ -200,7 +216,9 @@ def test_topic_deleted_and_recreated_is_refused_with_what_to_do(spark, broker, s
         materialize_once(spark, config, spec)
 
 
-def test_a_log_ending_below_the_committed_offset_is_truncation_for_on_data_loss(spark, broker, state_dir, topic, make_config, fmt):
+def test_a_log_ending_below_the_committed_offset_is_truncation_for_on_data_loss(
+    spark, broker, state_dir, topic, make_config, fmt
+):
     broker.create_topic(topic, 1)
     produce(broker.bootstrap_servers, topic, values(fmt, 0, 5))
     config, spec = make_table(fmt, make_config, topic)
@@ -208,9 +226,13 @@ def test_a_log_ending_below_the_committed_offset_is_truncation_for_on_data_loss(
     # The table read up to 10, the log now ends at 5 (the same topic: its id is unchanged): modelled by hand.
     table = IcebergTable(spark, first.identifier)
     empty = spark.createDataFrame([], spark.table(table.full_name).schema)
-    append_with_checkpoint(empty, table.full_name, Checkpoint(topic, {0: 10}, "0_model", first_topic_id(spark, table, topic)))
+    append_with_checkpoint(
+        empty, table.full_name, Checkpoint(topic, {0: 10}, "0_model", first_topic_id(spark, table, topic))
+    )
 
-    with pytest.raises(DataLossError, match=rf"log truncation: {topic}\[0\] offsets 5\.\.9 \(5 records\).*onDataLoss: warn") as refused:
+    with pytest.raises(
+        DataLossError, match=rf"log truncation: {topic}\[0\] offsets 5\.\.9 \(5 records\).*onDataLoss: warn"
+    ) as refused:
         materialize_once(spark, config, spec)
     assert "recreated" not in str(refused.value)
     warn_config, warn_spec = make_table(fmt, make_config, topic, onDataLoss="warn")
@@ -226,9 +248,7 @@ def first_topic_id(spark, table: IcebergTable, topic: str) -> str | None:
     return committed_state(table, topic).topic_id
 
 
-def test_a_log_truncated_by_a_lost_disk_is_caught_past_the_offset(
-    spark, state_dir, topic, make_config, fmt, tmp_path
-):
+def test_a_log_truncated_by_a_lost_disk_is_caught_past_the_offset(spark, state_dir, topic, make_config, fmt, tmp_path):
     # A broker of the test's own: its log is cut while it is down (RF=1 disk loss), and it comes back with a new
     # leader epoch; producers then write past the table's offset before icefloe runs again.
     own = KafkaBroker(tmp_path / "kafka", heap="256m")
@@ -352,7 +372,9 @@ def test_partitions_added_between_runs_are_read_from_their_start(spark, broker, 
     assert table_ns(fmt, state_dir, second.identifier) == [10, 11, 20, 21, 22, 23]
 
 
-def test_latest_on_an_empty_topic_skips_nothing_produced_after_the_first_run(spark, broker, state_dir, topic, make_config, fmt):
+def test_latest_on_an_empty_topic_skips_nothing_produced_after_the_first_run(
+    spark, broker, state_dir, topic, make_config, fmt
+):
     broker.create_topic(topic, 2)
     config, spec = make_table(fmt, make_config, topic, startingOffsets="latest")
     first = materialize_once(spark, config, spec)
@@ -376,7 +398,9 @@ def test_earliest_on_an_empty_topic_records_its_start(spark, broker, state_dir, 
     assert table_ns(fmt, state_dir, first.identifier) == [0, 1, 2]
 
 
-def test_a_partition_added_to_an_idle_topic_is_recorded_with_nothing_to_read(spark, broker, state_dir, topic, make_config, fmt):
+def test_a_partition_added_to_an_idle_topic_is_recorded_with_nothing_to_read(
+    spark, broker, state_dir, topic, make_config, fmt
+):
     broker.create_topic(topic, 1)
     produce(broker.bootstrap_servers, topic, values(fmt, 0, 3))
     config, spec = make_table(fmt, make_config, topic)
@@ -390,7 +414,9 @@ def test_a_partition_added_to_an_idle_topic_is_recorded_with_nothing_to_read(spa
     assert table_ns(fmt, state_dir, added.identifier) == [0, 1, 2, 10, 11]
 
 
-def test_on_data_loss_warn_with_every_unread_record_deleted_commits_the_loss(spark, broker, state_dir, topic, make_config, fmt):
+def test_on_data_loss_warn_with_every_unread_record_deleted_commits_the_loss(
+    spark, broker, state_dir, topic, make_config, fmt
+):
     broker.create_topic(topic, 1)
     produce(broker.bootstrap_servers, topic, values(fmt, 0, 5))
     config, spec = make_table(fmt, make_config, topic, onDataLoss="warn")
@@ -422,8 +448,12 @@ def test_a_partition_missing_from_the_metadata_keeps_its_committed_offset(monkey
     assert [(r.partition, r.start, r.end) for r in plan.ranges] == [(0, 5, 8)]
 
 
-def test_a_run_that_sees_fewer_partitions_commits_the_others_unchanged(spark, broker, state_dir, topic, make_config, monkeypatch):
-    fmt = Format({"format": "json", "schema": SCHEMA}, "python", lambda n: json.dumps({"n": n}).encode(), lambda r: r["n"])
+def test_a_run_that_sees_fewer_partitions_commits_the_others_unchanged(
+    spark, broker, state_dir, topic, make_config, monkeypatch
+):
+    fmt = Format(
+        {"format": "json", "schema": SCHEMA}, "python", lambda n: json.dumps({"n": n}).encode(), lambda r: r["n"]
+    )
     broker.create_topic(topic, 2)
     produce(broker.bootstrap_servers, topic, values(fmt, 0, 3, partition=0) + values(fmt, 3, 2, partition=1))
     config, spec = make_table(fmt, make_config, topic)

@@ -33,8 +33,13 @@ from test_infra import policy_of
 ROOT = Path(__file__).resolve().parents[2]
 AWS_NATIVE = ROOT / "examples" / "Pulumi.aws-native.yaml"
 CLUSTER_ARN = "arn:aws:kafka:eu-west-1:123456789012:cluster/orders/0f3c1d2e-aaaa-bbbb-cccc-1234567890ab-2"
-MSK = {"name": "orders", "bootstrapServers": "b-1.orders.kafka.eu-west-1.amazonaws.com:9098",
-       "securityProtocol": "SASL_SSL", "saslMechanism": "AWS_MSK_IAM", "clusterArn": CLUSTER_ARN}  # fmt: skip
+MSK = {
+    "name": "orders",
+    "bootstrapServers": "b-1.orders.kafka.eu-west-1.amazonaws.com:9098",
+    "securityProtocol": "SASL_SSL",
+    "saslMechanism": "AWS_MSK_IAM",
+    "clusterArn": CLUSTER_ARN,
+}
 # AWS's documentation example credentials: fixed, so the signature can be recomputed here.
 ACCESS_KEY, SECRET_KEY = "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 SESSION_TOKEN = "FQoGZXIvYXdzEXAMPLE"
@@ -47,8 +52,14 @@ def msk_cluster(**changes):
 @pytest.fixture
 def credentials(monkeypatch, tmp_path):
     """Only these credentials: no profile, no shared files, no instance metadata."""
-    for key in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE",
-                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI"):  # fmt: skip
+    for key in (
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+        "AWS_ROLE_ARN",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    ):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
@@ -71,8 +82,9 @@ def expected_signature(url: str) -> str:
     parts = urlsplit(url)
     query = [(k, v) for k, v in parse_qsl(parts.query) if k not in ("X-Amz-Signature", "User-Agent")]
     canonical_query = "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(query))
-    canonical = "\n".join(["GET", parts.path or "/", canonical_query, f"host:{parts.hostname}\n", "host",
-                           hashlib.sha256(b"").hexdigest()])  # fmt: skip
+    canonical = "\n".join(
+        ["GET", parts.path or "/", canonical_query, f"host:{parts.hostname}\n", "host", hashlib.sha256(b"").hexdigest()]
+    )
     params = dict(query)
     day, region, service, _ = params["X-Amz-Credential"].split("/", 1)[1].split("/")
     scope = f"{day}/{region}/{service}/aws4_request"
@@ -88,22 +100,29 @@ def decoded(token: str) -> tuple[str, dict[str, str]]:
 
 # --- the spec ------------------------------------------------------------------------------------------------------
 
+
 def test_msk_iam_names_the_cluster_and_derives_its_region_and_topic_arns():
     cluster = msk_cluster()
     assert cluster.msk_region == "eu-west-1" and cluster.credentials_secret is None
     assert cluster.msk_topic_arn("orders") == (
-        "arn:aws:kafka:eu-west-1:123456789012:topic/orders/0f3c1d2e-aaaa-bbbb-cccc-1234567890ab-2/orders")
+        "arn:aws:kafka:eu-west-1:123456789012:topic/orders/0f3c1d2e-aaaa-bbbb-cccc-1234567890ab-2/orders"
+    )
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"securityProtocol": "SASL_PLAINTEXT"}, "AWS_MSK_IAM needs securityProtocol SASL_SSL"),
-    ({"credentialsSecret": {"env": "KAFKA"}}, "signs in with the job's AWS credentials: remove credentialsSecret"),
-    ({"clusterArn": None}, "AWS_MSK_IAM needs clusterArn"),
-    ({"clusterArn": "arn:aws:kafka:eu-west-1:123456789012:topic/o/x/t"}, "clusterArn: String should match pattern"),
-    ({"saslMechanism": "SCRAM-SHA-512", "credentialsSecret": {"env": "KAFKA"}},
-     "clusterArn is only used with saslMechanism AWS_MSK_IAM"),
-    ({"saslMechanism": "AWS_MSK_IAM_TYPO"}, "saslMechanism: Input should be"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"securityProtocol": "SASL_PLAINTEXT"}, "AWS_MSK_IAM needs securityProtocol SASL_SSL"),
+        ({"credentialsSecret": {"env": "KAFKA"}}, "signs in with the job's AWS credentials: remove credentialsSecret"),
+        ({"clusterArn": None}, "AWS_MSK_IAM needs clusterArn"),
+        ({"clusterArn": "arn:aws:kafka:eu-west-1:123456789012:topic/o/x/t"}, "clusterArn: String should match pattern"),
+        (
+            {"saslMechanism": "SCRAM-SHA-512", "credentialsSecret": {"env": "KAFKA"}},
+            "clusterArn is only used with saslMechanism AWS_MSK_IAM",
+        ),
+        ({"saslMechanism": "AWS_MSK_IAM_TYPO"}, "saslMechanism: Input should be"),
+    ],
+)
 def test_msk_iam_misconfigurations_fail_naming_the_key(changes, message):
     cluster = {key: value for key, value in {**MSK, **changes}.items() if value is not None}
     with pytest.raises(ConfigError) as caught:
@@ -112,6 +131,7 @@ def test_msk_iam_misconfigurations_fail_naming_the_key(changes, message):
 
 
 # --- the Python client: OAUTHBEARER with a signed token -----------------------------------------------------------
+
 
 def test_the_token_is_a_presigned_kafka_cluster_connect_signed_with_the_jobs_credentials(credentials):
     conf = client_config(msk_cluster())
@@ -164,6 +184,7 @@ def test_without_credentials_the_error_says_so(credentials):
 
 # --- the JVM client: aws-msk-iam-auth --------------------------------------------------------------------------
 
+
 def test_spark_options_are_exactly_what_aws_msk_iam_auth_documents(credentials):
     options = kafka_options(client_config(msk_cluster()))
     security = {k: v for k, v in options.items() if k.startswith(("kafka.sasl.", "kafka.security."))}
@@ -194,20 +215,30 @@ def test_the_java_login_module_signs_with_the_jobs_credentials_on_the_jobs_class
     slf4j = sorted((Path(pyspark.__file__).parent / "jars").glob("slf4j-api-*.jar"))
     classpath = os.pathsep.join([*local_jars(msk_iam=True), *map(str, slf4j)])
     broker = "b-1.orders.a1b2c3.c2.kafka.eu-west-1.amazonaws.com"
-    result = subprocess.run(["java", "-cp", classpath, str(ROOT / "tests" / "jvm" / "MskIamProbe.java"), broker],
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        ["java", "-cp", classpath, str(ROOT / "tests" / "jvm" / "MskIamProbe.java"), broker],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     payload = json.loads(result.stdout.strip().splitlines()[-1])
     assert payload["version"] == "2020_10_22" and payload["host"] == broker
     assert payload["action"] == "kafka-cluster:Connect"
     assert payload["x-amz-credential"].startswith(ACCESS_KEY + "/") and payload["x-amz-credential"].endswith(
-        "/eu-west-1/kafka-cluster/aws4_request")
+        "/eu-west-1/kafka-cluster/aws4_request"
+    )
     assert payload["x-amz-security-token"] == SESSION_TOKEN
     assert "aws-sdk-java/2.33.0" in payload["user-agent"]  # Iceberg's SDK served it: first on the classpath
-    query = {"Action": payload["action"], "X-Amz-Algorithm": payload["x-amz-algorithm"],
-             "X-Amz-Credential": payload["x-amz-credential"], "X-Amz-Date": payload["x-amz-date"],
-             "X-Amz-Expires": payload["x-amz-expires"], "X-Amz-Security-Token": payload["x-amz-security-token"],
-             "X-Amz-SignedHeaders": payload["x-amz-signedheaders"]}  # fmt: skip
+    query = {
+        "Action": payload["action"],
+        "X-Amz-Algorithm": payload["x-amz-algorithm"],
+        "X-Amz-Credential": payload["x-amz-credential"],
+        "X-Amz-Date": payload["x-amz-date"],
+        "X-Amz-Expires": payload["x-amz-expires"],
+        "X-Amz-Security-Token": payload["x-amz-security-token"],
+        "X-Amz-SignedHeaders": payload["x-amz-signedheaders"],
+    }
     assert payload["x-amz-signature"] == expected_signature(f"https://{broker}/?{urlencode(query)}")
     assert SECRET_KEY not in result.stdout + result.stderr
 
@@ -217,7 +248,11 @@ def test_local_sessions_load_the_msk_jar_only_for_msk_iam_and_last(monkeypatch, 
 
     spark = tmp_path / "spark"
     spark.mkdir()
-    jars = ("aws-msk-iam-auth-2.3.9-all.jar", "iceberg-aws-bundle-1.10.1.jar", "iceberg-spark-runtime-3.5_2.12-1.10.1.jar")
+    jars = (
+        "aws-msk-iam-auth-2.3.9-all.jar",
+        "iceberg-aws-bundle-1.10.1.jar",
+        "iceberg-spark-runtime-3.5_2.12-1.10.1.jar",
+    )
     for name in jars:
         (spark / name).write_bytes(b"")
     monkeypatch.setenv("ICEFLOE_JVM_LIB", str(tmp_path))
@@ -234,6 +269,7 @@ def test_local_sessions_load_the_msk_jar_only_for_msk_iam_and_last(monkeypatch, 
 
 # --- infra: the job role's Kafka permissions, the shipped jar ------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def aws_native():
     from pulumi_mocks import run_program
@@ -241,22 +277,30 @@ def aws_native():
     return run_program(AWS_NATIVE)
 
 
-
-
 def test_the_job_role_may_read_exactly_the_declared_topics_of_the_cluster(aws_native):
     statements = policy_of(aws_native, "icefloe-job-role")
     topic = "arn:aws:kafka:eu-west-1:123456789012:topic/orders/0f3c1d2e-aaaa-bbbb-cccc-1234567890ab-2/"
-    assert statements["KafkaConnect"] == {"Sid": "KafkaConnect", "Effect": "Allow",
-                                          "Action": ["kafka-cluster:Connect"], "Resource": [CLUSTER_ARN]}
+    assert statements["KafkaConnect"] == {
+        "Sid": "KafkaConnect",
+        "Effect": "Allow",
+        "Action": ["kafka-cluster:Connect"],
+        "Resource": [CLUSTER_ARN],
+    }
     assert statements["KafkaReadTopics"] == {
-        "Sid": "KafkaReadTopics", "Effect": "Allow",
+        "Sid": "KafkaReadTopics",
+        "Effect": "Allow",
         "Action": ["kafka-cluster:DescribeTopic", "kafka-cluster:ReadData"],
-        "Resource": [topic + "order_status", topic + "orders"]}  # fmt: skip
+        "Resource": [topic + "order_status", topic + "orders"],
+    }
     assert statements["KafkaConsumerGroup"]["Action"] == ["kafka-cluster:DescribeGroup"]
     assert statements["KafkaConsumerGroup"]["Resource"] == [topic.replace(":topic/", ":group/") + "icefloe"]
     kafka_actions = {a for s in statements.values() for a in s["Action"] if a.startswith("kafka")}
-    assert kafka_actions == {"kafka-cluster:Connect", "kafka-cluster:DescribeTopic", "kafka-cluster:ReadData",
-                             "kafka-cluster:DescribeGroup"}  # no writes, no topic or group changes, no wildcards
+    assert kafka_actions == {
+        "kafka-cluster:Connect",
+        "kafka-cluster:DescribeTopic",
+        "kafka-cluster:ReadData",
+        "kafka-cluster:DescribeGroup",
+    }  # no writes, no topic or group changes, no wildcards
     assert "KafkaCredentials" not in statements  # no secret to read: the role itself signs in
 
 
@@ -288,8 +332,17 @@ def test_the_aws_native_stack_passes_the_policy_pack(aws_native):
 def test_the_pack_rejects_kafka_reads_on_every_topic():
     from icefloe_policies.runner import Resource, run_pack
 
-    broad = json.dumps({"Version": "2012-10-17", "Statement": [{
-        "Effect": "Allow", "Action": ["kafka-cluster:ReadData", "kafka-cluster:WriteData"],
-        "Resource": ["arn:aws:kafka:eu-west-1:123456789012:topic/*/*/*"]}]})  # fmt: skip
+    broad = json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Action": ["kafka-cluster:ReadData", "kafka-cluster:WriteData"],
+                    "Resource": ["arn:aws:kafka:eu-west-1:123456789012:topic/*/*/*"],
+                }
+            ],
+        }
+    )
     violations = run_pack([Resource("aws:iam/rolePolicy:RolePolicy", "job", {"role": "r", "policy": broad})])
     assert [v.policy for v in violations] == ["iam-no-unscoped-data-writes"]

@@ -45,9 +45,12 @@ def pki(tmp_path_factory):
 @pytest.fixture(scope="module")
 def secured(pki, tmp_path_factory):
     security = BrokerSecurity(
-        pki["ca"].certificate, pki["server"].certificate, pki["server"].key,
-        scram_users={"scram-user": SCRAM_PASSWORD}, plain_users={"plain-user": PLAIN_PASSWORD},
-    )  # fmt: skip
+        pki["ca"].certificate,
+        pki["server"].certificate,
+        pki["server"].key,
+        scram_users={"scram-user": SCRAM_PASSWORD},
+        plain_users={"plain-user": PLAIN_PASSWORD},
+    )
     with KafkaBroker(tmp_path_factory.mktemp("secured-kafka"), heap="256m", security=security) as broker:
         yield broker
     close_admin_clients()
@@ -68,8 +71,14 @@ def _cluster(secured, auth: str) -> dict:
     tls = {"caCertificate": {"env": "SEC_CA"}}
     if auth in ("scram", "plain"):
         mechanism = "SCRAM-SHA-512" if auth == "scram" else "PLAIN"
-        return {"name": "secured", "bootstrapServers": secured.sasl_ssl_servers, "securityProtocol": "SASL_SSL",
-                "saslMechanism": mechanism, "credentialsSecret": {"env": "SEC"}, "tls": tls}  # fmt: skip
+        return {
+            "name": "secured",
+            "bootstrapServers": secured.sasl_ssl_servers,
+            "securityProtocol": "SASL_SSL",
+            "saslMechanism": mechanism,
+            "credentialsSecret": {"env": "SEC"},
+            "tls": tls,
+        }
     tls |= {"clientCertificate": {"env": "SEC_CERT"}, "clientKey": {"env": "SEC_KEY"}}
     if auth == "mtls-pbes2":
         tls["clientKeyPassword"] = {"env": "SEC_KEY_PASSWORD"}
@@ -77,8 +86,9 @@ def _cluster(secured, auth: str) -> dict:
 
 
 def _config(secured, auth: str, *tables: dict):
-    return parse_config({"sourceClusters": [_cluster(secured, auth)],
-                         "tables": [{"sourceCluster": "secured", **t} for t in tables]})  # fmt: skip
+    return parse_config(
+        {"sourceClusters": [_cluster(secured, auth)], "tables": [{"sourceCluster": "secured", **t} for t in tables]}
+    )
 
 
 def _secrets(pki) -> list[str]:
@@ -101,16 +111,27 @@ def _body(pem: str) -> str:
 # -- config
 
 
-@pytest.mark.parametrize("cluster, message", [
-    ({"securityProtocol": "SSL", "tls": {"caCertificat": {"env": "X"}}}, "caCertificat"),
-    ({"securityProtocol": "SSL", "tls": {"clientCertificate": {"env": "X"}}}, "clientCertificate and clientKey go together"),
-    ({"securityProtocol": "SSL", "tls": {"caCertificate": {"env": "X"}, "clientKeyPassword": {"env": "Y"}}},
-     "clientKeyPassword only applies with clientKey"),
-    ({"tls": {"caCertificate": {"env": "X"}}}, "tls needs securityProtocol SSL or SASL_SSL"),
-    ({"securityProtocol": "SSL", "tls": {"caCertificate": "-----BEGIN CERTIFICATE-----"}}, "caCertificate"),
-    ({"schemaRegistry": {"url": "http://r:8081", "tls": {"caCertificate": {"env": "X"}}}}, "https:// url only"),
-    ({"schemaRegistry": {"type": "glue", "registryName": "r", "region": "eu-west-1", "tls": {}}}, "takes no url, credentialsSecret or tls"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "cluster, message",
+    [
+        ({"securityProtocol": "SSL", "tls": {"caCertificat": {"env": "X"}}}, "caCertificat"),
+        (
+            {"securityProtocol": "SSL", "tls": {"clientCertificate": {"env": "X"}}},
+            "clientCertificate and clientKey go together",
+        ),
+        (
+            {"securityProtocol": "SSL", "tls": {"caCertificate": {"env": "X"}, "clientKeyPassword": {"env": "Y"}}},
+            "clientKeyPassword only applies with clientKey",
+        ),
+        ({"tls": {"caCertificate": {"env": "X"}}}, "tls needs securityProtocol SSL or SASL_SSL"),
+        ({"securityProtocol": "SSL", "tls": {"caCertificate": "-----BEGIN CERTIFICATE-----"}}, "caCertificate"),
+        ({"schemaRegistry": {"url": "http://r:8081", "tls": {"caCertificate": {"env": "X"}}}}, "https:// url only"),
+        (
+            {"schemaRegistry": {"type": "glue", "registryName": "r", "region": "eu-west-1", "tls": {}}},
+            "takes no url, credentialsSecret or tls",
+        ),
+    ],
+)
 def test_tls_config_mistakes_are_named(cluster, message):
     with pytest.raises(ConfigError, match=message):
         parse_config({"sourceClusters": [{"name": "c", "bootstrapServers": "b:9093", **cluster}]})
@@ -153,16 +174,24 @@ def test_append_and_upsert_on_both_read_paths(spark, secured, pki, state_dir, mo
     _secret_env(monkeypatch, pki, auth)
     topic = f"secure_{auth.replace('-', '_')}"
     secured.create_topic(topic, 2)
-    records = [{"key": b"k%d" % (i % 3), "value": json.dumps({"id": i % 3, "name": f"n{i}"}).encode(),
-                "partition": 0} for i in range(9)]  # fmt: skip
+    records = [
+        {"key": b"k%d" % (i % 3), "value": json.dumps({"id": i % 3, "name": f"n{i}"}).encode(), "partition": 0}
+        for i in range(9)
+    ]
     produce(secured.bootstrap_servers, topic, records)
     tables = [
         {"topic": topic, "table": f"{topic}_json_append", "format": "json", "schema": SCHEMA},
-        {"topic": topic, "table": f"{topic}_json_upsert", "format": "json", "schema": SCHEMA, "mode": "upsert",
-         "key": ["id"]},
+        {
+            "topic": topic,
+            "table": f"{topic}_json_upsert",
+            "format": "json",
+            "schema": SCHEMA,
+            "mode": "upsert",
+            "key": ["id"],
+        },
         {"topic": topic, "table": f"{topic}_raw_append", "format": "raw"},
         {"topic": topic, "table": f"{topic}_raw_upsert", "format": "raw", "mode": "upsert"},
-    ]  # fmt: skip
+    ]
     if auth == "mtls-pbes2":  # the key is what differs: append on each path shows both clients read it
         tables = [t for t in tables if "mode" not in t]
     config = _config(secured, auth, *tables)
@@ -175,7 +204,10 @@ def test_append_and_upsert_on_both_read_paths(spark, secured, pki, state_dir, mo
     if auth != "mtls-pbes2":
         assert sorted((r["id"], r["name"]) for r in rows[f"{topic}_json_upsert"]) == [(0, "n6"), (1, "n7"), (2, "n8")]
         assert sorted((r["kafka_key"], json.loads(r["value"])["name"]) for r in rows[f"{topic}_raw_upsert"]) == [
-            (b"k0", "n6"), (b"k1", "n7"), (b"k2", "n8")]  # fmt: skip
+            (b"k0", "n6"),
+            (b"k1", "n7"),
+            (b"k2", "n8"),
+        ]
 
 
 # -- failures
@@ -196,8 +228,9 @@ def test_wrong_password_names_the_cluster_and_fails_fast(secured, pki, monkeypat
     _secret_env(monkeypatch, pki, "scram")
     monkeypatch.setenv("SEC_PASSWORD", "not-the-password")
     conf = client_config(parse_config({"sourceClusters": [_cluster(secured, "scram")]}).source_clusters[0])
-    error = _fails_fast(lambda: list_partitions(conf, "any"), SourceAuthError, "sourceCluster secured",
-                        "authentication failed")  # fmt: skip
+    error = _fails_fast(
+        lambda: list_partitions(conf, "any"), SourceAuthError, "sourceCluster secured", "authentication failed"
+    )
     assert "not-the-password" not in str(error)
 
 
@@ -205,8 +238,9 @@ def test_unknown_ca_says_certificate_verify_failed(secured, pki, monkeypatch):
     _secret_env(monkeypatch, pki, "scram")
     monkeypatch.setenv("SEC_CA", pki["other_ca"].certificate.read_text())
     conf = client_config(parse_config({"sourceClusters": [_cluster(secured, "scram")]}).source_clusters[0])
-    _fails_fast(lambda: list_partitions(conf, "any"), SourceAuthError, "sourceCluster secured",
-                "certificate verify failed")  # fmt: skip
+    _fails_fast(
+        lambda: list_partitions(conf, "any"), SourceAuthError, "sourceCluster secured", "certificate verify failed"
+    )
 
 
 @pytest.mark.parametrize("refused", ["other-ca", "expired"])
@@ -220,10 +254,14 @@ def test_a_refused_client_certificate_says_so(secured, pki, monkeypatch, refused
     monkeypatch.setenv("SEC_CERT", stranger.certificate_text)
     monkeypatch.setenv("SEC_KEY", stranger.key_text)
     conf = client_config(parse_config({"sourceClusters": [_cluster(secured, "mtls")]}).source_clusters[0])
-    with pytest.raises(SourceAuthError, match="sourceCluster secured: the broker refused the client certificate") as raised:
+    with pytest.raises(
+        SourceAuthError, match="sourceCluster secured: the broker refused the client certificate"
+    ) as raised:
         list_partitions(conf, "any")
     assert not is_transient(raised.value)
-    assert _body(stranger.key_text) not in str(raised.value) and _body(stranger.certificate_text) not in str(raised.value)
+    assert _body(stranger.key_text) not in str(raised.value) and _body(stranger.certificate_text) not in str(
+        raised.value
+    )
 
 
 def test_an_outage_of_a_tls_broker_stays_transient(pki, monkeypatch):
@@ -269,7 +307,9 @@ def test_java_client_failures_are_classified(spark, secured, pki, monkeypatch):
 
 
 @pytest.mark.spark
-def test_no_secret_in_logs_errors_json_or_spark_plans(spark, secured, pki, state_dir, monkeypatch, tmp_path, capfd, caplog):
+def test_no_secret_in_logs_errors_json_or_spark_plans(
+    spark, secured, pki, state_dir, monkeypatch, tmp_path, capfd, caplog
+):
     """`icefloe run --json` and `status --json` over mutual TLS with the PBES2 key and over SCRAM, a failing run
     (wrong password), the JVM read's plans, the session's conf: none shows a password, key or certificate."""
     from icefloe.source.kafka import OffsetRange
@@ -281,11 +321,19 @@ def test_no_secret_in_logs_errors_json_or_spark_plans(spark, secured, pki, state
     shown: list[str] = []
     for auth in ("mtls-pbes2", "scram"):
         _secret_env(monkeypatch, pki, auth)
-        document = {"config": {
-            "icefloe:sourceClusters": [_cluster(secured, auth)],
-            "icefloe:tables": [{"sourceCluster": "secured", "topic": topic, "table": f"leaks_{auth.replace('-', '_')}",
-                                "format": "raw"}],
-        }}  # fmt: skip
+        document = {
+            "config": {
+                "icefloe:sourceClusters": [_cluster(secured, auth)],
+                "icefloe:tables": [
+                    {
+                        "sourceCluster": "secured",
+                        "topic": topic,
+                        "table": f"leaks_{auth.replace('-', '_')}",
+                        "format": "raw",
+                    }
+                ],
+            }
+        }
         path = tmp_path / f"Pulumi.{auth}.yaml"
         path.write_text(yaml.safe_dump(document))
         assert cli.main(["-v", "run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)]) == 0
@@ -318,17 +366,37 @@ def test_registry_tls_material_goes_to_private_local_files(pki, monkeypatch):
     from icefloe.registries.confluent import registry_client_conf, registry_config
 
     _secret_env(monkeypatch, pki, "mtls-pbes2")
-    registry = parse_config({"sourceClusters": [{
-        "name": "c", "bootstrapServers": "b:1",
-        "schemaRegistry": {"url": "https://registry.example:8081", "credentialsSecret": {"env": "SEC"},
-                           "tls": {"caCertificate": {"env": "SEC_CA"}, "clientCertificate": {"env": "SEC_CERT"},
-                                   "clientKey": {"env": "SEC_KEY"}, "clientKeyPassword": {"env": "SEC_KEY_PASSWORD"}}},
-    }]}).source_clusters[0].schema_registry  # fmt: skip
+    registry = (
+        parse_config(
+            {
+                "sourceClusters": [
+                    {
+                        "name": "c",
+                        "bootstrapServers": "b:1",
+                        "schemaRegistry": {
+                            "url": "https://registry.example:8081",
+                            "credentialsSecret": {"env": "SEC"},
+                            "tls": {
+                                "caCertificate": {"env": "SEC_CA"},
+                                "clientCertificate": {"env": "SEC_CERT"},
+                                "clientKey": {"env": "SEC_KEY"},
+                                "clientKeyPassword": {"env": "SEC_KEY_PASSWORD"},
+                            },
+                        },
+                    }
+                ]
+            }
+        )
+        .source_clusters[0]
+        .schema_registry
+    )
     conf = registry_client_conf(registry_config(registry, "c"))
     assert conf["basic.auth.user.info"] == f"scram-user:{SCRAM_PASSWORD}" and conf["ssl.key.password"] == KEY_PASSWORD
-    for key, text in (("ssl.ca.location", pki["ca"].certificate.read_text()),
-                      ("ssl.certificate.location", pki["pbes2"].certificate_text),
-                      ("ssl.key.location", pki["pbes2"].key_text)):  # fmt: skip
+    for key, text in (
+        ("ssl.ca.location", pki["ca"].certificate.read_text()),
+        ("ssl.certificate.location", pki["pbes2"].certificate_text),
+        ("ssl.key.location", pki["pbes2"].key_text),
+    ):
         path = conf[key]
         assert open(path).read() == text
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
@@ -349,28 +417,63 @@ def test_no_secret_in_sparks_event_log(secured, pki, state_dir, monkeypatch, tmp
     _secret_env(monkeypatch, pki, "mtls-pbes2")  # both clusters' secrets: SCRAM's user and password, the PBES2 key
     topic = "secure_event_log"
     secured.create_topic(topic, 1)
-    produce(secured.bootstrap_servers, topic, [{"value": json.dumps({"id": i, "name": f"n{i}"}).encode()} for i in range(3)])
+    produce(
+        secured.bootstrap_servers, topic, [{"value": json.dumps({"id": i, "name": f"n{i}"}).encode()} for i in range(3)]
+    )
     clusters, tables = [], []
     for auth in ("mtls-pbes2", "scram"):
         name = f"secured_{auth.replace('-', '_')}"
         clusters.append({**_cluster(secured, auth), "name": name})
-        tables += [{"sourceCluster": name, "topic": topic, "table": f"eventlog_{name}_raw", "format": "raw"},
-                   {"sourceCluster": name, "topic": topic, "table": f"eventlog_{name}_json", "format": "json",
-                    "schema": SCHEMA}]  # fmt: skip
+        tables += [
+            {"sourceCluster": name, "topic": topic, "table": f"eventlog_{name}_raw", "format": "raw"},
+            {
+                "sourceCluster": name,
+                "topic": topic,
+                "table": f"eventlog_{name}_json",
+                "format": "json",
+                "schema": SCHEMA,
+            },
+        ]
     path = tmp_path / "Pulumi.eventlog.yaml"
     path.write_text(yaml.safe_dump({"config": {"icefloe:sourceClusters": clusters, "icefloe:tables": tables}}))
     events = tmp_path / "spark-events"
     events.mkdir()
-    env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[2]", "PYSPARK_SUBMIT_ARGS": (
-        f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir=file://{events} pyspark-shell")}  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "icefloe.cli", "run", "--config", str(path), "--once", "--json",
-                           "--state-dir", str(state_dir)], env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    env = {
+        **os.environ,
+        "ICEFLOE_SPARK_MASTER": "local[2]",
+        "PYSPARK_SUBMIT_ARGS": (
+            f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir=file://{events} pyspark-shell"
+        ),
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "icefloe.cli",
+            "run",
+            "--config",
+            str(path),
+            "--once",
+            "--json",
+            "--state-dir",
+            str(state_dir),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert sorted(r["read_path"] for r in results) == ["jvm", "jvm", "python", "python"], done.stdout
     logged = "\n".join(p.read_text(errors="replace") for p in events.rglob("*") if p.is_file())
     # The log holds what a leak would be in: the settings, the Kafka reads' plans, the Python path's plan.
-    for part in ("SparkListenerEnvironmentUpdate", "SparkListenerSQLExecutionStart", "KafkaRelation", "PythonMapInArrow"):
+    for part in (
+        "SparkListenerEnvironmentUpdate",
+        "SparkListenerSQLExecutionStart",
+        "KafkaRelation",
+        "PythonMapInArrow",
+    ):
         assert part in logged, part
     for secret in _secrets(pki):
         assert secret not in logged, f"a secret ({secret[:6]}...) is in Spark's event log"

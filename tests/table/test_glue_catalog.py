@@ -38,9 +38,11 @@ def test_endpoints_add_only_the_overrides_to_the_emr_settings():
     assert not ENDPOINT_KEYS & emr.keys(), "the EMR job's settings must not carry endpoint overrides"
     assert {k: v for k, v in local.items() if k not in ENDPOINT_KEYS} == emr
     assert {k: local[k] for k in ENDPOINT_KEYS} == {
-        f"{PREFIX}.glue.endpoint": "http://127.0.0.1:1", f"{PREFIX}.s3.endpoint": "http://127.0.0.1:2",
-        f"{PREFIX}.s3.path-style-access": "true", f"{PREFIX}.client.region": "eu-west-1",
-    }  # fmt: skip
+        f"{PREFIX}.glue.endpoint": "http://127.0.0.1:1",
+        f"{PREFIX}.s3.endpoint": "http://127.0.0.1:2",
+        f"{PREFIX}.s3.path-style-access": "true",
+        f"{PREFIX}.client.region": "eu-west-1",
+    }
 
 
 def test_the_emr_job_parameters_carry_no_endpoints():
@@ -59,14 +61,20 @@ def test_the_emr_job_parameters_carry_no_endpoints():
 @pytest.mark.parametrize(
     ("catalog", "message"),
     [
-        ({"type": "local", "endpoints": {"glue": "http://h:1", "s3": "http://h:1"}},
-         r"icefloe:catalog: endpoints apply to a glue or rest catalog only"),
-        ({"type": "glue", "warehouse": "s3://w", "endpoints": {"glue": "h:1", "s3": "http://h:1"}},
-         r"icefloe:catalog\.endpoints\.glue: an endpoint must be an http"),
-        ({"type": "glue", "warehouse": "s3://w", "endpoints": {"glue": "http://h:1"}},
-         r"icefloe:catalog\.endpoints\.s3: Field required"),
+        (
+            {"type": "local", "endpoints": {"glue": "http://h:1", "s3": "http://h:1"}},
+            r"icefloe:catalog: endpoints apply to a glue or rest catalog only",
+        ),
+        (
+            {"type": "glue", "warehouse": "s3://w", "endpoints": {"glue": "h:1", "s3": "http://h:1"}},
+            r"icefloe:catalog\.endpoints\.glue: an endpoint must be an http",
+        ),
+        (
+            {"type": "glue", "warehouse": "s3://w", "endpoints": {"glue": "http://h:1"}},
+            r"icefloe:catalog\.endpoints\.s3: Field required",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_endpoints_are_config_errors_naming_the_key(catalog, message):
     cluster = {"name": "local", "bootstrapServers": "127.0.0.1:9092"}
     with pytest.raises(ConfigError, match=message):
@@ -75,12 +83,27 @@ def test_bad_endpoints_are_config_errors_naming_the_key(catalog, message):
 
 def glue_stack(path: Path, broker, registry, server, warehouse: str, table: dict) -> Path:
     """A stack file with one table of `test_materialize`'s orders in a Glue catalog served by `server`."""
-    path.write_text(yaml.safe_dump({"config": {
-        "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers,
-                                    "schemaRegistry": {"url": registry.url}}],
-        "icefloe:tables": [{"sourceCluster": "local", "partitionBy": ["day(created_ms)"], **table}],
-        "icefloe:catalog": {"type": "glue", "warehouse": warehouse, "endpoints": server.catalog_endpoints()},
-    }}))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "config": {
+                    "icefloe:sourceClusters": [
+                        {
+                            "name": "local",
+                            "bootstrapServers": broker.bootstrap_servers,
+                            "schemaRegistry": {"url": registry.url},
+                        }
+                    ],
+                    "icefloe:tables": [{"sourceCluster": "local", "partitionBy": ["day(created_ms)"], **table}],
+                    "icefloe:catalog": {
+                        "type": "glue",
+                        "warehouse": warehouse,
+                        "endpoints": server.catalog_endpoints(),
+                    },
+                }
+            }
+        )
+    )
     return path
 
 
@@ -93,8 +116,11 @@ def run_once(config: Path, state_dir: Path, env: dict[str, str]) -> tuple[dict, 
     """`icefloe run --once --json` as its own process: (the table's JSON result, the log)."""
     done = subprocess.run(
         [*ICEFLOE, "run", "--config", str(config), "--once", "--json", "--state-dir", str(state_dir)],
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
@@ -118,8 +144,14 @@ def test_glue_catalog_on_moto_materializes_and_pyiceberg_reads_it_back(broker, r
     moto_aws.backdate_object(bucket, orphan, 600)  # older than orphanFileAge (>= runTimeout): no run can still own it
     broker.create_topic(topic, 3)
     produced = orders.produce_orders(broker, registry, topic, range(150), random.Random(11))
-    config = glue_stack(tmp_path / "Pulumi.glue.yaml", broker, registry, moto_aws, warehouse,
-                        {"topic": topic, "runTimeout": "1m", "maintenance": {"orphanFileAge": "1m"}})  # fmt: skip
+    config = glue_stack(
+        tmp_path / "Pulumi.glue.yaml",
+        broker,
+        registry,
+        moto_aws,
+        warehouse,
+        {"topic": topic, "runTimeout": "1m", "maintenance": {"orphanFileAge": "1m"}},
+    )
     env = glue_env(moto_aws)
 
     first, log = run_once(config, tmp_path / "state", env)
@@ -182,8 +214,9 @@ def test_two_runs_publishing_at_once_on_glue_keep_every_reported_commit(broker, 
     # The branch head each run says it published (a run that lost the race logged "publishing" but not "published").
     published = [
         int(re.findall(rf"publishing branch {re.escape(branch)} \(snapshot (\d+)\)", log)[-1])
-        for log in logs for branch in re.findall(r"published branch (\S+):", log)
-    ]  # fmt: skip
+        for log in logs
+        for branch in re.findall(r"published branch (\S+):", log)
+    ]
     table = moto_aws.pyiceberg_catalog().load_table(identifier)
     history = ancestry(table)
     assert published and set(published) <= history, f"published {published}, main's history {sorted(history)}"
@@ -210,7 +243,9 @@ def test_two_runs_evolving_the_schema_at_once_on_glue_both_finish(broker, regist
     moto_aws.client("s3").create_bucket(Bucket=bucket)
     broker.create_topic(topic, 3)
     produced = set(orders.produce_orders(broker, registry, topic, range(60), random.Random(3)))
-    config = glue_stack(tmp_path / "Pulumi.evolve.yaml", broker, registry, moto_aws, f"s3://{bucket}/warehouse", {"topic": topic})
+    config = glue_stack(
+        tmp_path / "Pulumi.evolve.yaml", broker, registry, moto_aws, f"s3://{bucket}/warehouse", {"topic": topic}
+    )
     env = glue_env(moto_aws) | {"ICEFLOE_SPARK_MASTER": "local[1]"}
     run_once(config, tmp_path / "state", env)
     newer = json.loads(orders.ORDER_SCHEMA)
@@ -218,7 +253,11 @@ def test_two_runs_evolving_the_schema_at_once_on_glue_both_finish(broker, regist
     serialize = avro_serializer(registry.url, topic, json.dumps(newer))
     rng = random.Random(4)
     values = [{**orders.order(i, rng), "coupon": f"c{i}"} for i in range(60, 120)]
-    produced |= set(produce(broker.bootstrap_servers, topic, [{"value": serialize(v), "partition": i % 3} for i, v in enumerate(values)]))
+    produced |= set(
+        produce(
+            broker.bootstrap_servers, topic, [{"value": serialize(v), "partition": i % 3} for i, v in enumerate(values)]
+        )
+    )
 
     identifier = f"local.{topic}"
     moto_aws.gate_updates(identifier, 2)
@@ -259,7 +298,9 @@ def test_two_maintains_at_once_on_glue_one_maintains_the_other_skips(broker, reg
     moto_aws.gate_updates(identifier, 2)
     command = [*ICEFLOE, "maintain", "--json", "--state-dir", str(tmp_path / "state"), "--config", str(config)]
     outputs = [(tmp_path / f"maintain-{i}.out", tmp_path / f"maintain-{i}.log") for i in range(2)]
-    processes = [subprocess.Popen(command, stdout=open(out, "w"), stderr=open(log, "w"), env=env) for out, log in outputs]
+    processes = [
+        subprocess.Popen(command, stdout=open(out, "w"), stderr=open(log, "w"), env=env) for out, log in outputs
+    ]
     codes = [process.wait(timeout=600) for process in processes]
     logs = [log.read_text() for _, log in outputs]
     assert codes == [0, 0], [log[-3000:] for log in logs]
@@ -278,7 +319,9 @@ def test_two_maintains_at_once_on_glue_one_maintains_the_other_skips(broker, reg
 
 
 @pytest.mark.broker
-def test_an_upsert_deleting_from_files_maintenance_compacts_at_once_on_glue(broker, registry, moto_aws, topic, tmp_path):
+def test_an_upsert_deleting_from_files_maintenance_compacts_at_once_on_glue(
+    broker, registry, moto_aws, topic, tmp_path
+):
     """An upsert run publishes deletes and updates into the data files that an `icefloe maintain` of the same Glue
     table is compacting at that moment: the run is stopped as it logs its publish step, maintenance as it has claimed
     the table, the server holds the table's next two `UpdateTable` requests (the run's fast-forward, the first
@@ -291,12 +334,21 @@ def test_an_upsert_deleting_from_files_maintenance_compacts_at_once_on_glue(brok
     schema = {"fields": [{"name": "k", "type": "long"}, {"name": "v", "type": "long"}]}
     table = {"topic": topic, "format": "json", "schema": schema, "mode": "upsert", "maintenance": {"enabled": False}}
     config = tmp_path / "Pulumi.upmaint.yaml"
-    config.write_text(yaml.safe_dump({"config": {
-        "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers}],
-        "icefloe:tables": [{"sourceCluster": "local", **table}],
-        "icefloe:catalog": {"type": "glue", "warehouse": f"s3://{bucket}/warehouse",
-                            "endpoints": moto_aws.catalog_endpoints()},
-    }}))  # fmt: skip
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "config": {
+                    "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers}],
+                    "icefloe:tables": [{"sourceCluster": "local", **table}],
+                    "icefloe:catalog": {
+                        "type": "glue",
+                        "warehouse": f"s3://{bucket}/warehouse",
+                        "endpoints": moto_aws.catalog_endpoints(),
+                    },
+                }
+            }
+        )
+    )
     env = glue_env(moto_aws) | {"ICEFLOE_SPARK_MASTER": "local[1]"}
     state = tmp_path / "state"
 
@@ -309,7 +361,9 @@ def test_an_upsert_deleting_from_files_maintenance_compacts_at_once_on_glue(brok
         produce(broker.bootstrap_servers, topic, [change(k, v) for k in range(40)])
         run_once(config, state, env)
         expected |= dict.fromkeys(range(40), v)
-    produce(broker.bootstrap_servers, topic, [change(k, None) for k in range(20)] + [change(k, 3) for k in range(20, 30)])
+    produce(
+        broker.bootstrap_servers, topic, [change(k, None) for k in range(20)] + [change(k, 3) for k in range(20, 30)]
+    )
     expected = {k: 3 if k < 30 else v for k, v in expected.items() if k >= 20}
 
     identifier = f"local.{topic}"

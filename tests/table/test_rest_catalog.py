@@ -46,24 +46,48 @@ def rest(**fields) -> CatalogSpec:
         ({"type": "rest"}, r"icefloe:catalog: a rest catalog needs uri"),
         ({"type": "rest", "uri": "https://h", "tokn": {"env": "T"}}, r"icefloe:catalog\.tokn: Extra inputs"),
         ({"type": "rest", "uri": "https://u:p@h"}, r"icefloe:catalog\.uri: uri must not carry credentials"),
-        ({"type": "rest", "uri": "https://h", "credential": {"env": "A"}, "token": {"env": "B"}},
-         r"give credential .* or token .*, not both"),
-        ({"type": "rest", "uri": "https://h", "credential": "id:secret"},
-         r"icefloe:catalog\.credential: Input should be a valid dictionary"),
-        ({"type": "rest", "uri": "https://h", "headers": {"Authorization": "Bearer x"}},
-         r"header Authorization: set it with token"),
+        (
+            {"type": "rest", "uri": "https://h", "credential": {"env": "A"}, "token": {"env": "B"}},
+            r"give credential .* or token .*, not both",
+        ),
+        (
+            {"type": "rest", "uri": "https://h", "credential": "id:secret"},
+            r"icefloe:catalog\.credential: Input should be a valid dictionary",
+        ),
+        (
+            {"type": "rest", "uri": "https://h", "headers": {"Authorization": "Bearer x"}},
+            r"header Authorization: set it with token",
+        ),
         ({"type": "rest", "uri": "https://h", "scope": "PRINCIPAL_ROLE:ALL"}, r"scope and oauth2ServerUri only apply"),
-        ({"type": "rest", "uri": "https://h", "token": {"env": "T"}, "signing": {"region": "eu-west-1", "service": "glue"}},
-         r"signing .* takes no credential or token"),
+        (
+            {
+                "type": "rest",
+                "uri": "https://h",
+                "token": {"env": "T"},
+                "signing": {"region": "eu-west-1", "service": "glue"},
+            },
+            r"signing .* takes no credential or token",
+        ),
         ({"type": "rest", "uri": "https://h", "accessDelegation": "vended"}, r"icefloe:catalog\.accessDelegation"),
         ({"type": "glue", "warehouse": "s3://b/w", "uri": "https://h"}, r"uri apply to a rest catalog only"),
-        ({"type": "rest", "uri": "https://h", "endpoints": {"glue": "http://h:1", "s3": "http://h:1"}},
-         r"endpoints\.glue applies to a glue catalog only"),
-        ({"type": "glue", "warehouse": "s3://b/w", "endpoints": {"s3": "http://h:1"}}, r"endpoints\.glue: a glue catalog"),
-        ({"type": "s3tables", "warehouse": "arn:aws:s3tables:eu-west-1:123456789012:bucket/tables",
-          "signing": {"region": "eu-west-1", "service": "s3tables"}}, r"s3tables is a preset"),
+        (
+            {"type": "rest", "uri": "https://h", "endpoints": {"glue": "http://h:1", "s3": "http://h:1"}},
+            r"endpoints\.glue applies to a glue catalog only",
+        ),
+        (
+            {"type": "glue", "warehouse": "s3://b/w", "endpoints": {"s3": "http://h:1"}},
+            r"endpoints\.glue: a glue catalog",
+        ),
+        (
+            {
+                "type": "s3tables",
+                "warehouse": "arn:aws:s3tables:eu-west-1:123456789012:bucket/tables",
+                "signing": {"region": "eu-west-1", "service": "s3tables"},
+            },
+            r"s3tables is a preset",
+        ),
     ],
-)  # fmt: skip
+)
 def test_rest_catalog_typos_and_plain_credentials_are_config_errors(catalog, message):
     with pytest.raises(ConfigError, match=message):
         parse_config({"sourceClusters": [CLUSTER], "catalog": catalog})
@@ -72,13 +96,23 @@ def test_rest_catalog_typos_and_plain_credentials_are_config_errors(catalog, mes
 def test_rest_settings_for_spark_and_pyiceberg_are_one_set_without_secrets(monkeypatch):
     monkeypatch.setenv("POLARIS_CLIENT_ID", "client-7")
     monkeypatch.setenv("POLARIS_CLIENT_SECRET", "s3cr3t-value")
-    catalog = rest(uri="https://polaris.example/api/catalog", warehouse="analytics", credential={"env": "POLARIS"},
-                   scope="PRINCIPAL_ROLE:ALL", headers={"X-Custom": "a"}, accessDelegation="vended-credentials")  # fmt: skip
+    catalog = rest(
+        uri="https://polaris.example/api/catalog",
+        warehouse="analytics",
+        credential={"env": "POLARIS"},
+        scope="PRINCIPAL_ROLE:ALL",
+        headers={"X-Custom": "a"},
+        accessDelegation="vended-credentials",
+    )
     properties = rest_properties(catalog)
     assert properties == {
-        "type": "rest", "uri": "https://polaris.example/api/catalog", "warehouse": "analytics",
-        "scope": "PRINCIPAL_ROLE:ALL", "header.X-Custom": "a", "header.X-Iceberg-Access-Delegation": "vended-credentials",
-    }  # fmt: skip
+        "type": "rest",
+        "uri": "https://polaris.example/api/catalog",
+        "warehouse": "analytics",
+        "scope": "PRINCIPAL_ROLE:ALL",
+        "header.X-Custom": "a",
+        "header.X-Iceberg-Access-Delegation": "vended-credentials",
+    }
     conf = spark_catalog_conf(catalog)
     assert {k.removeprefix(PREFIX + "."): v for k, v in conf.items() if k.startswith(PREFIX + ".")} == properties | {
         "cache-enabled": "false"
@@ -95,7 +129,9 @@ def test_rest_settings_for_spark_and_pyiceberg_are_one_set_without_secrets(monke
 
 
 def test_a_rest_catalogs_s3_endpoints_off_aws_reach_spark_and_pyiceberg_alike():
-    catalog = rest(uri="http://127.0.0.1:1", warehouse="s3://b/w", endpoints={"s3": "http://127.0.0.1:2", "region": "us-east-1"})
+    catalog = rest(
+        uri="http://127.0.0.1:1", warehouse="s3://b/w", endpoints={"s3": "http://127.0.0.1:2", "region": "us-east-1"}
+    )
     s3 = {"s3.endpoint": "http://127.0.0.1:2", "s3.path-style-access": "true", "client.region": "us-east-1"}
     assert rest_properties(catalog) == {"type": "rest", "uri": "http://127.0.0.1:1", "warehouse": "s3://b/w"} | s3
     assert {k.removeprefix(PREFIX + "."): v for k, v in spark_catalog_conf(catalog).items()}.items() >= s3.items()
@@ -104,14 +140,19 @@ def test_a_rest_catalogs_s3_endpoints_off_aws_reach_spark_and_pyiceberg_alike():
 def test_s3_tables_is_a_preset_of_the_rest_catalog():
     bucket = "arn:aws:s3tables:eu-west-1:123456789012:bucket/tables"
     preset = CatalogSpec(type="s3tables", warehouse=bucket)
-    spelled = rest(uri="https://s3tables.eu-west-1.amazonaws.com/iceberg", warehouse=bucket,
-                   signing={"type": "sigv4", "region": "eu-west-1", "service": "s3tables"})  # fmt: skip
+    spelled = rest(
+        uri="https://s3tables.eu-west-1.amazonaws.com/iceberg",
+        warehouse=bucket,
+        signing={"type": "sigv4", "region": "eu-west-1", "service": "s3tables"},
+    )
     assert preset.as_rest() == spelled
     assert rest_properties(preset) == rest_properties(spelled)
     # The preset adds S3FileIO and no metrics reports (the endpoint takes none): the only difference in Spark's settings.
     extra = set(spark_catalog_conf(preset).items()) - set(spark_catalog_conf(spelled).items())
-    assert extra == {(f"{PREFIX}.io-impl", "org.apache.iceberg.aws.s3.S3FileIO"),
-                     (f"{PREFIX}.rest-metrics-reporting-enabled", "false")}  # fmt: skip
+    assert extra == {
+        (f"{PREFIX}.io-impl", "org.apache.iceberg.aws.s3.S3FileIO"),
+        (f"{PREFIX}.rest-metrics-reporting-enabled", "false"),
+    }
 
 
 # --- end to end, through Iceberg's REST catalog server -------------------------------------------------------------
@@ -146,20 +187,34 @@ def test_oauth2_client_credentials_are_exchanged_for_a_bearer_token(rest_server,
 
 def rest_stack(path: Path, broker, registry, catalog: dict, table: dict) -> Path:
     """A stack file with one table of `test_materialize`'s orders in the REST catalog `catalog`."""
-    path.write_text(yaml.safe_dump({"config": {
-        "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers,
-                                    "schemaRegistry": {"url": registry.url}}],
-        "icefloe:tables": [{"sourceCluster": "local", "partitionBy": ["day(created_ms)"], **table}],
-        "icefloe:catalog": catalog,
-    }}))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "config": {
+                    "icefloe:sourceClusters": [
+                        {
+                            "name": "local",
+                            "bootstrapServers": broker.bootstrap_servers,
+                            "schemaRegistry": {"url": registry.url},
+                        }
+                    ],
+                    "icefloe:tables": [{"sourceCluster": "local", "partitionBy": ["day(created_ms)"], **table}],
+                    "icefloe:catalog": catalog,
+                }
+            }
+        )
+    )
     return path
 
 
 def run_once(config: Path, state_dir: Path, env: dict[str, str] | None = None) -> tuple[dict, str]:
     done = subprocess.run(
         [*ICEFLOE, "run", "--config", str(config), "--once", "--json", "--state-dir", str(state_dir)],
-        capture_output=True, text=True, env=env or os.environ.copy(), timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env or os.environ.copy(),
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
@@ -190,8 +245,13 @@ def test_rest_catalog_materializes_with_a_bearer_token_and_pyiceberg_reads_it_ba
     assert again["status"] == "up-to-date" and again["offsets"] == first["offsets"]
     assert rest_server.pyiceberg_catalog().load_table(identifier).metadata_location == table.metadata_location
 
-    status = subprocess.run([*ICEFLOE, "status", "--config", str(config), "--json", "--state-dir",
-                             str(tmp_path / "state")], capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    status = subprocess.run(
+        [*ICEFLOE, "status", "--config", str(config), "--json", "--state-dir", str(tmp_path / "state")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert status.returncode == 0, status.stderr[-2000:]
     assert "not-a-real-token-4711" not in status.stdout + status.stderr
     assert str(len(produced)) in status.stdout
@@ -226,8 +286,9 @@ def test_two_runs_publishing_at_once_over_rest_keep_every_reported_commit(
     assert sum("commit conflict, re-planning" in log for log in logs) == 1, [log[-3000:] for log in logs]
     published = [
         int(re.findall(rf"publishing branch {re.escape(branch)} \(snapshot (\d+)\)", log)[-1])
-        for log in logs for branch in re.findall(r"published branch (\S+):", log)
-    ]  # fmt: skip
+        for log in logs
+        for branch in re.findall(r"published branch (\S+):", log)
+    ]
     table = rest_server.pyiceberg_catalog().load_table(identifier)
     assert published and set(published) <= ancestry(table), f"published {published}, main {sorted(ancestry(table))}"
     rows = table.scan().to_arrow().to_pylist()
@@ -245,8 +306,13 @@ def test_a_5xx_on_an_applied_commit_is_resolved_by_reading_the_table(
     again. Every (partition, offset) once."""
     broker.create_topic(topic, 3)
     produced = orders.produce_orders(broker, registry, topic, range(90), random.Random(7))
-    config = rest_stack(tmp_path / "Pulumi.rest.yaml", broker, registry, rest_server.catalog(proxy.uri),
-                        {"topic": topic, "maintenance": {"enabled": False}})  # fmt: skip
+    config = rest_stack(
+        tmp_path / "Pulumi.rest.yaml",
+        broker,
+        registry,
+        rest_server.catalog(proxy.uri),
+        {"topic": topic, "maintenance": {"enabled": False}},
+    )
     identifier = f"local.{topic}"
     # The run's commits: create (an empty first snapshot on a staging branch, main created at it), its branch,
     # the batch's append to the branch, then the fast-forward of main: the fourth commit after creation is the one.
@@ -297,8 +363,10 @@ def test_rest_catalog_with_an_s3_warehouse_vends_the_credentials_the_run_writes_
         config = rest_stack(tmp_path / "Pulumi.rest-s3.yaml", broker, registry, catalog, {"topic": topic})
         nowhere = str(tmp_path / "no-such-file")
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | {
-            "AWS_SHARED_CREDENTIALS_FILE": nowhere, "AWS_CONFIG_FILE": nowhere, "AWS_EC2_METADATA_DISABLED": "true",
-        }  # fmt: skip
+            "AWS_SHARED_CREDENTIALS_FILE": nowhere,
+            "AWS_CONFIG_FILE": nowhere,
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
 
         first, log = run_once(config, tmp_path / "state", env)
 

@@ -32,6 +32,7 @@ def s3_tables() -> CatalogSpec:
 
 # --- the runtime's settings, against the documentation ----------------------------------------------------------
 
+
 def test_spark_settings_are_the_ones_aws_documents_for_the_iceberg_rest_endpoint():
     conf = spark_catalog_conf(s3_tables())
     prefix = f"spark.sql.catalog.{CATALOG}"
@@ -57,9 +58,13 @@ def test_spark_settings_are_the_ones_aws_documents_for_the_iceberg_rest_endpoint
 def test_pyiceberg_settings_are_the_ones_aws_documents():
     # The same page's PyIceberg example (`icefloe status` reads the tables with it).
     assert rest_properties(s3_tables()) == {
-        "type": "rest", "uri": "https://s3tables.eu-west-1.amazonaws.com/iceberg", "warehouse": BUCKET_ARN,
-        "rest.sigv4-enabled": "true", "rest.signing-name": "s3tables", "rest.signing-region": "eu-west-1",
-    }  # fmt: skip
+        "type": "rest",
+        "uri": "https://s3tables.eu-west-1.amazonaws.com/iceberg",
+        "warehouse": BUCKET_ARN,
+        "rest.sigv4-enabled": "true",
+        "rest.signing-name": "s3tables",
+        "rest.signing-region": "eu-west-1",
+    }
 
 
 class FakeEndpoint:
@@ -75,8 +80,9 @@ class FakeEndpoint:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 (the stdlib's name)
                 requests.append((self.path, dict(self.headers)))
-                body = json.dumps({"error": {"message": "refused by the test endpoint", "type": "ForbiddenException",
-                                             "code": 403}}).encode()  # fmt: skip
+                body = json.dumps(
+                    {"error": {"message": "refused by the test endpoint", "type": "ForbiddenException", "code": 403}}
+                ).encode()
                 self.send_response(403)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -97,8 +103,11 @@ class FakeEndpoint:
 
 @pytest.fixture
 def endpoint(monkeypatch):
-    for key, value in {"AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE", "AWS_SECRET_ACCESS_KEY": "testing-secret",
-                       "AWS_EC2_METADATA_DISABLED": "true"}.items():  # fmt: skip
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE",
+        "AWS_SECRET_ACCESS_KEY": "testing-secret",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
     fake = FakeEndpoint()
@@ -134,8 +143,12 @@ def test_status_names_a_catalog_it_cannot_open_per_table(endpoint, monkeypatch, 
     from icefloe.operate.status import open_catalog, read_table_facts
 
     monkeypatch.setattr(icefloe.spec, "s3_tables_endpoint", lambda region: endpoint.url)
-    config = parse_config({"sourceClusters": [{"name": "orders", "bootstrapServers": "b:9092"}],
-                           "catalog": {"type": "s3tables", "warehouse": BUCKET_ARN}})  # fmt: skip
+    config = parse_config(
+        {
+            "sourceClusters": [{"name": "orders", "bootstrapServers": "b:9092"}],
+            "catalog": {"type": "s3tables", "warehouse": BUCKET_ARN},
+        }
+    )
     catalog = open_catalog(config, tmp_path)
     with pytest.raises(Exception, match="refused by the test endpoint"):
         read_table_facts(catalog, "orders.orders", "orders")
@@ -164,19 +177,25 @@ def test_sparks_iceberg_signs_its_catalog_requests_for_s3_tables(spark, endpoint
     assert_signed_config_request(endpoint.requests)
 
 
-@pytest.mark.parametrize(("catalog", "message"), [
-    ({"type": "s3tables", "warehouse": "s3://bucket/warehouse"}, "warehouse is its table bucket's ARN"),
-    ({"type": "s3tables"}, "warehouse is its table bucket's ARN"),
-    ({"type": "s3tables", "warehouse": BUCKET_ARN.replace("icefloe-tables-eu", "Bad_Name")}, "table bucket's ARN"),
-    ({"type": "s3tables", "warehouse": BUCKET_ARN, "endpoints": {"glue": "http://h:1", "s3": "http://h:1"}},
-     "endpoints apply to a glue or rest catalog only"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("catalog", "message"),
+    [
+        ({"type": "s3tables", "warehouse": "s3://bucket/warehouse"}, "warehouse is its table bucket's ARN"),
+        ({"type": "s3tables"}, "warehouse is its table bucket's ARN"),
+        ({"type": "s3tables", "warehouse": BUCKET_ARN.replace("icefloe-tables-eu", "Bad_Name")}, "table bucket's ARN"),
+        (
+            {"type": "s3tables", "warehouse": BUCKET_ARN, "endpoints": {"glue": "http://h:1", "s3": "http://h:1"}},
+            "endpoints apply to a glue or rest catalog only",
+        ),
+    ],
+)
 def test_an_s3_tables_catalog_needs_its_bucket_arn(catalog, message):
     with pytest.raises(ConfigError, match=message):
         parse_config({"sourceClusters": [{"name": "c", "bootstrapServers": "b:9092"}], "catalog": catalog})
 
 
 # --- infra under Pulumi's mocks -------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def program():
@@ -185,13 +204,15 @@ def program():
     return run_program(AWS_NATIVE)
 
 
-
-
 def test_the_stack_creates_the_table_bucket_and_a_namespace_per_database_instead_of_glue(program):
     bucket = program.one(TABLE_BUCKET)
     assert bucket.inputs["name"] == "icefloe-tables-eu" and bucket.inputs["forceDestroy"] is False
-    assert bucket.inputs["maintenanceConfiguration"] == {"icebergUnreferencedFileRemoval": {
-        "status": "enabled", "settings": {"unreferencedDays": 3, "nonCurrentDays": 10}}}  # fmt: skip
+    assert bucket.inputs["maintenanceConfiguration"] == {
+        "icebergUnreferencedFileRemoval": {
+            "status": "enabled",
+            "settings": {"unreferencedDays": 3, "nonCurrentDays": 10},
+        }
+    }
     assert bucket.inputs["tags"]["icefloe:stack"] == "aws-native"
     (namespace,) = program.of_type(NAMESPACE)
     assert namespace.inputs == {"namespace": "orders", "tableBucketArn": bucket.outputs["arn"]}
@@ -203,12 +224,21 @@ def test_the_stack_creates_the_table_bucket_and_a_namespace_per_database_instead
 def test_the_job_writes_through_the_table_bucket_and_nowhere_else(program):
     statements = policy_of(program, "icefloe-job-role")
     assert statements["TableBucket"]["Resource"] == [BUCKET_ARN]
-    assert statements["TableBucket"]["Action"] == ["s3tables:GetTableBucket", "s3tables:ListNamespaces",
-                                                   "s3tables:GetNamespace", "s3tables:ListTables", "s3tables:CreateTable"]
+    assert statements["TableBucket"]["Action"] == [
+        "s3tables:GetTableBucket",
+        "s3tables:ListNamespaces",
+        "s3tables:GetNamespace",
+        "s3tables:ListTables",
+        "s3tables:CreateTable",
+    ]
     assert statements["Tables"]["Resource"] == [BUCKET_ARN + "/table/*"]
     assert statements["Tables"]["Action"] == [
-        "s3tables:GetTable", "s3tables:GetTableMetadataLocation", "s3tables:UpdateTableMetadataLocation",
-        "s3tables:GetTableData", "s3tables:PutTableData"]  # fmt: skip
+        "s3tables:GetTable",
+        "s3tables:GetTableMetadataLocation",
+        "s3tables:UpdateTableMetadataLocation",
+        "s3tables:GetTableData",
+        "s3tables:PutTableData",
+    ]
     # No warehouse prefix, no Glue, no namespace or table deletion, nothing on other buckets.
     assert not {"WarehouseReadWrite", "ListWarehouse", "GlueTables"} & set(statements)
     actions = {a for s in statements.values() for a in s["Action"]}
@@ -221,16 +251,30 @@ def test_external_access_reads_the_table_bucket_only(tmp_path):
 
     document = yaml.safe_load(AWS_NATIVE.read_text())
     document["config"]["icefloe:externalAccess"] = [
-        {"name": "athena", "principalArn": "arn:aws:iam::111122223333:role/analytics", "externalId": "ext-1234"}]
+        {"name": "athena", "principalArn": "arn:aws:iam::111122223333:role/analytics", "externalId": "ext-1234"}
+    ]
     stack = tmp_path / "Pulumi.aws-native.yaml"
     stack.write_text(yaml.safe_dump(document))
     statements = policy_of(run_program(stack), "icefloe-athena-role")
     assert statements == {
-        "ReadTableBucket": {"Sid": "ReadTableBucket", "Effect": "Allow", "Resource": [BUCKET_ARN], "Action": [
-            "s3tables:GetTableBucket", "s3tables:ListNamespaces", "s3tables:GetNamespace", "s3tables:ListTables"]},
-        "ReadTables": {"Sid": "ReadTables", "Effect": "Allow", "Resource": [BUCKET_ARN + "/table/*"], "Action": [
-            "s3tables:GetTable", "s3tables:GetTableMetadataLocation", "s3tables:GetTableData"]},
-    }  # fmt: skip
+        "ReadTableBucket": {
+            "Sid": "ReadTableBucket",
+            "Effect": "Allow",
+            "Resource": [BUCKET_ARN],
+            "Action": [
+                "s3tables:GetTableBucket",
+                "s3tables:ListNamespaces",
+                "s3tables:GetNamespace",
+                "s3tables:ListTables",
+            ],
+        },
+        "ReadTables": {
+            "Sid": "ReadTables",
+            "Effect": "Allow",
+            "Resource": [BUCKET_ARN + "/table/*"],
+            "Action": ["s3tables:GetTable", "s3tables:GetTableMetadataLocation", "s3tables:GetTableData"],
+        },
+    }
 
 
 def test_the_job_runs_with_the_s3_tables_catalog(program, tmp_path):
@@ -255,7 +299,9 @@ def test_names_s3_tables_refuses_fail_at_preview(tmp_path):
     document["config"]["icefloe:tables"][0]["table"] = "_orders"  # a valid Glue name, not an S3 Tables name
     stack = tmp_path / "Pulumi.bad.yaml"
     stack.write_text(yaml.safe_dump(document))
-    with pytest.raises(ConfigError, match=r"icefloe:tables\[0\] \(orders\): table '_orders' is not a valid S3 Tables name"):
+    with pytest.raises(
+        ConfigError, match=r"icefloe:tables\[0\] \(orders\): table '_orders' is not a valid S3 Tables name"
+    ):
         run_program(stack)
     document["config"]["icefloe:storage"] = {"tableBucketName": "icefloe-tables-eu"}
     stack.write_text(yaml.safe_dump(document))
@@ -276,20 +322,30 @@ def test_the_bucket_name_defaults_to_the_stack(tmp_path):
 def test_the_pack_rejects_table_writes_on_every_bucket():
     from icefloe_policies.runner import Resource, run_pack
 
-    broad = json.dumps({"Version": "2012-10-17", "Statement": [{
-        "Effect": "Allow", "Action": ["s3tables:PutTableData"], "Resource": ["arn:aws:s3tables:*:*:bucket/*"]}]})
+    broad = json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {"Effect": "Allow", "Action": ["s3tables:PutTableData"], "Resource": ["arn:aws:s3tables:*:*:bucket/*"]}
+            ],
+        }
+    )
     violations = run_pack([Resource("aws:iam/rolePolicy:RolePolicy", "job", {"role": "r", "policy": broad})])
     assert [v.policy for v in violations] == ["iam-no-unscoped-data-writes"]
 
 
 # --- replayed against moto -----------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def s3tables(monkeypatch):
     boto3 = pytest.importorskip("boto3")
     moto = pytest.importorskip("moto")
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": MOTO_REGION}.items():  # fmt: skip
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": MOTO_REGION,
+    }.items():
         monkeypatch.setenv(key, value)
     with moto.mock_aws():
         yield boto3.client("s3tables", region_name=MOTO_REGION)
@@ -315,9 +371,14 @@ def test_the_table_bucket_and_namespaces_are_accepted_by_the_s3tables_api(progra
     # Maintenance configuration: moto does not implement PutTableBucketMaintenanceConfiguration; the provider's
     # input, in the API's shape, is held to the service model instead.
     removal = bucket["maintenanceConfiguration"]["icebergUnreferencedFileRemoval"]
-    request = {"tableBucketARN": arn, "type": "icebergUnreferencedFileRemoval",
-               "value": {"status": removal["status"], "settings": {"icebergUnreferencedFileRemoval": {
-                   k: int(v) for k, v in removal["settings"].items()}}}}  # fmt: skip
+    request = {
+        "tableBucketARN": arn,
+        "type": "icebergUnreferencedFileRemoval",
+        "value": {
+            "status": removal["status"],
+            "settings": {"icebergUnreferencedFileRemoval": {k: int(v) for k, v in removal["settings"].items()}},
+        },
+    }
     model = s3tables.meta.service_model.operation_model("PutTableBucketMaintenanceConfiguration")
     from botocore.validate import validate_parameters
 
