@@ -21,6 +21,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -80,6 +81,7 @@ def run_job(stack: DeployedStack, table: str, master: str) -> dict:
                           text=True, timeout=1800)  # fmt: skip
     wall = time.monotonic() - started
     (job.cwd / "output.log").write_text(done.stdout)
+    job.remove_copies()
     if done.returncode != 0:
         raise SystemExit(f"{table} on {master} failed:\n{done.stdout[-4000:]}")
     result = next(json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"data_lost"'))
@@ -123,10 +125,12 @@ def main() -> None:
                     for master in MASTERS:
                         table = f"local.{shape}_{master[:5]}_{r}".replace("[", "")
                         run = run_job(stack, table, cluster.url if master == "cluster" else master)
+                        cluster.remove_finished_applications()
                         run |= {"shape": shape, "master": master}
                         print(json.dumps(run), flush=True)
                         runs.append(run)
                         write_results(runs, args, started_load, os.getloadavg())  # kept if a later run fails
+    shutil.rmtree(root)  # the broker's log, the tables, the jobs' outputs: kept only when a run failed
 
 
 def write_results(runs: list[dict], args, started_load, ended_load) -> None:

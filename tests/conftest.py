@@ -87,6 +87,14 @@ def pytest_collection_modifyitems(config, items) -> None:
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _spark_local_dirs(tmp_path_factory) -> None:
+    """Spark's local files (a driver's copy of the jars, about 110 MB; shuffle and block files) under the run's
+    base directory, not /tmp: a driver that is killed leaves them behind, and the crash tests kill dozens. Set before
+    the session's Spark starts; the runs a test starts inherit it."""
+    os.environ["SPARK_LOCAL_DIRS"] = str(tmp_path_factory.mktemp("spark-local"))
+
+
 @pytest.fixture(scope="session")
 def state_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("icefloe-state")

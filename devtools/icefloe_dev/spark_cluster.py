@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import tarfile
 import urllib.request
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from .processes import LocalService, ServiceError, free_ports
 
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 DRIVER_ENV = "spark.emr-serverless.driverEnv."
+SPARK_LOCAL = "spark-local"  # a job's SPARK_LOCAL_DIRS, in its driver's directory
 # The job's size on this machine: one core per worker, executors that fit a worker of WORKER_MEMORY.
 WORKER_MEMORY = "1g"
 LOCAL_JOB_SIZE = {
@@ -158,6 +160,14 @@ class SparkCluster:
     def running_applications(self) -> list[dict]:
         return list(self.master.state().get("activeapps", []))
 
+    def remove_finished_applications(self) -> None:
+        """Delete the work directories of the applications that ended: each executor fetched its own copy of the
+        job's jars and archive there (about 400 MB per job and worker). Spark's own `spark.worker.cleanup` would do
+        it only on a timer."""
+        for app in self.master.state().get("completedapps", []):
+            for worker in self.workers:
+                shutil.rmtree(worker.work_dir / app["id"], ignore_errors=True)
+
     def __enter__(self) -> SparkCluster:
         return self.start()
 
@@ -190,6 +200,12 @@ class SubmittedJob:
     env: dict[str, str]
     cwd: Path
     conf: dict[str, str]
+
+    def remove_copies(self) -> None:
+        """Delete what the ended job copied into its directory (the unpacked bundle, Spark's local files: about
+        400 MB), keeping its output."""
+        for name in ("deps", "deps.partial", SPARK_LOCAL):
+            shutil.rmtree(self.cwd / name, ignore_errors=True)
 
 
 def unpack_archive(archive: Path, into: Path) -> Path:
@@ -246,7 +262,13 @@ def emr_job_submit(
         command += ["--conf", f"{key}={value}"]
     command += [local(driver["EntryPoint"]), *driver["EntryPointArguments"]]
     driver_dir.mkdir(parents=True, exist_ok=True)
-    return SubmittedJob(command, {**env, **_spark_env(), **driver_env}, driver_dir, conf)
+    # The driver's local files in its directory, not /tmp: spark-submit's copy of the archive (java.io.tmpdir; it
+    # is left behind even when the job ends well), the archive unpacked, the shuffle files (SPARK_LOCAL_DIRS; left
+    # behind by a driver that is killed).
+    local = driver_dir / SPARK_LOCAL
+    local.mkdir(parents=True, exist_ok=True)
+    local_dirs = {"SPARK_LOCAL_DIRS": str(local), "SPARK_SUBMIT_OPTS": f"-Djava.io.tmpdir={local}"}
+    return SubmittedJob(command, {**env, **_spark_env(), **driver_env, **local_dirs}, driver_dir, conf)
 
 
 class DeployedStack:

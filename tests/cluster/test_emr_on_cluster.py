@@ -19,7 +19,7 @@ import signal
 import subprocess
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -68,8 +68,16 @@ class Deployment:
     stack: DeployedStack
     cluster: SparkCluster
 
+    jobs: list[SubmittedJob] = field(default_factory=list)
+
     def submit(self, identifier: str) -> SubmittedJob:
-        return self.stack.submit(identifier, self.cluster.url)
+        self.jobs.append(self.stack.submit(identifier, self.cluster.url))
+        return self.jobs[-1]
+
+    def remove_copies(self) -> None:
+        for job in self.jobs:
+            job.remove_copies()
+        self.cluster.remove_finished_applications()
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +113,14 @@ def deployment(broker, registry, moto_aws, tmp_path_factory):
             broker.create_topic(topic, 3)
     with SparkCluster(root / "spark", workers=2, cores=1, env=moto_aws.aws_env()) as cluster:
         yield Deployment(stack, cluster)
+
+
+@pytest.fixture(autouse=True)
+def _copies_removed(deployment):
+    """A job copies the bundle and the jars into its driver's and each executor's directory (about 1.2 GB a job):
+    removed after each test, or the module's jobs fill the disk the session's broker writes to."""
+    yield
+    deployment.remove_copies()
 
 
 def identifier(topic: str) -> str:

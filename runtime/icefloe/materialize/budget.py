@@ -23,6 +23,7 @@ the Python path, or read again for Python, is kept whole on the executors' disks
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -70,7 +71,9 @@ def _spark_disk_cap(table: IcebergTable) -> int:
         "spark.executor.instances",
     )
     conf = {key: table.spark.conf.get(key, None) for key in keys}
-    spill = (table.spark.conf.get("spark.local.dir", None) or tempfile.gettempdir()).split(",")[0]
+    # Where Spark spills: SPARK_LOCAL_DIRS overrides spark.local.dir (Spark's configuration docs), else /tmp
+    local_dirs = os.environ.get("SPARK_LOCAL_DIRS") or table.spark.conf.get("spark.local.dir", None)
+    spill = (local_dirs or tempfile.gettempdir()).split(",")[0]
     return disk_cap_bytes(conf, shutil.disk_usage(spill).free)
 
 
