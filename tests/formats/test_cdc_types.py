@@ -67,6 +67,12 @@ CASES = [  # (Connect JSON schema, raw value as the JsonConverter writes it, tab
         dt.datetime(1969, 12, 31, 23, 59, 59, 999999),
     ),  # nanoseconds (MySQL, other JDBC sources) truncated
     (
+        {"type": "array", "items": {"type": "string", "optional": True, "name": "io.debezium.time.IsoTime"}},
+        ["02:59:59.999999Z", None],
+        T.ArrayType(T.LongType()),
+        [10_799_999_999, None],
+    ),  # PostgreSQL time[]
+    (
         {
             "type": "bytes",
             "name": "org.apache.kafka.connect.data.Decimal",
