@@ -298,7 +298,7 @@ def _iso_date(value: Any) -> dt.date:
     day = _iso(value, _ISO_DATE_TEXT, "a date")
     try:
         return dt.date(int(day["year"]), int(day["month"]), int(day["day"]))
-    except ValueError:  # PostgreSQL's infinity is a year in the millions, BC a year before 1
+    except ValueError:  # PostgreSQL's infinity: a year far past 9999 (streamed: before 1); BC: a year before 1
         raise ValueError("not a date of the years 1-9999") from None
 
 
@@ -323,7 +323,7 @@ def _iso_timestamp(value: Any) -> dt.datetime:
             int(moment["second"] or 0),
             _micros(moment["fraction"]),
         )
-    except ValueError:  # PostgreSQL's infinity is a year past 290000
+    except ValueError:  # PostgreSQL's infinity and -infinity: years beyond 290000 and before -290000
         raise ValueError("not a timestamp of the years 1-9999") from None
 
 
