@@ -5,6 +5,7 @@ JsonConverter's wrapper), and never regress (replays, truncates, deletes), read 
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 
 import pytest
@@ -15,7 +16,7 @@ from pyiceberg.types import ListType, StructType
 
 from icefloe.errors import RecordError
 from icefloe.operate.runner import run_table
-from support import load_pyiceberg, produce, read_duckdb, read_pyiceberg
+from support import as_utc, load_pyiceberg, produce, read_duckdb, read_pyiceberg
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 PLACEHOLDER = "__debezium_unavailable_value"
@@ -449,6 +450,121 @@ def test_truncate_alone_in_a_json_batch_takes_effect_in_order(
     assert run([newest]) == {2: "later", 3: "newer", 4: "newest"}
     assert run([truncate_2]) == {4: "newest"}  # the table knows its key, the batch does not
     assert run([old]) == {4: "newest"}
+
+
+ISO_COLUMNS = {  # a PostgreSQL table's temporal columns in time.precision.mode=isostring: their Connect names
+    "d": "io.debezium.time.IsoDate",  # date
+    "t": "io.debezium.time.IsoTime",  # time
+    "ts": "io.debezium.time.IsoTimestamp",  # timestamp
+    "tz": "io.debezium.time.ZonedTimestamp",  # timestamptz
+    "ttz": "io.debezium.time.ZonedTime",  # timetz
+}
+
+
+def isostring_events(topic: str, encoding: str, registry_url: str, rows: list[dict]) -> list[dict]:
+    """`c` events of `rows` as Debezium's PostgreSQL connector writes them with time.precision.mode=isostring."""
+    source = {"connector": "postgresql", "ts_ms": 1_700_000_000_000, "sequence": None, "txId": 7}
+    values = [
+        {"before": None, "after": row, "source": {**source, "lsn": 100 + i}, "op": "c", "ts_ms": 1}
+        for i, row in enumerate(rows)
+    ]
+    keys = [{"id": row["id"]} for row in rows]
+    if encoding == "avro-inline":
+        client = SchemaRegistryClient({"url": registry_url})
+        text = [
+            {"name": name, "type": ["null", {"type": "string", "connect.version": 1, "connect.name": semantic}]}
+            for name, semantic in ISO_COLUMNS.items()
+        ]
+        row = {"type": "record", "name": "Value", "namespace": topic, "fields": [{"name": "id", "type": "int"}, *text]}
+        value = AvroSerializer(client, json.dumps(envelope(topic, row, source_record())))
+        key_record = {"type": "record", "name": "Key", "namespace": topic, "fields": [{"name": "id", "type": "int"}]}
+        key = AvroSerializer(client, json.dumps(key_record))
+        return [
+            {
+                "key": key(k, SerializationContext(topic, MessageField.KEY)),
+                "value": value(v, SerializationContext(topic, MessageField.VALUE)),
+            }
+            for k, v in zip(keys, values, strict=True)
+        ]
+    fields = [
+        {"type": "string", "optional": True, "name": semantic, "version": 1, "field": name}
+        for name, semantic in ISO_COLUMNS.items()
+    ]
+    row_schema = {"type": "struct", "optional": True, "fields": [{"type": "int32", "field": "id"}, *fields]}
+    source_fields = [
+        {"type": "string", "field": "connector"},
+        {"type": "int64", "field": "ts_ms"},
+        {"type": "int64", "optional": True, "field": "lsn"},
+        {"type": "string", "optional": True, "field": "sequence"},
+        {"type": "int64", "optional": True, "field": "txId"},
+    ]
+    schema = {
+        "type": "struct",
+        "fields": [
+            {**row_schema, "field": "before"},
+            {**row_schema, "field": "after"},
+            {"type": "struct", "field": "source", "fields": source_fields},
+            {"type": "string", "field": "op"},
+            {"type": "int64", "optional": True, "field": "ts_ms"},
+        ],
+    }
+    key_schema = {"type": "struct", "fields": [{"type": "int32", "field": "id"}]}
+    return [
+        {
+            "key": json.dumps({"schema": key_schema, "payload": k}).encode(),
+            "value": json.dumps({"schema": schema, "payload": v}).encode(),
+        }
+        for k, v in zip(keys, values, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("encoding", ["avro-inline", "json-schema"])
+def test_isostring_temporals_are_the_database_values(spark, broker, registry, state_dir, topic, make_config, encoding):
+    """`time.precision.mode=isostring`: temporals arrive as ISO-8601 text at UTC (the values below are those
+    Debezium's own PostgreSQL tests expect). The columns get the database's types and values, not the text: date,
+    time (microseconds of the day, as for the other modes), timestamp, timestamptz; timetz stays text. An infinite
+    timestamp (written as a year past 9999, or 'infinity' for timestamptz) fits no column: a bad record."""
+    broker.create_topic(topic, 1)
+    first = {
+        "id": 1,
+        "d": "2017-09-15Z",
+        "t": "04:05:11.789Z",
+        "ts": "2019-07-09T02:28:57.123456Z",
+        "tz": "2019-07-09T01:28:10.123456Z",
+        "ttz": "12:05:11Z",
+    }
+    second = {"id": 2, "d": "1900-01-01Z", "t": "00:00:00Z", "ts": "1969-12-31T23:59:59.5Z", "tz": None, "ttz": None}
+    infinite = [
+        {**first, "id": 3, "ts": "+294247-01-10T04:00:25.2Z"},  # timestamp 'infinity'
+        {**first, "id": 4, "tz": "infinity"},
+    ]
+    produce(
+        broker.bootstrap_servers, topic, isostring_events(topic, encoding, registry.url, [first, second, *infinite])
+    )
+    config = table_config(make_config, topic, encoding, errors="skip")
+    result = run_table(spark, config, config.tables[0], state_dir)
+    kinds = {f.name: str(f.field_type) for f in load_pyiceberg(state_dir, result.identifier).schema().fields}
+    assert {c: kinds[c] for c in ISO_COLUMNS} == {
+        "d": "date",
+        "t": "long",
+        "ts": "timestamp",
+        "tz": "timestamptz",
+        "ttz": "string",
+    }
+    assert result.status == "committed" and result.records_failed == 2
+    utc = dt.UTC
+    expected = {
+        1: (
+            dt.date(2017, 9, 15),
+            4 * 3_600_000_000 + 5 * 60_000_000 + 11_789_000,
+            dt.datetime(2019, 7, 9, 2, 28, 57, 123456),
+            dt.datetime(2019, 7, 9, 1, 28, 10, 123456, tzinfo=utc),
+            "12:05:11Z",
+        ),
+        2: (dt.date(1900, 1, 1), 0, dt.datetime(1969, 12, 31, 23, 59, 59, 500000), None, None),
+    }
+    for rows in (read_pyiceberg(state_dir, result.identifier), read_duckdb(result.metadata_location)):
+        assert {r["id"]: tuple(as_utc(r[c]) for c in ISO_COLUMNS) for r in rows} == expected
 
 
 def test_schemaless_json_columns_are_typed_by_inference(spark, broker, state_dir, topic, make_config):

@@ -43,6 +43,35 @@ CASES = [  # (Connect JSON schema, raw value as the JsonConverter writes it, tab
         "2024-02-29T12:00:00.5Z",
     ),  # the table's converter parses the ISO text
     ({"type": "string", "name": "io.debezium.time.ZonedTime"}, "12:00:00Z", T.StringType(), "12:00:00Z"),
+    # time.precision.mode=isostring: ISO-8601 text, always at UTC ("Z"); the date and clock are the database's
+    ({"type": "string", "name": "io.debezium.time.IsoDate"}, "2017-09-15Z", T.DateType(), dt.date(2017, 9, 15)),
+    ({"type": "string", "name": "io.debezium.time.IsoTime"}, "04:05:11.789Z", T.LongType(), 14_711_789_000),
+    ({"type": "string", "name": "io.debezium.time.IsoTime"}, "23:59:59.999999Z", T.LongType(), 86_399_999_999),
+    ({"type": "string", "name": "io.debezium.time.IsoTime"}, "00:00:00.123456789Z", T.LongType(), 123_456),
+    (
+        {"type": "string", "name": "io.debezium.time.IsoTimestamp"},
+        "2019-07-09T02:28:57Z",
+        T.TimestampNTZType(),
+        dt.datetime(2019, 7, 9, 2, 28, 57),
+    ),
+    (
+        {"type": "string", "name": "io.debezium.time.IsoTimestamp"},
+        "2019-07-09T02:28:57.1Z",
+        T.TimestampNTZType(),
+        dt.datetime(2019, 7, 9, 2, 28, 57, 100000),
+    ),
+    (
+        {"type": "string", "name": "io.debezium.time.IsoTimestamp"},
+        "1969-12-31T23:59:59.999999999Z",
+        T.TimestampNTZType(),
+        dt.datetime(1969, 12, 31, 23, 59, 59, 999999),
+    ),  # nanoseconds (MySQL, other JDBC sources) truncated
+    (
+        {"type": "array", "items": {"type": "string", "optional": True, "name": "io.debezium.time.IsoTime"}},
+        ["02:59:59.999999Z", None],
+        T.ArrayType(T.LongType()),
+        [10_799_999_999, None],
+    ),  # PostgreSQL time[]
     (
         {
             "type": "bytes",
@@ -120,6 +149,10 @@ def test_avro_with_connect_names_maps_the_same():
         "connect.parameters": {"scale": "2", "connect.decimal.precision": "12"},
     }
     zoned = {"type": "string", "connect.name": "io.debezium.time.ZonedTimestamp"}
+
+    def iso(name: str) -> list:  # time.precision.mode=isostring
+        return ["null", {"type": "string", "connect.version": 1, "connect.name": f"io.debezium.time.{name}"}]
+
     record = {
         "type": "record",
         "name": "Value",
@@ -127,6 +160,9 @@ def test_avro_with_connect_names_maps_the_same():
             {"name": "d", "type": ["null", date]},
             {"name": "n", "type": ["null", decimal]},
             {"name": "z", "type": zoned},
+            {"name": "id", "type": iso("IsoDate")},
+            {"name": "it", "type": iso("IsoTime")},
+            {"name": "its", "type": iso("IsoTimestamp")},
         ],
     }
     connect = types.from_avro(record, {})
@@ -135,14 +171,51 @@ def test_avro_with_connect_names_maps_the_same():
             T.StructField("d", T.DateType()),
             T.StructField("n", T.DecimalType(12, 2)),
             T.StructField("z", T.TimestampType()),
+            T.StructField("id", T.DateType()),
+            T.StructField("it", T.LongType()),
+            T.StructField("its", T.TimestampNTZType()),
         ]
     )
     convert = types.converter(connect)
-    assert convert({"d": 1, "n": Decimal("1.05"), "z": "x"}) == {
+    raw = {
+        "d": 1,
+        "n": Decimal("1.05"),
+        "z": "x",
+        "id": "2017-09-15Z",
+        "it": "00:00:01Z",
+        "its": "2019-07-09T02:28:57Z",
+    }
+    assert convert(raw) == {
         "d": dt.date(1970, 1, 2),
         "n": Decimal("1.05"),
         "z": "x",
+        "id": dt.date(2017, 9, 15),
+        "it": 1_000_000,
+        "its": dt.datetime(2019, 7, 9, 2, 28, 57),
     }
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [
+        ("io.debezium.time.IsoTimestamp", "+294247-01-10T04:00:25.2Z"),  # PostgreSQL 'infinity'
+        ("io.debezium.time.IsoTimestamp", "-290308-12-21T19:59:27.6Z"),  # '-infinity'
+        ("io.debezium.time.IsoTimestamp", "2019-07-09 02:28:57Z"),
+        ("io.debezium.time.IsoTimestamp", "2019-07-09T02:28:57+01:00"),  # not at UTC: nothing guesses the clock
+        ("io.debezium.time.IsoDate", "+5877611-06-21Z"),  # 'infinity'
+        ("io.debezium.time.IsoDate", "-0043-03-15Z"),  # 44 BC: before year 1
+        ("io.debezium.time.IsoDate", "2019-02-29Z"),
+        ("io.debezium.time.IsoTime", "24:00:01Z"),
+        ("io.debezium.time.IsoTime", "12:60:00Z"),
+        ("io.debezium.time.IsoTime", 3_600_000_000),
+    ],
+)
+def test_iso_strings_outside_the_table_types_are_bad_values(name, raw):
+    """What no date, time or timestamp column holds is a ValueError (a bad record), never quoting the value."""
+    convert = types.converter(types.from_json({"type": "string", "name": name}))
+    with pytest.raises(ValueError) as caught:
+        convert(raw)
+    assert str(raw) not in str(caught.value)
 
 
 def test_decimals_wider_than_iceberg_are_a_config_error():

@@ -9,6 +9,8 @@ JsonConverter's `{"type", "name", "parameters", "fields", "items", ...}`. Mappin
   io.debezium.time.Timestamp / MicroTimestamp / NanoTimestamp, connect Timestamp -> timestamp without zone
                                                               (PostgreSQL `timestamp`; nanoseconds truncated)
   io.debezium.time.ZonedTimestamp                          -> timestamp with zone (timestamptz)
+  io.debezium.time.IsoDate / IsoTime / IsoTimestamp (time.precision.mode=isostring: ISO-8601 text at UTC)
+                                                           -> date / long (as Time) / timestamp without zone
   io.debezium.time.ZonedTime, Interval, data.Json, Uuid, Enum, EnumSet, Xml, Ltree -> string (as Debezium gives it)
   connect Decimal (decimal.handling.mode=precise)          -> decimal(p, s) (p from the source; 38 when not given)
   io.debezium.data.VariableScaleDecimal (numeric without typmod) -> decimal(38, 18); a value it cannot hold exactly
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import re
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -55,6 +58,18 @@ TIMESTAMP = {
     "io.debezium.time.NanoTimestamp": 1000,
 }
 ZONED_TIMESTAMP = "io.debezium.time.ZonedTimestamp"
+# time.precision.mode=isostring: Java's ISO_OFFSET_* formats of the database's values at UTC ("2017-09-15Z",
+# "04:05:11.789Z", "2019-07-09T02:28:57.1Z"): the date and the clock are the database's, "Z" is no conversion
+ISO_DATE = "io.debezium.time.IsoDate"
+ISO_TIME = "io.debezium.time.IsoTime"
+ISO_TIMESTAMP = "io.debezium.time.IsoTimestamp"
+_ISO_DAY = r"(?P<year>[+-]?\d{4,})-(?P<month>\d\d)-(?P<day>\d\d)"
+_ISO_CLOCK = r"(?P<hour>\d\d):(?P<minute>\d\d)(?::(?P<second>\d\d)(?:\.(?P<fraction>\d{1,9}))?)?"
+_UTC = r"(?:Z|[+-]00:00)?"  # Debezium formats at UTC; another offset would leave the clock to a guess
+_ISO_DATE_TEXT = re.compile(_ISO_DAY + _UTC, re.ASCII)
+_ISO_TIME_TEXT = re.compile(_ISO_CLOCK + _UTC, re.ASCII)
+_ISO_TIMESTAMP_TEXT = re.compile(_ISO_DAY + "T" + _ISO_CLOCK + _UTC, re.ASCII)
+_DAY_MICROS = 86_400_000_000
 DECIMAL = "org.apache.kafka.connect.data.Decimal"
 VARIABLE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
 GEOMETRY = {
@@ -137,11 +152,11 @@ def from_json(schema: dict[str, Any]) -> Connect:
 
 def spark_type(connect: Connect, path: str) -> T.DataType:
     name, kind = connect.get("name"), connect["type"]
-    if name in DATE:
+    if name in DATE or name == ISO_DATE:
         return T.DateType()
-    if name in TIME:
+    if name in TIME or name == ISO_TIME:
         return T.LongType()
-    if name in TIMESTAMP:
+    if name in TIMESTAMP or name == ISO_TIMESTAMP:
         return T.TimestampNTZType()
     if name == ZONED_TIMESTAMP:
         return T.TimestampType()
@@ -185,6 +200,12 @@ def converter(connect: Connect) -> Convert | None:
         return _scaled(TIME[name], _time)
     if name in TIMESTAMP:
         return _scaled(TIMESTAMP[name], _timestamp)
+    if name == ISO_DATE:
+        return _iso_date
+    if name == ISO_TIME:
+        return _iso_time
+    if name == ISO_TIMESTAMP:
+        return _iso_timestamp
     if name == DECIMAL:
         return _decimal(int((connect.get("params") or {}).get("scale") or 0))
     if name == VARIABLE_DECIMAL:
@@ -258,6 +279,52 @@ def _timestamp(micros: int) -> Any:
         return _EPOCH + dt.timedelta(microseconds=micros)
     except OverflowError:
         raise ValueError("timestamp out of range") from None
+
+
+def _iso(value: Any, pattern: re.Pattern[str], what: str) -> re.Match[str]:
+    if not isinstance(value, str):
+        raise ValueError(f"expected {what} as ISO-8601 text, got {type(value).__name__}")
+    match = pattern.fullmatch(value)
+    if match is None:
+        raise ValueError(f"expected {what} as ISO-8601 text at UTC ('Z')")
+    return match
+
+
+def _micros(fraction: str | None) -> int:
+    return int((fraction or "")[:6].ljust(6, "0"))  # nanoseconds truncated
+
+
+def _iso_date(value: Any) -> dt.date:
+    day = _iso(value, _ISO_DATE_TEXT, "a date")
+    try:
+        return dt.date(int(day["year"]), int(day["month"]), int(day["day"]))
+    except ValueError:  # PostgreSQL's infinity: a year far past 9999 (streamed: before 1); BC: a year before 1
+        raise ValueError("not a date of the years 1-9999") from None
+
+
+def _iso_time(value: Any) -> int:
+    clock = _iso(value, _ISO_TIME_TEXT, "a time of day")
+    hour, minute, second = int(clock["hour"]), int(clock["minute"]), int(clock["second"] or 0)
+    micros = ((hour * 60 + minute) * 60 + second) * 1_000_000 + _micros(clock["fraction"])
+    if minute > 59 or second > 59 or micros > _DAY_MICROS:  # PostgreSQL's 24:00:00 is the day's last moment
+        raise ValueError("not a time of day")
+    return micros
+
+
+def _iso_timestamp(value: Any) -> dt.datetime:
+    moment = _iso(value, _ISO_TIMESTAMP_TEXT, "a timestamp")
+    try:
+        return dt.datetime(
+            int(moment["year"]),
+            int(moment["month"]),
+            int(moment["day"]),
+            int(moment["hour"]),
+            int(moment["minute"]),
+            int(moment["second"] or 0),
+            _micros(moment["fraction"]),
+        )
+    except ValueError:  # PostgreSQL's infinity and -infinity: years beyond 290000 and before -290000
+        raise ValueError("not a timestamp of the years 1-9999") from None
 
 
 def _bytes(value: Any) -> bytes:
