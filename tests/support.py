@@ -219,7 +219,8 @@ def race(stops: list[tuple[WatchedRun, str]], hold: Callable[[], None]) -> list[
             stopper.start()
         for stopper in stoppers:
             stopper.join(600)
-        assert all(run.stopped for run in runs), [run.lines[-5:] for run in runs]
+        # A run that did not get there: the end of its log says why
+        assert all(run.stopped for run in runs), [_log_end(run) for run in runs if not run.stopped]
         hold()
         for run in runs:
             run.process.send_signal(signal.SIGCONT)
@@ -229,9 +230,13 @@ def race(stops: list[tuple[WatchedRun, str]], hold: Callable[[], None]) -> list[
             if run.process.poll() is None:
                 run.process.send_signal(signal.SIGCONT)
                 run.process.kill()
-    logs = ["".join(run.lines) for run in runs]
-    assert codes == [0] * len(runs), [log[-3000:] for log in logs]
-    return logs
+    assert codes == [0] * len(runs), [_log_end(run) for run, code in zip(runs, codes, strict=True) if code != 0]
+    return ["".join(run.lines) for run in runs]
+
+
+def _log_end(run: WatchedRun) -> str:
+    """The last lines of a run's log, less a Java stack trace's frames: what says why it stopped."""
+    return "".join([line for line in run.lines if not line.startswith("\tat ")][-40:])
 
 
 def race_to_publish(commands: list[list[str]], env: dict, hold: Callable[[], None]) -> list[str]:

@@ -95,6 +95,8 @@ SDK_SERVICE = [
     "software.amazon.awssdk.core.exception.SdkServiceException",
     "java.lang.RuntimeException",
 ]
+# A REST catalog's 400: one type for every refused request
+BAD_REQUEST = "org.apache.iceberg.exceptions.BadRequestException"
 
 
 @pytest.mark.parametrize(
@@ -136,6 +138,16 @@ SDK_SERVICE = [
             id="aws-java-503",
         ),
         pytest.param(
+            thrown_by_jvm(
+                FakeThrowable(
+                    [BAD_REQUEST, "org.apache.iceberg.exceptions.RESTException", "java.lang.RuntimeException"],
+                    getMessage="Malformed request: Cannot add snapshot with sequence number 3 older than last "
+                    "sequence number 3",
+                )
+            ),
+            id="rest-sequence-number-race",
+        ),
+        pytest.param(
             ClientError(
                 {"Error": {"Code": "RequestLimitExceeded", "Message": "Request limit exceeded."}}, "GetSecretValue"
             ),
@@ -174,6 +186,15 @@ def test_passing_failures_are_retried_by_their_type_not_their_words(error):
                 )
             ),
             id="aws-java-not-found",
+        ),
+        pytest.param(
+            thrown_by_jvm(
+                FakeThrowable(
+                    [BAD_REQUEST, "org.apache.iceberg.exceptions.RESTException", "java.lang.RuntimeException"],
+                    getMessage="Malformed request: Cannot set current schema to unknown schema: 7",
+                )
+            ),
+            id="rest-bad-request",
         ),
         pytest.param(
             ClientError(

@@ -185,6 +185,12 @@ def java_classes(error: BaseException) -> set[str]:
     return {name for thrown in java_chain(error) for name in class_names(thrown)}
 
 
+# A REST catalog server without apache/iceberg#15126 (Iceberg's own before 1.11) answers a snapshot commit built on
+# metadata that another branch's commit has since moved past (both took the same sequence number) with 400, where
+# it means 409: a race lost, nothing committed. 400's type names every refused request: its message tells this one.
+_BAD_REQUEST = "org.apache.iceberg.exceptions.BadRequestException"
+_SEQUENCE_RACE = "older than last sequence number"
+
 # The Python Kafka client's (librdkafka's) codes for a passing failure, beside those it marks retriable itself.
 _TRANSIENT_KAFKA_CODES = ("_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "_MSG_TIMED_OUT", "_RESOLVE")
 # AWS error codes (botocore's ClientError, the Java SDK's AwsServiceException) and HTTP statuses for throttling or a
@@ -214,6 +220,8 @@ def _transient_by_type(error: BaseException) -> bool:
     for thrown in java_chain(error):
         names = class_names(thrown)
         try:
+            if _BAD_REQUEST in names and _SEQUENCE_RACE in str(thrown.getMessage()):
+                return True
             if "software.amazon.awssdk.core.exception.SdkServiceException" in names and (
                 thrown.isThrottlingException() or thrown.statusCode() in _TRANSIENT_HTTP
             ):

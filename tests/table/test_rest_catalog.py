@@ -26,7 +26,7 @@ import test_materialize as orders
 from icefloe.errors import ConfigError
 from icefloe.spec import CatalogSpec, parse_config
 from icefloe.table.catalog import CATALOG, rest_properties, spark_catalog_conf, spark_secret_conf
-from support import WatchedRun, ancestry, by_position, race_to_publish, read_duckdb
+from support import WatchedRun, ancestry, by_position, race, race_to_publish, read_duckdb
 
 ICEFLOE = [sys.executable, "-m", "icefloe.cli"]
 PREFIX = f"spark.sql.catalog.{CATALOG}"
@@ -291,6 +291,39 @@ def test_two_runs_publishing_at_once_over_rest_keep_every_reported_commit(
     ]
     table = rest_server.pyiceberg_catalog().load_table(identifier)
     assert published and set(published) <= ancestry(table), f"published {published}, main {sorted(ancestry(table))}"
+    rows = table.scan().to_arrow().to_pylist()
+    assert sorted(by_position(rows)) == sorted(produced), "every (partition, offset) exactly once"
+
+
+@pytest.mark.broker
+def test_two_runs_appending_to_their_branches_at_once_over_rest_both_finish(
+    broker, registry, rest_server, proxy, topic, tmp_path
+):
+    """Two runs of one table write their batches at the same moment, each to its own branch: each is stopped as it
+    starts writing, the proxy holds both appends and lets them through together. Both were built on the same table
+    metadata, so both carry the same sequence number; a REST server without apache/iceberg#15126 (Iceberg's own
+    before 1.11) applies one and answers the other 400 "Cannot add snapshot with sequence number N older than last
+    sequence number N": a race that run lost, nothing committed, not a bad request. That run re-plans as after a
+    commit that lost a race (409); both runs finish, every record in the table once."""
+    broker.create_topic(topic, 3)
+    produced = orders.produce_orders(broker, registry, topic, range(240), random.Random(9))
+    stack = partial(rest_stack, broker=broker, registry=registry, catalog=rest_server.catalog(proxy.uri))
+    run_once(stack(tmp_path / "Pulumi.first.yaml", table={"topic": topic, "maxRecordsPerRun": 60}), tmp_path / "state")
+    everything = stack(tmp_path / "Pulumi.all.yaml", table={"topic": topic})
+    smaller = stack(tmp_path / "Pulumi.smaller.yaml", table={"topic": topic, "maxRecordsPerRun": 60})
+
+    identifier = f"local.{topic}"
+    env = os.environ | {"ICEFLOE_SPARK_MASTER": "local[1]"}
+    command = [*ICEFLOE, "run", "--once", "--json", "--state-dir", str(tmp_path / "state")]
+    runs = [WatchedRun([*command, "--config", str(path)], env) for path in (everything, smaller)]
+    logs = race([(run, "writing the batch on branch") for run in runs], lambda: proxy.gate_commits(identifier, 2))
+
+    raced = proxy.commits(identifier)
+    held = raced.index("2 commits held, released together")
+    assert sorted(raced[held + 1 : held + 3]) == ["200", "400"], raced  # one applied, one refused for its number
+    # The refused run said why and wrote again (race() checked that both runs exited 0)
+    assert sum("older than last sequence number" in log for log in logs) == 1, [log[-3000:] for log in logs]
+    table = rest_server.pyiceberg_catalog().load_table(identifier)
     rows = table.scan().to_arrow().to_pylist()
     assert sorted(by_position(rows)) == sorted(produced), "every (partition, offset) exactly once"
 
