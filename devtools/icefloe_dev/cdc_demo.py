@@ -16,13 +16,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import yaml
-
 from icefloe.operate.runner import run_table
 from icefloe.spec import load_config
 
 from .cdc_workload import DDL, MARKER_TABLE, TABLE, Workload, mark, mirror_differences, typed_rows, wait_for_marker
-from .demo import local_services, local_spark
+from .demo import local_services, local_spark, write_stack_config
 from .kafka_connect import KafkaConnect, debezium_postgres
 from .postgres import PostgresCluster
 from .readers import duckdb_connect
@@ -40,26 +38,15 @@ def local_postgres(state_dir: Path) -> Iterator[PostgresCluster]:
 
 def write_cdc_config(path: Path, bootstrap: str, registry_url: str, topic: str) -> Path:
     """The table a user declares for a Debezium topic (`Pulumi.<stack>.yaml`)."""
-    document = {
-        "config": {
-            "icefloe:sourceClusters": [
-                {"name": "local", "bootstrapServers": bootstrap, "schemaRegistry": {"url": registry_url}}
-            ],
-            "icefloe:tables": [
-                {
-                    "sourceCluster": "local",
-                    "topic": topic,
-                    "table": "customers",
-                    "format": "avro",
-                    "envelope": "debezium",
-                    "mode": "upsert",
-                    "errors": "fail",
-                }
-            ],
-        }
+    table = {
+        "topic": topic,
+        "table": "customers",
+        "format": "avro",
+        "envelope": "debezium",
+        "mode": "upsert",
+        "errors": "fail",
     }
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-    return path
+    return write_stack_config(path, bootstrap, registry_url, table)
 
 
 def _cell(value: object) -> str:

@@ -35,28 +35,31 @@ TOPIC = "stock_trades"
 FORMATS = {"avro": "Avro", "protobuf": "Protobuf", "json-schema": "JSON Schema"}
 
 
-def write_local_config(path: Path, bootstrap: str, registry_url: str, format: str = "avro") -> Path:
-    """A stack config in the exact shape a user writes (`Pulumi.<stack>.yaml`)."""
+def write_stack_config(path: Path, bootstrap: str, registry_url: str, table: dict) -> Path:
+    """A stack config in the exact shape a user writes (`Pulumi.<stack>.yaml`): the local cluster and one table."""
     document = {
         "config": {
             "icefloe:sourceClusters": [
                 {"name": "local", "bootstrapServers": bootstrap, "schemaRegistry": {"url": registry_url}}
             ],
-            "icefloe:tables": [
-                {
-                    "sourceCluster": "local",
-                    "topic": TOPIC,
-                    "format": format,
-                    "mode": "append",
-                    "partitionBy": ["day(event_time)"],
-                    "errors": "fail",
-                    "startingOffsets": "earliest",
-                }
-            ],
+            "icefloe:tables": [{"sourceCluster": "local", **table}],
         }
     }
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path
+
+
+def write_local_config(path: Path, bootstrap: str, registry_url: str, format: str = "avro") -> Path:
+    """The demo's table: the stock trades, appended."""
+    table = {
+        "topic": TOPIC,
+        "format": format,
+        "mode": "append",
+        "partitionBy": ["day(event_time)"],
+        "errors": "fail",
+        "startingOffsets": "earliest",
+    }
+    return write_stack_config(path, bootstrap, registry_url, table)
 
 
 def _say(text: str) -> None:

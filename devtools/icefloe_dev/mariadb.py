@@ -16,7 +16,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from .processes import LocalService, ServiceError, free_port
+from .processes import DataDirService, ServiceError, free_port
 
 USER, PASSWORD = "debezium", "debezium"
 GRANTS = "SELECT, RELOAD, SHOW DATABASES, REPLICATION SLAVE, REPLICATION CLIENT, LOCK TABLES"
@@ -31,7 +31,7 @@ def mariadb_bin(program: str) -> str:
     return found
 
 
-class MariaDBServer(LocalService):
+class MariaDBServer(DataDirService):
     """One MariaDB server on a free loopback port, its data directory made fresh at the first start and removed on
     leaving the context. `stop()` then `start()` restarts the same server."""
 
@@ -41,7 +41,6 @@ class MariaDBServer(LocalService):
         super().__init__(state_dir, startup_timeout)
         self.user, self.password = USER, PASSWORD
         self.port: int | None = None
-        self.data_dir: Path | None = None
 
     @property
     def socket(self) -> Path:
@@ -83,15 +82,6 @@ class MariaDBServer(LocalService):
         self.sql(
             f"CREATE USER IF NOT EXISTS '{USER}'@'%' IDENTIFIED BY '{PASSWORD}'; GRANT {GRANTS} ON *.* TO '{USER}'@'%';"
         )
-
-    def remove(self) -> None:
-        self.stop()
-        if self.data_dir is not None:
-            shutil.rmtree(self.data_dir, ignore_errors=True)
-            self.data_dir = None
-
-    def __exit__(self, *exc_info) -> None:
-        self.remove()
 
     def sql(self, script: str, database: str | None = None, timeout: float = 300.0) -> str:
         """Run a script of statements (stopping at the first error); returns the client's tab-separated output."""

@@ -20,7 +20,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from .processes import LocalService, ServiceError, free_port
+from .processes import DataDirService, ServiceError, free_port
 
 SERVER_SETTINGS = {
     "listen_addresses": "'127.0.0.1'",
@@ -46,7 +46,7 @@ def postgres_bin(program: str) -> str:
     return on_path
 
 
-class PostgresCluster(LocalService):
+class PostgresCluster(DataDirService):
     """One PostgreSQL server on a free loopback port, its cluster made fresh at the first start and removed by
     `remove()` (or leaving the context). `stop()` then `start()` restarts the same cluster."""
 
@@ -57,7 +57,6 @@ class PostgresCluster(LocalService):
         self.database = database
         self.user = "postgres"
         self.port: int | None = None
-        self.data_dir: Path | None = None
         self._run_as = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
 
     def _as_server_user(self) -> dict:
@@ -116,15 +115,6 @@ class PostgresCluster(LocalService):
             except subprocess.TimeoutExpired:
                 pass
         super().stop(grace)
-
-    def remove(self) -> None:
-        self.stop()
-        if self.data_dir is not None:
-            shutil.rmtree(self.data_dir, ignore_errors=True)
-            self.data_dir = None
-
-    def __exit__(self, *exc_info) -> None:
-        self.remove()
 
     # -- statements
     @property

@@ -187,6 +187,27 @@ class LocalService:
         self.stop()
 
 
+class DataDirService(LocalService):
+    """A service whose data directory (`data_dir`: a fresh temporary directory the subclass makes at the first start)
+    outlives `stop()`, so `stop()` then `start()` restarts it on the same data; `remove()` (or leaving the context)
+    stops it and deletes the directory."""
+
+    def __init__(self, state_dir: Path, startup_timeout: float) -> None:
+        super().__init__(state_dir, startup_timeout)
+        self.data_dir: Path | None = None
+
+    def remove(self) -> None:
+        self.stop()
+        if self.data_dir is not None:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            self.data_dir = None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.remove()
+
+
 # The broker and the registry subclass it under this name.
 JvmService = LocalService
 

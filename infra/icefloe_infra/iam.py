@@ -185,14 +185,7 @@ def warehouse_statements(scope: Scope) -> list[dict]:
             "Resource": [f"{scope.bucket_arn}/{scope.warehouse_prefix}/*"],
             "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
         },
-        # Listing for Iceberg's orphan-file cleanup, limited to the warehouse prefix.
-        {
-            "Sid": "ListWarehouse",
-            "Effect": "Allow",
-            "Action": ["s3:ListBucket"],
-            "Resource": [scope.bucket_arn],
-            "Condition": {"StringLike": {"s3:prefix": [f"{scope.warehouse_prefix}/*", scope.warehouse_prefix]}},
-        },
+        list_warehouse_statement(scope),  # Iceberg's orphan-file cleanup lists the warehouse
         {
             "Sid": "GlueTables",
             "Effect": "Allow",
@@ -210,6 +203,17 @@ def warehouse_statements(scope: Scope) -> list[dict]:
             ],
         },
     ]
+
+
+def list_warehouse_statement(scope: Scope) -> dict:
+    """Listing the lakehouse bucket, limited to the warehouse prefix."""
+    return {
+        "Sid": "ListWarehouse",
+        "Effect": "Allow",
+        "Action": ["s3:ListBucket"],
+        "Resource": [scope.bucket_arn],
+        "Condition": {"StringLike": {"s3:prefix": [f"{scope.warehouse_prefix}/*", scope.warehouse_prefix]}},
+    }
 
 
 def table_bucket_statements(bucket_arn: str) -> list[dict]:
@@ -307,13 +311,7 @@ def read_only_policy(scope: Scope) -> str:
             "Action": ["s3:GetObject", "s3:GetObjectVersion"],
             "Resource": [f"{scope.bucket_arn}/{scope.warehouse_prefix}/*"],
         },
-        {
-            "Sid": "ListWarehouse",
-            "Effect": "Allow",
-            "Action": ["s3:ListBucket"],
-            "Resource": [scope.bucket_arn],
-            "Condition": {"StringLike": {"s3:prefix": [f"{scope.warehouse_prefix}/*", scope.warehouse_prefix]}},
-        },
+        list_warehouse_statement(scope),
         {
             "Sid": "BucketLocation",
             "Effect": "Allow",

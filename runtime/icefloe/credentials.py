@@ -13,10 +13,7 @@ from icefloe.spec import SecretRef, TlsSpec
 def resolve_credentials(ref: SecretRef, what: str) -> tuple[str, str]:
     """(username, password) for a credential reference. The values are never logged or stored."""
     if ref.env:
-        user, password = os.environ.get(f"{ref.env}_USERNAME"), os.environ.get(f"{ref.env}_PASSWORD")
-        if not user or not password:
-            raise ConfigError(f"{what}: credentials missing: set {ref.env}_USERNAME and {ref.env}_PASSWORD")
-        return user, password
+        return _env_pair(f"{ref.env}_USERNAME", f"{ref.env}_PASSWORD", what)
     document = _secret_document(ref, what)
     try:
         return document["username"], document["password"]
@@ -28,10 +25,7 @@ def resolve_client_credential(ref: SecretRef, what: str) -> tuple[str, str]:
     """(client id, client secret) of OAuth2 client credentials: env `<ENV>_CLIENT_ID` and `<ENV>_CLIENT_SECRET`, or a
     secret with JSON {"clientId": ..., "clientSecret": ...} (or a stack-created one: username, password)."""
     if ref.env:
-        client, secret = os.environ.get(f"{ref.env}_CLIENT_ID"), os.environ.get(f"{ref.env}_CLIENT_SECRET")
-        if not client or not secret:
-            raise ConfigError(f"{what}: credentials missing: set {ref.env}_CLIENT_ID and {ref.env}_CLIENT_SECRET")
-        return client, secret
+        return _env_pair(f"{ref.env}_CLIENT_ID", f"{ref.env}_CLIENT_SECRET", what)
     document = _secret_document(ref, what)
     for id_key, secret_key in (("clientId", "clientSecret"), ("username", "password")):
         if isinstance(document, dict) and document.get(id_key) and document.get(secret_key):
@@ -53,6 +47,14 @@ def resolve_token(ref: SecretRef, what: str) -> str:
     if isinstance(document, dict) and (document.get("token") or document.get("password")):
         return document.get("token") or document["password"]
     raise ConfigError(f"{what}: secret {ref.secret_arn} must hold the token, or JSON with 'token'")
+
+
+def _env_pair(first: str, second: str, what: str) -> tuple[str, str]:
+    """The values of the environment variables `first` and `second` (the two halves of a credential): both set."""
+    first_value, second_value = os.environ.get(first), os.environ.get(second)
+    if not first_value or not second_value:
+        raise ConfigError(f"{what}: credentials missing: set {first} and {second}")
+    return first_value, second_value
 
 
 def _secret_string(ref: SecretRef, what: str, local: str) -> str:

@@ -64,6 +64,16 @@ def format_duration(seconds: float) -> str:
     return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
 
 
+def _without_userinfo(value: str | None, info: ValidationInfo, instead: str) -> str | None:
+    """A URL field's value, refused when it carries credentials (`instead`: where they belong): they would be printed
+    with every error that names the URL (logs, --json, heartbeats, metrics)."""
+    if value is not None and "@" in urlsplit(value).netloc:
+        raise ValueError(
+            f"{to_camel(info.field_name)} must not carry credentials (user:password@host): {instead}"  # type: ignore[arg-type]  # a field validator has its field's name
+        )
+    return value
+
+
 class Model(BaseModel):
     """camelCase in, snake_case attributes; unknown keys are errors (a typo must not be ignored)."""
 
@@ -186,13 +196,7 @@ class SchemaRegistrySpec(Model):
     @field_validator("url", "endpoint")
     @classmethod
     def _no_userinfo(cls, value: str | None, info: ValidationInfo) -> str | None:
-        # Credentials in the URL would be printed with every registry error (logs, --json, heartbeats, metrics).
-        if value is not None and "@" in urlsplit(value).netloc:
-            raise ValueError(
-                f"{to_camel(info.field_name)} must not carry credentials (user:password@host): "  # type: ignore[arg-type]  # a field validator has its field's name
-                "put them in a secret named by credentialsSecret"
-            )
-        return value
+        return _without_userinfo(value, info, "put them in a secret named by credentialsSecret")
 
     @field_validator("schema_name", "key_schema_name")
     @classmethod
@@ -607,12 +611,7 @@ class CatalogSpec(Model):
     @field_validator("uri", "oauth2_server_uri")
     @classmethod
     def _no_userinfo(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is not None and "@" in urlsplit(value).netloc:
-            raise ValueError(
-                f"{to_camel(info.field_name)} must not carry credentials (user:password@host): "  # type: ignore[arg-type]  # a field validator has its field's name
-                "use credential or token (secret references)"
-            )
-        return value
+        return _without_userinfo(value, info, "use credential or token (secret references)")
 
     @field_validator("headers")
     @classmethod

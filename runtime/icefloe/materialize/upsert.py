@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -279,20 +279,26 @@ def _literal(position: tuple, sourced: bool) -> Position:
     return ("NULL" if source is None else f"X'{bytes(source).hex()}'", *kafka)
 
 
-def _latest_truncate(truncates: DataFrame, sourced: bool) -> tuple | None:
-    """The batch's latest truncate: (source position, clock ms, partition, offset), or None."""
-    first = (
-        truncates.orderBy(*_latest_first(sourced))
+def _latest_position(frame: DataFrame, sourced: bool, *extra: Column) -> tuple | None:
+    """The position of the frame's latest row: (source position, clock ms, partition, offset, *extra), or None."""
+    latest = (
+        frame.orderBy(*_latest_first(sourced))
         .select(
             (F.col(SOURCE_POSITION) if sourced else F.lit(None).cast("binary")).alias("source"),
             F.unix_millis(KAFKA_CLOCK).alias("clock"),
             "kafka_partition",
             "kafka_offset",
-            F.col(CHANGE_TIME).alias("at") if CHANGE_TIME in truncates.columns else F.lit(None).alias("at"),
+            *extra,
         )
         .first()
     )
-    return None if first is None else (first.source, first.clock, first.kafka_partition, first.kafka_offset, first.at)
+    return None if latest is None else tuple(latest)
+
+
+def _latest_truncate(truncates: DataFrame, sourced: bool) -> tuple | None:
+    """The batch's latest truncate: (source position, clock ms, partition, offset, change time), or None."""
+    at = F.col(CHANGE_TIME) if CHANGE_TIME in truncates.columns else F.lit(None)
+    return _latest_position(truncates, sourced, at.alias("at"))
 
 
 def _truncate(branch: Branch, truncate: tuple, sourced: bool, soft_deletes: bool) -> None:
@@ -315,18 +321,7 @@ def _truncate_marker(spark: SparkSession, markers: str, key_columns: list[str], 
     if not key_columns:
         return None
     nulls = " AND ".join(f"{quoted(k)} IS NULL" for k in key_columns)
-    frame = spark.table(markers).where(nulls)
-    found = (
-        frame.orderBy(*_latest_first(sourced))
-        .select(
-            (F.col(SOURCE_POSITION) if sourced else F.lit(None).cast("binary")).alias("source"),
-            F.unix_millis(KAFKA_CLOCK).alias("clock"),
-            "kafka_partition",
-            "kafka_offset",
-        )
-        .first()
-    )
-    return None if found is None else tuple(found)
+    return _latest_position(spark.table(markers).where(nulls), sourced)
 
 
 def _resolve_unchanged(frame: DataFrame, branch: Branch, key_columns: list[str], sourced: bool) -> DataFrame:
