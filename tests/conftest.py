@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import os
 import re
+import shutil
 import time
 import zlib
 from pathlib import Path
@@ -95,8 +96,23 @@ def _spark_local_dirs(tmp_path_factory) -> None:
     os.environ["SPARK_LOCAL_DIRS"] = str(tmp_path_factory.mktemp("spark-local"))
 
 
+# What a worker's process tests hold on the disk of the temp root at a time, measured at about 4.5 GB for a full run
+# of two workers (brokers' logs, Spark's local files, a deployed job's copies of the jars). On a fuller disk a broker
+# stops answering and every later test fails with a timeout that hides why: said at once instead.
+NEEDED_DISK_BYTES = 6 * 2**30
+
+
 @pytest.fixture(scope="session")
 def state_dir(tmp_path_factory) -> Path:
+    base = tmp_path_factory.getbasetemp()
+    free = shutil.disk_usage(base).free
+    if free < NEEDED_DISK_BYTES:
+        pytest.fail(
+            f"{free / 2**30:.1f} GiB free on the disk of {base}: the process tests need about "
+            f"{NEEDED_DISK_BYTES / 2**30:.0f} GiB (brokers' logs, Spark's local files, jobs' copies of the jars); "
+            "free some first",
+            pytrace=False,
+        )
     return tmp_path_factory.mktemp("icefloe-state")
 
 
