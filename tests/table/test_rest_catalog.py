@@ -257,6 +257,20 @@ def test_rest_catalog_materializes_with_a_bearer_token_and_pyiceberg_reads_it_ba
     assert str(len(produced)) in status.stdout
 
 
+def two_runs(broker, registry, rest_server, proxy, topic, tmp_path, rng) -> tuple[list, list[list[str]], dict]:
+    """240 orders on `topic`, the first 60 committed by a run through the proxy; then the commands of two runs of the
+    table that overlap (one for all that is left, one for at most 60 records), their environment, and the orders."""
+    broker.create_topic(topic, 3)
+    produced = orders.produce_orders(broker, registry, topic, range(240), rng)
+    stack = partial(rest_stack, broker=broker, registry=registry, catalog=rest_server.catalog(proxy.uri))
+    run_once(stack(tmp_path / "Pulumi.first.yaml", table={"topic": topic, "maxRecordsPerRun": 60}), tmp_path / "state")
+    everything = stack(tmp_path / "Pulumi.all.yaml", table={"topic": topic})
+    smaller = stack(tmp_path / "Pulumi.smaller.yaml", table={"topic": topic, "maxRecordsPerRun": 60})
+    command = [*ICEFLOE, "run", "--once", "--json", "--state-dir", str(tmp_path / "state")]
+    env = os.environ | {"ICEFLOE_SPARK_MASTER": "local[1]"}
+    return produced, [[*command, "--config", str(path)] for path in (everything, smaller)], env
+
+
 @pytest.mark.broker
 def test_two_runs_publishing_at_once_over_rest_keep_every_reported_commit(
     broker, registry, rest_server, proxy, topic, tmp_path
@@ -267,17 +281,8 @@ def test_two_runs_publishing_at_once_over_rest_keep_every_reported_commit(
     requirement on main's snapshot fails); retried on the table reloaded, it is refused (main is not an ancestor of
     the branch) and that run re-plans: every publish a run reports is in main's history, every record in the table
     once."""
-    broker.create_topic(topic, 3)
-    produced = orders.produce_orders(broker, registry, topic, range(240), random.Random(5))
-    stack = partial(rest_stack, broker=broker, registry=registry, catalog=rest_server.catalog(proxy.uri))
-    run_once(stack(tmp_path / "Pulumi.first.yaml", table={"topic": topic, "maxRecordsPerRun": 60}), tmp_path / "state")
-    everything = stack(tmp_path / "Pulumi.all.yaml", table={"topic": topic})
-    smaller = stack(tmp_path / "Pulumi.smaller.yaml", table={"topic": topic, "maxRecordsPerRun": 60})
-
+    produced, commands, env = two_runs(broker, registry, rest_server, proxy, topic, tmp_path, random.Random(5))
     identifier = f"local.{topic}"
-    env = os.environ | {"ICEFLOE_SPARK_MASTER": "local[1]"}
-    command = [*ICEFLOE, "run", "--once", "--json", "--state-dir", str(tmp_path / "state")]
-    commands = [[*command, "--config", str(path)] for path in (everything, smaller)]
     logs = race_to_publish(commands, env, hold=lambda: proxy.gate_commits(identifier, 2))
 
     raced = proxy.commits(identifier)
@@ -305,17 +310,9 @@ def test_two_runs_appending_to_their_branches_at_once_over_rest_both_finish(
     before 1.11) applies one and answers the other 400 "Cannot add snapshot with sequence number N older than last
     sequence number N": a race that run lost, nothing committed, not a bad request. That run re-plans as after a
     commit that lost a race (409); both runs finish, every record in the table once."""
-    broker.create_topic(topic, 3)
-    produced = orders.produce_orders(broker, registry, topic, range(240), random.Random(9))
-    stack = partial(rest_stack, broker=broker, registry=registry, catalog=rest_server.catalog(proxy.uri))
-    run_once(stack(tmp_path / "Pulumi.first.yaml", table={"topic": topic, "maxRecordsPerRun": 60}), tmp_path / "state")
-    everything = stack(tmp_path / "Pulumi.all.yaml", table={"topic": topic})
-    smaller = stack(tmp_path / "Pulumi.smaller.yaml", table={"topic": topic, "maxRecordsPerRun": 60})
-
+    produced, commands, env = two_runs(broker, registry, rest_server, proxy, topic, tmp_path, random.Random(9))
     identifier = f"local.{topic}"
-    env = os.environ | {"ICEFLOE_SPARK_MASTER": "local[1]"}
-    command = [*ICEFLOE, "run", "--once", "--json", "--state-dir", str(tmp_path / "state")]
-    runs = [WatchedRun([*command, "--config", str(path)], env) for path in (everything, smaller)]
+    runs = [WatchedRun(command, env) for command in commands]
     logs = race([(run, "writing the batch on branch") for run in runs], lambda: proxy.gate_commits(identifier, 2))
 
     raced = proxy.commits(identifier)
