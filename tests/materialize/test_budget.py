@@ -105,3 +105,18 @@ def test_a_batch_keeps_at_most_a_share_of_the_executors_disks():
     assert batch_records(100.0, rate, 1024, max_bytes=10 * 1024) == 10
     assert batch_records(100.0, rate, 1024, halvings=1, max_bytes=10 * 1024) == 5
     assert batch_records(100.0, rate, 1024, cap=3, max_bytes=10 * 1024) == 3
+
+
+def test_the_local_disk_cap_measures_where_spark_spills(tmp_path, monkeypatch):
+    """SPARK_LOCAL_DIRS overrides spark.local.dir (as Spark reads them): the free space measured is that disk's."""
+    from types import SimpleNamespace
+
+    measured = []
+    monkeypatch.setattr(budget.shutil, "disk_usage", lambda path: measured.append(path) or SimpleNamespace(free=4))
+    conf = {"spark.master": "local[2]", "spark.local.dir": "/conf-dir,/second"}
+    table = SimpleNamespace(spark=SimpleNamespace(conf=SimpleNamespace(get=lambda key, default: conf.get(key))))
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{tmp_path},/other")
+    assert budget._spark_disk_cap(table) == 1  # type: ignore[arg-type]  # what the cap reads of a table
+    monkeypatch.delenv("SPARK_LOCAL_DIRS")
+    budget._spark_disk_cap(table)  # type: ignore[arg-type]
+    assert measured == [str(tmp_path), "/conf-dir"]
