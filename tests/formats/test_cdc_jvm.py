@@ -10,7 +10,7 @@ import json
 from decimal import Decimal
 
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from pyspark.sql import functions as F
@@ -64,11 +64,23 @@ def envelope_schema(topic: str, row: dict) -> dict:
 
 
 class Events:
-    def __init__(self, topic: str, registry_url: str, row: dict):
+    def __init__(self, topic: str, registry_url: str, row: dict, referenced: bool = False):
         client = SchemaRegistryClient({"url": registry_url})
         conf = {"auto.register.schemas": True}
         key = {"type": "record", "name": "Key", "namespace": topic, "fields": [{"name": "id", "type": "long"}]}
-        self.value = AvroSerializer(client, json.dumps(envelope_schema(topic, row)), conf=conf)
+        schema = Schema(json.dumps(envelope_schema(topic, row)), "AVRO")
+        if referenced:  # as Apicurio's converter registers them: the row and the source records as subjects
+            envelope = envelope_schema(topic, f"{topic}.Value")
+            source = envelope["fields"][2]["type"]
+            envelope["fields"][2]["type"] = "io.debezium.connector.postgresql.Source"
+            refs = []
+            for subject, record in ((f"{topic}.Value", row), (f"{topic}.Source", source)):
+                name = f"{record.get('namespace', topic)}.{record['name']}"
+                registered = Schema(json.dumps(record), "AVRO")
+                client.register_schema(subject, registered)
+                refs.append(SchemaReference(name, subject, client.lookup_schema(subject, registered).version))
+            schema = Schema(json.dumps(envelope), "AVRO", refs)
+        self.value = AvroSerializer(client, schema, conf=conf)
         self.key = AvroSerializer(client, json.dumps(key), conf=conf)
         self.topic, self.lsn, self.last_commit = topic, 1000, 0
 
@@ -104,7 +116,7 @@ class Events:
 
 
 def python_path(monkeypatch) -> None:
-    monkeypatch.setattr(DEBEZIUM, "jvm_codec", lambda spark, spec: "forced to Python by the test")
+    monkeypatch.setattr(DEBEZIUM, "jvm_codec", lambda spark, spec: "forced to Python by the test", raising=False)
 
 
 def both_paths(spark, make_config, state_dir, monkeypatch, topic: str, **extra) -> tuple[list, list, list]:
@@ -153,12 +165,16 @@ def exact_events(spark, make_config, broker, topic: str) -> int:
     return decoded.where(codec.exact(F.col("value"), "s")).count()
 
 
-def test_jvm_path_equals_python_path_row_for_row(spark, broker, registry, state_dir, topic, make_config, monkeypatch):
+@pytest.mark.parametrize("schemas", ["self-contained", "referenced"])
+def test_jvm_path_equals_python_path_row_for_row(
+    spark, broker, registry, state_dir, topic, make_config, monkeypatch, schemas
+):
     """c, r, u (unchanged TOAST text and bytes), d with its tombstone, a primary-key change (its `c` carries the old
     key: Python), a truncate (Python), bad events (Python's errors), then replays of older positions: the table the
-    JVM path writes is the Python path's, column for column, and the JVM decoded most of it."""
+    JVM path writes is the Python path's, column for column, and the JVM decoded most of it. Also with the nested
+    records as referenced subjects (Apicurio's converter)."""
     broker.create_topic(topic, 2)
-    events = Events(topic, registry.url, row_record(topic))
+    events = Events(topic, registry.url, row_record(topic), referenced=schemas == "referenced")
     first = [events.upsert("r", i, f"snap-{i}", partition=i % 2) for i in range(1, 9)]
     events.commit()
     old_key = [("__debezium.oldkey", json.dumps({"id": 7}).encode())]
@@ -190,7 +206,7 @@ def test_jvm_path_equals_python_path_row_for_row(spark, broker, registry, state_
     # Replays of older positions (a connector restart) change nothing; a truncate (Python) empties the table;
     # newer events after it apply.
     events.commit()
-    replay = Events(topic, registry.url, row_record(topic))
+    replay = Events(topic, registry.url, row_record(topic), referenced=schemas == "referenced")
     second = [replay.upsert("r", i, f"replayed-{i}") for i in range(1, 5)]
     second += [events.event("t", None, partition=1)]
     second += [events.upsert("c", 40, "after-truncate", partition=1), events.upsert("u", 41, "after-2")]

@@ -4,8 +4,9 @@ codec, one per subject), Spark expressions build the row and the change columns 
 The Python decoder stays the reference: a record is *exact* only where these expressions give what it gives, and
 everything else goes to Python per record (its value or its exact error). Covered, per table (else the table reads
 on Python, the reason logged):
-  - a mirror table (`mode: upsert`) of a self-contained envelope schema (no registry references) whose source is
-    PostgreSQL's (`connector`, `lsn`, `sequence`);
+  - a mirror table (`mode: upsert`) whose source is PostgreSQL's (`connector`, `lsn`, `sequence`); registry
+    references (Apicurio's converter registers the nested records as subjects) are inlined where each referenced
+    type is first used by its full name;
   - `after` columns of Avro int, long, float, double, boolean, string, bytes without a logical type (Connect's
     int8/16/32/64, ..., and semantic types that stay text), io.debezium.time.Date, Timestamp, MicroTimestamp,
     NanoTimestamp (on int/long), precise decimals (Avro's decimal); key columns the same, floats apart.
@@ -36,7 +37,7 @@ from icefloe.formats.debezium import tables, types
 from icefloe.formats.debezium.envelope import OLD_KEY_HEADER
 from icefloe.inline_types import TIMESTAMP_MICROS
 from icefloe.jvm_gateway import jvm_gateway
-from icefloe.registries.confluent import subject_schemas
+from icefloe.registries.confluent import registry_client, registry_errors, subject_schemas
 
 log = logging.getLogger(__name__)
 _PLAIN = {"int": T.IntegerType(), "long": T.LongType(), "float": T.FloatType(), "double": T.DoubleType(),
@@ -249,20 +250,58 @@ class _Uncovered(Exception):
 
 
 def _subject(spark: SparkSession, spec: DecoderSpec, subject: str) -> AvroJvmPlan | str:
-    """The subject's latest schema as the reader, and the ids registered with that very schema as the writers."""
+    """The subject's latest schema as the reader, and the ids registered with that very schema as the writers (their
+    registry references, Apicurio's nested subjects, inlined: `from_avro` takes one self-contained schema)."""
     versions = subject_schemas(spec.registry, subject, MAX_WRITER_VERSIONS)
     if not versions:
         return f"subject {subject} has no Avro schema"
-    text, references = list(versions.values())[-1]  # the newest version last
-    if references:
-        return f"subject {subject}'s schema has registry references"
-    reader = json.loads(text)
-    plan = AvroJvmPlan(reader, {i: t for i, (t, refs) in versions.items() if not refs and json.loads(t) == reader})
+    client, fetched = registry_client(spec.registry), dict[tuple, Any]()  # each referenced version once per batch
+    with registry_errors(spec.registry, subject):
+        resolved = {i: _self_contained(client, fetched, json.loads(t), refs) for i, (t, refs) in versions.items()}
+    reader = list(resolved.values())[-1]  # the newest version last
+    if reader is None:
+        return f"subject {subject}'s schema references types by names the JVM codec does not resolve"
+    plan = AvroJvmPlan(reader, {i: json.dumps(r) for i, r in resolved.items() if r == reader})
     try:
         jvm_gateway(spark).org.apache.avro.Schema.Parser().parse(plan.reader_with_marker)
     except Exception:
         return f"Avro Java refuses subject {subject}'s schema"
     return plan
+
+
+def _self_contained(client: Any, fetched: dict, schema: Any, references: list) -> Any:
+    """`schema` with each referenced type defined where it is first used (by the reference's full name), or None
+    when a reference is not used by that name."""
+    defined: dict[str, Any] = {}
+    for reference in references:
+        key = (reference.subject, reference.version)
+        if key not in fetched:
+            registered = client.get_version(reference.subject, reference.version)
+            text, nested = registered.schema.schema_str, list(registered.schema.references or [])
+            fetched[key] = _self_contained(client, fetched, json.loads(text), nested)
+        if fetched[key] is None:
+            return None
+        defined[reference.name] = fetched[key]
+    used: set[str] = set()
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, str) and node in defined and node not in used:
+            used.add(node)
+            return defined[node]
+        if isinstance(node, list):
+            return [inline(member) for member in node]
+        if isinstance(node, dict):
+            out = dict(node)
+            for name in ("type", "items", "values"):
+                if name in out:
+                    out[name] = inline(out[name])
+            if isinstance(out.get("fields"), list):
+                out["fields"] = [{**f, "type": inline(f["type"])} for f in out["fields"]]
+            return out
+        return node
+
+    result = inline(schema)
+    return result if used == set(defined) else None
 
 
 def _record(schema: Any, names: Names, namespace: str) -> tuple[dict, str]:
