@@ -3,7 +3,8 @@
 N Debezium-shaped Avro change events (self-contained schema, PostgreSQL source positions) over K keys: mostly
 updates, some leaving a TOAST column unchanged (the placeholder), creates, deletes with their tombstones; and N plain
 Avro upserts over the same K keys (`mode: upsert` on the Kafka key). Each round produces N of each, then runs one
-batch of each table (icefloe's `run_table`, the Python read path for CDC, as it is chosen for envelopes), timed.
+batch of each table (icefloe's `run_table`; both on the JVM read path: the mirror's envelope through
+formats.debezium.jvm, `read_path` in the results), timed.
 Round 1 builds the tables; later rounds merge into K existing rows.
 Results: bench/results/cdc.{json,md}. Run: `.venv/bin/python bench/cdc.py [--changes 100000 --keys 20000 --rounds 3]`.
 """

@@ -134,12 +134,12 @@ ChangeDecoder = Callable[[bytes | None, bytes | None, list | None], dict]
 
 
 class Envelope(Protocol):
-    """A wrapper around a format's values (change events: the table's `envelope`), read on the Python path. Where a
+    """A wrapper around a format's values (change events: the table's `envelope`), read on the JVM path where its
+    `jvm_codec` covers the table, else on the Python path. Where a
     table has one (`DecoderSpec.envelope`), materialize asks it what it would ask the format, and gives its change
     columns and row keys to the writer. Registered in `registry.ENVELOPES`."""
 
     name: str
-    python_only_reason: str  # the read path's reason
 
     # driver
     def resolve(self, table: TableSpec, cluster: SourceCluster) -> DecoderSpec:
@@ -172,6 +172,11 @@ class Envelope(Protocol):
 
     def row_keys(self, spec: DecoderSpec) -> list[str]:
         """The upsert key (the source's primary key)."""
+        ...
+
+    def jvm_codec(self, spark: SparkSession, spec: DecoderSpec) -> JvmCodec | str:
+        """As `Format.jvm_codec`: the events' JVM codec (its rows carry the change columns too), or why they stay
+        on Python."""
         ...
 
     # executors

@@ -5,8 +5,9 @@
           value or their exact error (executor_tasks.redecode_rows). No record of the happy path touches Python.
   python  the per-record path: confluent-kafka, the Python decoders, Arrow (executor_tasks.read_batches).
 
-The path is chosen per table by its format (`Format.jvm_codec`: a codec, or why the values stay on Python) and
-logged. Avro tables (a Confluent-compatible or AWS Glue registry, or an inline
+The path is chosen per table by its envelope or else its format (`jvm_codec`: a codec, or why the values stay on
+Python) and logged. Debezium Avro mirror tables take the JVM path where formats.debezium.jvm covers their columns;
+an envelope's codec builds the change columns too. Avro tables (a Confluent-compatible or AWS Glue registry, or an inline
 schema) and raw or string tables (raw_format) take the JVM path. JSON and JSON Schema tables (also through Glue) stay
 on Python: their inline checks (strict types, `optional: false`, ints given as 1.0, ISO strings and epoch numbers for
 timestamps, base64 binary) have no exact `from_json` equivalent. An Avro table whose schema Avro Java refuses stays
@@ -54,10 +55,7 @@ class ReadPath:
 
 def choose_read_path(spark: SparkSession, decoder: DecoderSpec) -> ReadPath:
     """The JVM path where the table's format has a JVM codec for the table, else Python."""
-    envelope = envelope_of(decoder)
-    if envelope is not None:
-        return ReadPath(PYTHON, envelope.python_only_reason)
-    codec = format_of(decoder).jvm_codec(spark, decoder)
+    codec = (envelope_of(decoder) or format_of(decoder)).jvm_codec(spark, decoder)
     if isinstance(codec, str):
         return ReadPath(PYTHON, codec)
     return ReadPath(JVM, codec.reason, codec)

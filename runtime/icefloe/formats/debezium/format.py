@@ -10,13 +10,13 @@ from pyspark.sql.types import StructField
 
 from icefloe.formats.base import CONFLUENT, BatchContext, ChangeDecoder, DecoderSpec, ValueRules
 from icefloe.formats.debezium import tables
+from icefloe.formats.debezium.jvm import DebeziumJvmPlan, plan_debezium
 from icefloe.formats.decoding import confluent_conf
 from icefloe.spec import SourceCluster, TableSpec
 
 
 class Debezium:
     name = "debezium"
-    python_only_reason = "change events (envelope) are unwrapped in Python with their keys and headers"
 
     def resolve(self, table: TableSpec, cluster: SourceCluster) -> DecoderSpec:
         return tables.decoder_spec(table, confluent_conf(cluster), f"table {table.table_name}")
@@ -49,6 +49,9 @@ class Debezium:
 
     def row_keys(self, spec: DecoderSpec) -> list[str]:
         return tables.layout_of(spec).keys
+
+    def jvm_codec(self, spark: SparkSession, spec: DecoderSpec) -> DebeziumJvmPlan | str:
+        return plan_debezium(spark, spec)
 
     def decoder(self, spec: DecoderSpec) -> ChangeDecoder:
         return tables.change_decoder(spec)
