@@ -182,18 +182,18 @@ def merge_batch(
         frame = frame.where(F.col(CHANGE).isin("upsert", "delete", "truncate")).withColumn(
             TOMBSTONE, F.col(CHANGE) == "delete"
         )
-        truncate = _latest_truncate(frame.where(F.col(CHANGE) == "truncate"), sourced)
-        frame = frame.where(F.col(CHANGE) != "truncate")
-        if truncate is not None:  # the batch's changes before its truncate are gone with it
-            frame = frame.where(F.expr(_after(_position("", sourced), _literal(truncate, sourced))))
         if soft_deletes and CHANGE_UNCHANGED in frame.columns:  # a deleted row keeps the values the key had
             meta = {*key_columns, *KAFKA_COLUMNS, KAFKA_CLOCK, SOURCE_POSITION, SOFT_DELETED, SOFT_DELETED_AT}
             kept_values = F.array(*[F.lit(c) for c in columns if c not in meta])
             frame = frame.withColumn(
                 CHANGE_UNCHANGED, F.when(F.col(TOMBSTONE), kept_values).otherwise(F.col(CHANGE_UNCHANGED))
             )
+        truncate, unchanged, moved = _change_facts(frame, sourced)
+        frame = frame.where(F.col(CHANGE) != "truncate")
+        if truncate is not None:  # the batch's changes before its truncate are gone with it
+            frame = frame.where(F.expr(_after(_position("", sourced), _literal(truncate, sourced))))
         if CHANGE_UNCHANGED in frame.columns:
-            frame = _resolve_unchanged(frame, branch, key_columns, sourced)
+            frame = _resolve_unchanged(frame, branch, key_columns, sourced, unchanged, moved)
     if soft_deletes:
         frame = frame.withColumn(SOFT_DELETED, F.col(TOMBSTONE)).withColumn(
             SOFT_DELETED_AT, F.when(F.col(TOMBSTONE), F.col(CHANGE_TIME))
@@ -295,10 +295,36 @@ def _latest_position(frame: DataFrame, sourced: bool, *extra: Column) -> tuple |
     return None if latest is None else tuple(latest)
 
 
-def _latest_truncate(truncates: DataFrame, sourced: bool) -> tuple | None:
-    """The batch's latest truncate: (source position, clock ms, partition, offset, change time), or None."""
-    at = F.col(CHANGE_TIME) if CHANGE_TIME in truncates.columns else F.lit(None)
-    return _latest_position(truncates, sourced, at.alias("at"))
+def _change_facts(frame: DataFrame, sourced: bool) -> tuple[tuple | None, list[str], bool]:
+    """One pass over an envelope's batch: its latest truncate (source position, clock ms, partition, offset, change
+    time; or None), the columns its changes left unchanged and whether a change moved a row from another key. The
+    columns may include some of changes the truncate removes: a column no change leaves unchanged is left as it is."""
+    ms = F.unix_millis(KAFKA_CLOCK)
+    # max of a struct orders as `_latest_first`: field by field, a null source position before every other
+    order = [F.col(SOURCE_POSITION) if sourced else F.lit(None).cast("binary"), F.coalesce(ms, F.lit(NO_CLOCK))]
+    at = F.col(CHANGE_TIME) if CHANGE_TIME in frame.columns else F.lit(None).cast("timestamp")
+    position = F.struct(
+        *[c.alias(f"o{i}") for i, c in enumerate(order)],
+        "kafka_partition",
+        "kafka_offset",
+        ms.alias("ms"),
+        at.alias("at"),
+    )
+    has = set(frame.columns)
+    unchanged = (
+        F.flatten(F.collect_set(CHANGE_UNCHANGED)) if CHANGE_UNCHANGED in has else F.array().cast("array<string>")
+    )
+    moved = F.count(F.col(CHANGE_MOVED_FROM)) if CHANGE_MOVED_FROM in has else F.lit(0)
+    facts = frame.agg(
+        F.max(F.when(F.col(CHANGE) == "truncate", position)).alias("truncate"),
+        F.array_distinct(unchanged).alias("unchanged"),
+        moved.alias("moved"),
+    ).first()
+    latest = facts["truncate"]  # type: ignore[index]  # an aggregate has its row
+    truncate = (
+        None if latest is None else (latest.o0, latest.ms, latest.kafka_partition, latest.kafka_offset, latest.at)
+    )
+    return truncate, sorted(facts["unchanged"] or []), facts["moved"] > 0  # type: ignore[index]
 
 
 def _truncate(branch: Branch, truncate: tuple, sourced: bool, soft_deletes: bool) -> None:
@@ -324,27 +350,33 @@ def _truncate_marker(spark: SparkSession, markers: str, key_columns: list[str], 
     return _latest_position(spark.table(markers).where(nulls), sourced)
 
 
-def _resolve_unchanged(frame: DataFrame, branch: Branch, key_columns: list[str], sourced: bool) -> DataFrame:
-    """Fill the columns changes did not send with the value the key had before each change: from the batch's
-    earlier changes of the key, else (the first change of the key in the batch, or the first after the key moved
-    in) from the table's row of the key, or of the key the row moved from, as it was before (module doc)."""
-    names = [r[0] for r in frame.select(F.explode(CHANGE_UNCHANGED)).distinct().collect()]
+def _resolve_unchanged(
+    frame: DataFrame, branch: Branch, key_columns: list[str], sourced: bool, names: list[str], moved: bool
+) -> DataFrame:
+    """Fill the columns changes did not send (`names`, from `_change_facts`) with the value the key had before each
+    change: from the batch's earlier changes of the key, else (the first change of the key in the batch, or the
+    first after the key moved in) from the table's row of the key, or of the key the row moved from, as it was
+    before (module doc). `moved`: whether a change of the batch moved a row (else the chains are the keys)."""
     if not names or not key_columns:
         return frame.withColumn(CHANGE_UNCHANGED, F.lit(None).cast("array<string>"))
     frame = frame.persist()
     keys = [F.col(quoted(k)) for k in key_columns]
     earliest_first = [c.asc_nulls_first() if i == 0 and sourced else c for i, c in enumerate(_earliest_first(sourced))]
-    running = Window.partitionBy(*keys).orderBy(*earliest_first).rowsBetween(Window.unboundedPreceding, 0)
-    # A change that moved the row in starts a chain of its own: the key's earlier changes (a former row) do not count.
-    chained = frame.withColumn(
-        "icefloe_chain", F.sum(F.when(F.col(CHANGE_MOVED_FROM).isNotNull(), 1).otherwise(0)).over(running)
-    )
-    chain = Window.partitionBy(*keys, "icefloe_chain").orderBy(*earliest_first)
-    from_start = chain.rowsBetween(Window.unboundedPreceding, 0)
-    chained = chained.withColumn("icefloe_from", F.first(CHANGE_MOVED_FROM).over(from_start))
     start = ("icefloe_s_src", "icefloe_s_clock", "icefloe_s_part", "icefloe_s_off")[0 if sourced else 1 :]
-    for column, value in zip(start, _position_columns(sourced)):  # where the chain starts
-        chained = chained.withColumn(column, F.first(value).over(from_start))
+    if moved:
+        running = Window.partitionBy(*keys).orderBy(*earliest_first).rowsBetween(Window.unboundedPreceding, 0)
+        # A change that moved the row in starts a chain of its own: the key's earlier changes (a former row) do not
+        # count.
+        chained = frame.withColumn(
+            "icefloe_chain", F.sum(F.when(F.col(CHANGE_MOVED_FROM).isNotNull(), 1).otherwise(0)).over(running)
+        )
+        chain = Window.partitionBy(*keys, "icefloe_chain").orderBy(*earliest_first)
+        from_start = chain.rowsBetween(Window.unboundedPreceding, 0)
+        chained = chained.withColumn("icefloe_from", F.first(CHANGE_MOVED_FROM).over(from_start))
+        for column, value in zip(start, _position_columns(sourced)):  # where the chain starts
+            chained = chained.withColumn(column, F.first(value).over(from_start))
+    else:  # no row moved: a key's changes are one chain, and what the table lacks comes from the key's own row
+        chain, chained = Window.partitionBy(*keys).orderBy(*earliest_first), frame
     unchanged = F.coalesce(F.col(CHANGE_UNCHANGED), F.array().cast("array<string>"))
     for name in names:
         missing = F.array_contains(unchanged, name)
@@ -363,12 +395,50 @@ def _resolve_unchanged(frame: DataFrame, branch: Branch, key_columns: list[str],
                 F.col(CHANGE_UNCHANGED)
             ),
         )
-    chained = chained.drop("icefloe_known").withColumn("icefloe_row", F.monotonically_increasing_id()).persist()
+    chained = chained.drop("icefloe_known")
+    chained = (chained.withColumn("icefloe_row", F.monotonically_increasing_id()) if moved else chained).persist()
     frame.unpersist()
     left = chained.where(F.size(unchanged) > 0)
     if left.isEmpty():
         return chained.drop("icefloe_chain", "icefloe_from", "icefloe_row", *start)
-    # A row that moved in takes the rest from the batch's latest change of the key it moved from, before the move.
+    if moved:
+        chained = _from_moved_keys(chained, left, key_columns, sourced, names, start)
+    # The rest from the table as it was before the batch: the row of the key, or of the key the row moved from.
+    current = branch.spark.table(branch.identifier).select(
+        *[F.col(quoted(k)).alias(f"icefloe_k_{i}") for i, k in enumerate(key_columns)],
+        *[F.col(quoted(n)).alias(f"icefloe_v_{i}") for i, n in enumerate(names)],
+    )
+    lookup = [
+        F.when(F.col("icefloe_from").isNotNull(), F.col(f"icefloe_from.{quoted(k)}")).otherwise(F.col(quoted(k)))
+        if moved
+        else F.col(quoted(k))
+        for k in key_columns
+    ]
+    chained = chained.withColumn("icefloe_lookup", F.struct(*[c.alias(f"icefloe_k_{i}") for i, c in enumerate(lookup)]))
+    joined = chained.join(
+        current,
+        [chained[f"icefloe_lookup.icefloe_k_{i}"] == current[f"icefloe_k_{i}"] for i in range(len(key_columns))],
+        "left",
+    )
+    for i, name in enumerate(names):
+        missing = F.array_contains(unchanged, name)
+        joined = joined.withColumn(name, F.when(missing, F.col(f"icefloe_v_{i}")).otherwise(F.col(quoted(name))))
+    drop = [
+        "icefloe_chain",
+        "icefloe_from",
+        "icefloe_lookup",
+        *[f"icefloe_k_{i}" for i in range(len(key_columns))],
+        *[f"icefloe_v_{i}" for i in range(len(names))],
+    ]
+    return joined.drop(*drop).withColumn(CHANGE_UNCHANGED, F.lit(None).cast("array<string>"))
+
+
+def _from_moved_keys(
+    chained: DataFrame, left: DataFrame, key_columns: list[str], sourced: bool, names: list[str], start: tuple
+) -> DataFrame:
+    """A row that moved in takes what it still lacks from the batch's latest change of the key it moved from,
+    before the move."""
+    unchanged = F.coalesce(F.col(CHANGE_UNCHANGED), F.array().cast("array<string>"))
     old = chained.where(F.col(CHANGE) == "upsert").select(
         *[F.col(quoted(k)).alias(f"icefloe_ok_{i}") for i, k in enumerate(key_columns)],
         *[
@@ -408,35 +478,9 @@ def _resolve_unchanged(frame: DataFrame, branch: Branch, key_columns: list[str],
         chained = chained.withColumn(
             CHANGE_UNCHANGED, F.when(taken, F.array_remove(unchanged, name)).otherwise(F.col(CHANGE_UNCHANGED))
         )
-    chained = chained.drop(
+    return chained.drop(
         "icefloe_found", "icefloe_ou", "icefloe_row", *start, *[f"icefloe_ov_{i}" for i in range(len(names))]
     )
-    # The rest from the table as it was before the batch: the row of the key, or of the key the row moved from.
-    current = branch.spark.table(branch.identifier).select(
-        *[F.col(quoted(k)).alias(f"icefloe_k_{i}") for i, k in enumerate(key_columns)],
-        *[F.col(quoted(n)).alias(f"icefloe_v_{i}") for i, n in enumerate(names)],
-    )
-    lookup = [
-        F.when(F.col("icefloe_from").isNotNull(), F.col(f"icefloe_from.{quoted(k)}")).otherwise(F.col(quoted(k)))
-        for k in key_columns
-    ]
-    chained = chained.withColumn("icefloe_lookup", F.struct(*[c.alias(f"icefloe_k_{i}") for i, c in enumerate(lookup)]))
-    joined = chained.join(
-        current,
-        [chained[f"icefloe_lookup.icefloe_k_{i}"] == current[f"icefloe_k_{i}"] for i in range(len(key_columns))],
-        "left",
-    )
-    for i, name in enumerate(names):
-        missing = F.array_contains(unchanged, name)
-        joined = joined.withColumn(name, F.when(missing, F.col(f"icefloe_v_{i}")).otherwise(F.col(quoted(name))))
-    drop = [
-        "icefloe_chain",
-        "icefloe_from",
-        "icefloe_lookup",
-        *[f"icefloe_k_{i}" for i in range(len(key_columns))],
-        *[f"icefloe_v_{i}" for i in range(len(names))],
-    ]
-    return joined.drop(*drop).withColumn(CHANGE_UNCHANGED, F.lit(None).cast("array<string>"))
 
 
 def _position_columns(sourced: bool) -> list:
