@@ -108,20 +108,32 @@ def delete_markers_identifier(identifier: str) -> str:
     return f"{identifier}_deletes"
 
 
-def positioned(frame: DataFrame, carried: dict[int, int]) -> tuple[DataFrame, dict[int, int]]:
+def clock_block() -> Column:
+    """A record's block of its partition's offsets (`CLOCK_BLOCK`)."""
+    return F.floor(F.col("kafka_offset") / CLOCK_BLOCK)
+
+
+def positioned(
+    frame: DataFrame, carried: dict[int, int], tops: list[tuple[int, int, int | None]] | None = None
+) -> tuple[DataFrame, dict[int, int]]:
     """`frame` (a batch's changes) with each change's clock in `kafka_clock`, and each partition's clock at the end
-    of the batch (to carry in the checkpoint); `carried`: the clocks the committed checkpoint carries (epoch ms)."""
+    of the batch (to carry in the checkpoint); `carried`: the clocks the committed checkpoint carries (epoch ms).
+    `tops`: (partition, block, highest timestamp in ms) of `frame`'s blocks (`clock_block`), when the caller found
+    them in a pass of its own over the batch (the error mode's); else a pass over `frame` finds them."""
     spark = frame.sparkSession
-    stamped = frame.withColumn("icefloe_block", F.floor(F.col("kafka_offset") / CLOCK_BLOCK)).withColumn(
+    stamped = frame.withColumn("icefloe_block", clock_block()).withColumn(
         "icefloe_ms", F.unix_millis("kafka_timestamp")
     )
+    if tops is None:
+        found = stamped.groupBy("kafka_partition", "icefloe_block").agg(F.max("icefloe_ms").alias("top")).collect()
+        tops = [(row.kafka_partition, row.icefloe_block, row.top) for row in found]
     blocks: dict[int, list[tuple[int, int | None]]] = {}
-    for row in stamped.groupBy("kafka_partition", "icefloe_block").agg(F.max("icefloe_ms").alias("top")).collect():
-        blocks.setdefault(row.kafka_partition, []).append((row.icefloe_block, row.top))
+    for partition, block, top in tops:
+        blocks.setdefault(partition, []).append((block, top))
     clocks, before = dict(carried), []
-    for partition, tops in blocks.items():
+    for partition, in_order in blocks.items():
         clock = carried.get(partition)
-        for block, top in sorted(tops):
+        for block, top in sorted(in_order):
             before.append((partition, block, clock))
             clock = top if clock is None else clock if top is None else max(clock, top)
         if clock is not None:
