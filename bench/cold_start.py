@@ -150,13 +150,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from: " + ", ".join(VARIANTS))
     parser.add_argument("--big-records", type=int, default=1_000_000, help="a big fresh batch, baseline vs c1; 0: none")
+    parser.add_argument("--name", default="cold_start", help="results file name (bench/results/<name>.{json,md})")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--markdown", action="store_true", help="only rewrite cold_start.md from cold_start.json")
     args = parser.parse_args()
     if args.markdown:
-        return print(
-            markdown(json.loads((RESULTS / "cold_start.json").read_text())), file=open(RESULTS / "cold_start.md", "w")
-        )
+        (RESULTS / f"{args.name}.md").write_text(markdown(json.loads((RESULTS / f"{args.name}.json").read_text())))
+        return
     if args.child:
         return child(json.loads(args.child))
     from icefloe_dev.kafka_broker import KafkaBroker
@@ -267,8 +267,8 @@ def main() -> None:
         "load_avg_at_end": [round(x, 1) for x in os.getloadavg()],
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "cold_start.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / "cold_start.md").write_text(markdown(report))
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{args.name}.md").write_text(markdown(report))
     print(markdown(report))
 
 
