@@ -102,6 +102,10 @@ class JobSizing(Model):
     executor_memory: Annotated[str, StringConstraints(pattern=r"^\d+g$")] = "8g"
     initial_executors: int = Field(default=1, ge=1, le=100)
     max_executors: int = Field(default=4, ge=1, le=1000)
+    # A JVM option for the driver and the executors, e.g. -XX:TieredStopAtLevel=1 (C1 only: a fresh run's JIT cost,
+    # bench/results/cold_start.md). One option: EMR Serverless takes the Spark settings as one space-separated string.
+    # Unset, EMR's own extraJavaOptions stand; set, it replaces them.
+    java_option: Annotated[str, StringConstraints(pattern=r"^-XX:[+-]?[A-Za-z]\w*(=[\w.:/-]+)?$")] | None = None
 
     @model_validator(mode="after")
     def _executors(self) -> JobSizing:
@@ -117,7 +121,11 @@ class JobSizing(Model):
             "spark.executor.memory": self.executor_memory,
             "spark.executor.instances": str(self.initial_executors),
             "spark.dynamicAllocation.maxExecutors": str(self.max_executors),
-        }
+        } | (
+            {"spark.driver.extraJavaOptions": self.java_option, "spark.executor.extraJavaOptions": self.java_option}
+            if self.java_option
+            else {}
+        )
 
 
 class EmrSpec(Model):

@@ -66,6 +66,23 @@ def off_aws(catalog: CatalogSpec) -> bool:
     return catalog.endpoints is not None or loopback
 
 
+# The JVM's own messages to stderr, never stdout: a run's --json lines are on stdout, and the CDS dump at exit warns.
+JVM_LOG_TO_STDERR = "-Xlog:all=off:stdout -Xlog:all=warning:stderr"
+
+
+def class_data_sharing(archive: Path, jars: list[str]) -> dict[str, str]:
+    """Driver settings for an AppCDS archive (`ICEFLOE_CDS_ARCHIVE`): a run with no archive yet writes it as its JVM
+    exits, later runs map its classes instead of loading, parsing and verifying them again (a fresh run's cold
+    start: bench/results/cold_start.md). The jars go on the driver's class path as well, because AppCDS archives only
+    classes of the boot and app class path, not those `spark.jars` loads through a URLClassLoader. An archive that
+    no longer matches (another JDK, other jars) is ignored by the JVM with a warning: delete it to write a new one."""
+    use = f"-XX:SharedArchiveFile={archive}" if archive.exists() else f"-XX:ArchiveClassesAtExit={archive}"
+    return {
+        "spark.driver.extraClassPath": ":".join(jars),
+        "spark.driver.extraJavaOptions": f"{JVM_LOG_TO_STDERR} {use}",
+    }
+
+
 def spark_session(catalog: CatalogSpec, state_dir: Path, msk_iam: bool = False):
     """A local session (2 cores here) for a local catalog or a Glue catalog off AWS; else the cluster's session.
     `msk_iam`: a source cluster uses MSK IAM, so a local session loads the aws-msk-iam-auth jar."""
@@ -85,8 +102,11 @@ def spark_session(catalog: CatalogSpec, state_dir: Path, msk_iam: bool = False):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, no DNS lookup of the host name
         builder = SparkSession.builder.master(os.environ.get("ICEFLOE_SPARK_MASTER", "local[*]")).appName("icefloe")
+        jars = local_jars(msk_iam)
+        if os.environ.get("ICEFLOE_CDS_ARCHIVE"):
+            conf |= class_data_sharing(Path(os.environ["ICEFLOE_CDS_ARCHIVE"]), jars)
         conf |= {
-            "spark.jars": ",".join(local_jars(msk_iam)),
+            "spark.jars": ",".join(jars),
             "spark.driver.bindAddress": "127.0.0.1",
             "spark.driver.host": "127.0.0.1",
             "spark.ui.enabled": "false",

@@ -172,3 +172,26 @@ def test_the_password_never_shows_in_the_validated_model():
         yaml.safe_load(EXAMPLE.read_text())["config"]["icefloe:secrets"]["registry"]["password"]["secure"]
     )
     assert secret.password.get_secret_value() not in repr(deployment) + str(secret)
+
+
+def test_the_jobs_jvm_option_goes_to_the_driver_and_executors_and_is_one_option():
+    """`job.javaOption` (e.g. C1 only, bench/results/cold_start.md): one option, since EMR Serverless takes the Spark
+    settings as one space-separated string; none by default, so EMR's own extraJavaOptions stand."""
+    from pydantic import ValidationError
+
+    from icefloe.spec import CatalogSpec
+    from icefloe_infra.deployment import EmrSpec
+    from icefloe_infra.jobs import spark_submit_parameters
+
+    glue = CatalogSpec(type="glue", warehouse="s3://b/w")
+
+    def conf(job: dict) -> str:
+        return spark_submit_parameters(glue, "s3://b/bundle.tar.gz", [], EmrSpec.model_validate({"job": job}))
+
+    assert "extraJavaOptions" not in conf({})
+    parameters = conf({"javaOption": "-XX:TieredStopAtLevel=1"})
+    assert "--conf spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1" in parameters
+    assert "--conf spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1" in parameters
+    for bad in ("-XX:TieredStopAtLevel=1 -XX:+UseParallelGC", "-Dx=$(id)", "TieredStopAtLevel=1"):
+        with pytest.raises(ValidationError, match="javaOption"):
+            conf({"javaOption": bad})
