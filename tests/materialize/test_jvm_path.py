@@ -115,6 +115,9 @@ MUTATIONS = [
     ("time of a day and more", {"clock_us": 86_400_000_000}),
     ("nested time out of range", {"items": [{"sku": "a", "at": 86_400_000}]}),
     ("decimal beyond precision", {"price": (10**9).to_bytes(5, "big", signed=True)}),
+    # Spark keeps a decimal of precision <= 18 as its unscaled value's low 64 bits: these wrap into the precision
+    ("decimal past 64 bits", {"price": (2**64 + 5).to_bytes(9, "big", signed=True)}),
+    ("negative decimal past 64 bits", {"price": (-(2**70) + 1234).to_bytes(9, "big", signed=True)}),
 ]
 
 

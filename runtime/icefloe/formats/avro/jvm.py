@@ -14,7 +14,9 @@ anything else goes to Python, which gives its value or its exact error. Not exac
   - a payload that is not framed, or framed with an id the JVM has no writer schema for (another subject or Glue
     schema, a compressed Glue payload, schema references, a schema Avro Java refuses or cannot resolve against the reader, logical types that differ between
     writer and reader: Python and Java resolve those differently);
-  - a body `from_avro` cannot decode (truncated, overflowing a timestamp, a decimal beyond its precision);
+  - a body `from_avro` cannot decode (truncated, overflowing a timestamp, a decimal beyond its precision; a
+    decimal of precision 18 or less is read at a wider one, since Spark keeps it as its unscaled value's low 64 bits
+    and a longer value could wrap into range: `_widened_precision`);
   - values Avro Java accepts but Python refuses or rewrites: strings (map keys included) that are not UTF-8,
     uuids not in canonical lowercase form, timestamps and dates outside years 1..9999, times outside one day;
   - with an inline schema (no registry), a body longer than its re-encoding: trailing bytes.
@@ -48,6 +50,7 @@ from icefloe.registries.confluent import subject_for, subject_schemas
 
 log = logging.getLogger(__name__)
 MARKER = "__icefloe_decoded"
+_LONG_DIGITS = 18  # Spark's Decimal keeps a precision up to this as a long
 MAX_WRITER_VERSIONS = 100  # the subject's newest versions the JVM decodes; older ids go to Python
 _FROM_AVRO = {"mode": "PERMISSIVE", "datetimeRebaseMode": "CORRECTED"}
 _TS_MICROS = TIMESTAMP_MICROS
@@ -126,10 +129,11 @@ class AvroJvmPlan:
 
     @property
     def reader_with_marker(self) -> str:
-        marked = {
-            **self.reader,
-            "fields": [*self.reader["fields"], {"name": MARKER, "type": "boolean", "default": True}],
-        }
+        """The reader schema `from_avro` decodes with: the marker field added, and (with a registry) decimals that
+        Spark would keep as a long read wider (`_widened_precision`); the inline mode's re-encoding check sees
+        those by their length instead."""
+        reader = self.reader if self.inline else _wide_decimals(self.reader)
+        marked = {**reader, "fields": [*reader["fields"], {"name": MARKER, "type": "boolean", "default": True}]}
         return json.dumps(marked)
 
 
@@ -209,6 +213,35 @@ def _kind(schema: Any) -> tuple[str, str | None]:
     return kind, schema.get("logicalType")
 
 
+def _widened_precision(schema: Any) -> int | None:
+    """The precision a decimal is read with in the JVM, where it is not its own: Spark keeps a decimal of precision
+    18 or less as the low 64 bits of its unscaled value, so a longer value (more bytes than such a decimal needs)
+    could wrap into range and pass as another number. Read wider, it stays whole, and `_checks` sends a value beyond
+    the table's precision to Python."""
+    if not isinstance(schema, dict) or schema.get("logicalType") != "decimal":
+        return None
+    precision = schema.get("precision")
+    if not isinstance(precision, int) or precision > _LONG_DIGITS:
+        return None
+    if schema.get("type") == "bytes":
+        return 38
+    size = schema.get("size")
+    if schema.get("type") == "fixed" and isinstance(size, int) and size > 8:  # the digits a fixed of that size holds
+        return min(38, len(str(2 ** (8 * size - 1) - 1)) - 1)
+    return None
+
+
+def _wide_decimals(node: Any) -> Any:
+    """`node` (an Avro schema) with each decimal that `_widened_precision` names read at that precision."""
+    if isinstance(node, list):
+        return [_wide_decimals(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    widened = {key: _wide_decimals(value) if key != "default" else value for key, value in node.items()}
+    precision = _widened_precision(node)
+    return {**widened, "precision": precision} if precision else widened
+
+
 def _checks(schema: Any, expr: str, names: _Names, ids: count, namespace: str = "") -> str | None:
     """A SQL condition that is true where the value at `expr` has no value Python refuses or rewrites, strings
     apart (see `_strings`); None where there is nothing to check."""
@@ -227,6 +260,8 @@ def _checks(schema: Any, expr: str, names: _Names, ids: count, namespace: str = 
         return f"({expr} IS NULL OR {expr} RLIKE {_UUID})"
     if logical in _RANGES and kind in ("int", "long"):
         return f"({expr} IS NULL OR {expr} BETWEEN {_RANGES[logical]})"
+    if logical == "decimal" and _widened_precision(schema):  # read wider: in the table's precision, or Python's
+        return f"({expr} IS NULL OR try_cast({expr} AS DECIMAL({schema['precision']}, {schema.get('scale', 0)})) IS NOT NULL)"
     return None  # boolean, numbers, bytes, fixed, enum, decimal: Avro Java's result is Python's; strings apart
 
 
