@@ -48,6 +48,9 @@ VARIANTS = {
     "c1": ("-XX:TieredStopAtLevel=1", False, None),
     "pargc": ("-XX:+UseParallelGC", False, None),
     "cds-cp+c1": ("-XX:TieredStopAtLevel=1", True, "app-cp"),
+    # Spark reads spark.* system properties into the driver's conf: whole-stage code generation off (fewer, smaller
+    # classes for Janino to compile in a cold JVM; each operator's expressions are still compiled)
+    "no-wholestage": ("-Dspark.sql.codegen.wholeStage=false", False, None),
 }
 
 
