@@ -247,8 +247,7 @@ def plan_debezium(spark: SparkSession, spec: DecoderSpec) -> DebeziumJvmPlan | s
         columns, source, envelope = _covered(value.reader, key.reader, layout)
     except _Uncovered as why:
         return f"change events are unwrapped in Python: {why}"
-    moved = tables.Layout(layout.mode, layout.soft, layout.after, layout.keys).change_fields()
-    moved_type = next(f for f in moved if f.name == CHANGE_MOVED_FROM).dataType.json()
+    moved_type = next(f for f in layout.change_fields() if f.name == CHANGE_MOVED_FROM).dataType.json()
     placeholder = tables.placeholder_of(spec)
     return DebeziumJvmPlan(value, key, columns, tuple(layout.keys), placeholder, source, envelope, moved_type)
 
