@@ -71,6 +71,46 @@ def append_with_properties(frame: DataFrame, target: str, properties: Mapping[st
     writer.append()
 
 
+# Iceberg's Spark class holding, per JVM thread, the properties the next commit of a SQL write puts in its summary.
+COMMIT_METADATA = "org.apache.iceberg.spark.CommitMetadata"
+
+
+def sql_with_properties(spark: SparkSession, statement: str, properties: Mapping[str, str]) -> None:
+    """Run a SQL write (MERGE, UPDATE, DELETE) whose snapshot summary carries `properties`, as an append's does
+    through its `snapshot-property.` options: Iceberg takes a SQL write's from `CommitMetadata`, one map per JVM
+    thread, and Spark commits a SQL write on the thread that runs the statement, the JVM thread PySpark pins to this
+    Python thread. Iceberg's `CommitMetadata.withCommitProperties` would run the statement as a Java Callable (a Py4J
+    callback into Python): the map is set here directly, and cleared whatever happens. A gateway that does not pin
+    threads (PYSPARK_PIN_THREAD=false) could hand the map to another thread's commit: then, as where Iceberg's class
+    is not as expected, the statement runs without `properties`, so callers check the snapshot they got."""
+    from py4j.clientserver import ClientServer  # type: ignore[import-untyped]  # py4j ships no types
+
+    local = None
+    if isinstance(spark.sparkContext._gateway, ClientServer):
+        try:
+            field = jvm_gateway(spark).py4j.reflection.ReflectionUtil.classForName(COMMIT_METADATA)
+            field = field.getDeclaredField("COMMIT_PROPERTIES")
+            field.setAccessible(True)
+            local = field.get(None)
+        except Exception as error:  # another Iceberg: the write still happens, without the properties
+            log.warning(
+                "Iceberg's %s is not as expected (%s): a SQL write's snapshot carries no properties",
+                COMMIT_METADATA,
+                error,
+            )
+    if local is None:
+        spark.sql(statement)
+        return
+    extra = jvm_gateway(spark).java.util.HashMap()
+    for key, value in properties.items():
+        extra.put(key, value)
+    local.set(extra)
+    try:
+        spark.sql(statement)
+    finally:
+        local.remove()
+
+
 @dataclass(frozen=True)
 class SnapshotRecord:
     """One snapshot of a ref's history as a walk sees it, whichever API read it (Spark's Java table, pyiceberg)."""
