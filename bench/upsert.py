@@ -213,6 +213,8 @@ def job(spec: dict) -> None:
     spark = spark_session(config.catalog, Path(spec["state"]))
     spark_start_s = time.monotonic() - started
     jvm_pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())
+    identifier = config.identifier(table)
+    versions = catalog_versions(spark, identifier)
     cpu, load = cpu_seconds(jvm_pid), os.getloadavg()[0]
     started = time.monotonic()
     result = run_table(spark, config, table, Path(spec["state"]))
@@ -220,12 +222,25 @@ def job(spec: dict) -> None:
     found = {"seconds": round(seconds, 2), "spark_start_s": round(spark_start_s, 1), "rows": result.rows_written,
              "spark_cpu_s": round(cpu_seconds(jvm_pid) - cpu, 1), "load_1m": round(max(load, os.getloadavg()[0]), 1),
              "read_path": result.read_path}  # fmt: skip
+    after = catalog_versions(spark, identifier)
+    found["catalog_commits"] = {name: after[name] - versions.get(name, 0) for name in after}
     if timings is not None:
         found["profile_s"] = {name: round(t, 2) for name, t in timings.items()}
     if spec["base_keys"]:
         write_base(spark, config.identifier(table), spec["base_keys"])
     spark.stop()
     print(json.dumps(found), flush=True)
+
+
+def catalog_versions(spark, identifier: str) -> dict[str, int]:
+    """The catalog's version (one metadata file per commit) of the table and of each table a batch commits to beside
+    it that exists: a batch's commits are the difference."""
+    found = {}
+    for name in (identifier, f"{identifier}_deletes", f"{identifier}_dlq"):
+        table = IcebergTable(spark, name)
+        if table.exists():
+            found[name.split(".")[-1]] = int(Path(table.metadata_location()).name.split("-", 1)[0])
+    return found
 
 
 def profile_hooks() -> dict[str, float]:
@@ -258,6 +273,7 @@ def profile_hooks() -> dict[str, float]:
     timed(batch, "commit_on_branch", "commit_on_branch (all of the write)")
     timed(upsert, "_commit_delete_markers")
     timed(upsert, "merge_batch")
+    timed(upsert, "_truncate_marker")
     timed(SparkSession, "sql", by_statement=True)
     timed(DataFrame, "count", "DataFrame.count")
     timed(DataFrame, "isEmpty", "DataFrame.isEmpty")

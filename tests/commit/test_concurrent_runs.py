@@ -194,8 +194,8 @@ def test_a_run_whose_branch_a_rival_dropped_does_not_publish(
     spark, broker, state_dir, topic, make_config, monkeypatch, mode, dropped
 ):
     """A rival whose clock is a day ahead takes the run's branch for a dead run's and drops it: after the run wrote
-    it, just before the run publishes; or, in upsert mode, after the MERGE and before the append that carries the
-    offsets. The run must not publish (in upsert mode that would put the offsets in main without the merged rows)."""
+    it, just before the run publishes; or, in upsert mode, right after the MERGE (whose snapshot carries the offsets).
+    The run must not publish (in upsert mode that would put the offsets in main without the merged rows)."""
     broker.create_topic(topic, 2)
     sent = records(0, 40, tombstones=mode == "upsert")
     positions = produce(broker.bootstrap_servers, topic, sent)

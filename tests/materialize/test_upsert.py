@@ -434,3 +434,134 @@ def test_deletes_are_one_deletion_vector_per_data_file_and_every_reader_reads_th
         {**r.asDict(), "kafka_key": bytes(r.kafka_key)} for r in spark.table(f"icefloe.{result.identifier}").collect()
     ]
     assert table_state(spark_rows) == expected
+
+
+def catalog_version(metadata_location: str) -> int:
+    """The catalog's version of a table: a metadata file `<version>-<uuid>.metadata.json` per commit."""
+    return int(metadata_location.rsplit("/", 1)[-1].split("-", 1)[0])
+
+
+@pytest.mark.parametrize("pinned", [True, False], ids=["pinned-threads", "unpinned-threads"])
+def test_a_batch_publishes_its_merge_with_the_offsets_and_merges_its_markers_in_one_commit(
+    spark, broker, state_dir, topic, make_config, monkeypatch, pinned
+):
+    """Issue 30: the merge's own snapshot carries the batch's offsets (no empty append after it), and the delete
+    markers are one MERGE on their main carrying their checkpoint (no branch of their own). A batch commits 4 times
+    to the table (the run's branch, the merge, the fast-forward, the branch dropped) and once to its markers, where it
+    committed 5 and 5 times. Where a SQL write cannot carry them (a gateway that does not pin Python threads to JVM
+    threads), an empty append after each merge carries them: 5 and 2 commits."""
+    from icefloe.commit.checkpoint import OFFSETS_KEY, RUN_ID_KEY
+    from icefloe.materialize.batch import materialize_once
+    from icefloe.table import iceberg as iceberg_module
+    from icefloe.table.iceberg import IcebergTable
+
+    if not pinned:
+        monkeypatch.setattr(iceberg_module, "_commit_properties", lambda spark: None)
+
+    broker.create_topic(topic, 3)
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert"})
+    table_spec = config.tables[0]
+    rng = random.Random(41)
+    sent = changes(rng, keys=20, count=60)
+    produce(broker.bootstrap_servers, topic, sent)
+    first = materialize_once(spark, config, table_spec)  # creates the table and its markers
+    table, markers = IcebergTable(spark, first.identifier), IcebergTable(spark, f"{first.identifier}_deletes")
+    before = catalog_version(table.metadata_location()), catalog_version(markers.metadata_location())
+
+    later = changes(rng, keys=20, count=60, start_seq=60)
+    produce(broker.bootstrap_servers, topic, later)
+    second = materialize_once(spark, config, table_spec)
+    after = catalog_version(table.metadata_location()), catalog_version(markers.metadata_location())
+    assert (after[0] - before[0], after[1] - before[1]) == ((4, 1) if pinned else (5, 2)), (before, after)
+
+    for written, kind in ((table, "the table"), (markers, "the markers")):
+        head = written.java().currentSnapshot()
+        summary = dict(head.summary())
+        merged = int(summary.get("added-records") or 0) > 0
+        assert merged == pinned, f"{kind}: its head is {'not ' if pinned else ''}its merge: {summary}"
+        assert summary[RUN_ID_KEY] == second.run_id, (kind, summary)
+        assert json.loads(summary[OFFSETS_KEY]) == {str(p): o for p, o in second.offsets.items()}, (kind, summary)
+    assert table_state(read_pyiceberg(state_dir, second.identifier)) == expected_state(sent + later)
+    assert materialize_once(spark, config, table_spec).status == "up-to-date"
+
+
+def test_two_runs_merging_their_delete_markers_at_once_never_both_commit(spark, tmp_path):
+    """The markers are merged straight on their main: run A's merge reads the markers, run B's merge commits new
+    markers of the same keys, then A commits. Iceberg's validation refuses A's commit (`CommitConflict`: nothing
+    committed, A's batch re-plans), where committing it beside B's would give a key two markers, on which every later
+    merge of the table fails. A's rerun then moves each marker forward to the later position of the two."""
+    import threading
+    from pathlib import Path
+
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    from icefloe.batch_columns import TOMBSTONE
+    from icefloe.commit.branch import Branch
+    from icefloe.commit.checkpoint import Checkpoint
+    from icefloe.errors import CommitConflict
+    from icefloe.formats.columns import table_struct
+    from icefloe.materialize.upsert import _commit_delete_markers
+    from icefloe.table.iceberg import IcebergTable
+    from icefloe.table.refs import branch_name, new_run_id
+
+    struct = table_struct([T.StructField("n", T.LongType())], True)
+    table = IcebergTable(spark, "local.two_marker_merges")
+    table.ensure(struct, (), 128, Checkpoint("markers").to_summary())
+    started, release = tmp_path / "started", tmp_path / "release"
+
+    def deletes(offsets: dict[bytes, int], block: bool = False):
+        frame = spark.createDataFrame(
+            [(key, 0, offset, True) for key, offset in offsets.items()],
+            f"kafka_key binary, kafka_partition int, kafka_offset long, {TOMBSTONE} boolean",
+        ).coalesce(1)
+        if block:  # A's merge has read the markers and waits in its job until B committed
+
+            @F.udf(T.LongType())
+            def wait_for_b(offset):
+                Path(started).touch()
+                for _ in range(1200):
+                    if Path(release).exists():
+                        break
+                    time.sleep(0.1)
+                return offset
+
+            frame = frame.withColumn("kafka_offset", wait_for_b("kafka_offset"))
+        return frame.withColumn("kafka_clock", F.timestamp_millis(F.lit(1_000)))
+
+    def commit(offsets: dict[bytes, int], block: bool = False) -> None:
+        checkpoint = Checkpoint("markers", {0: max(offsets.values()) + 1}, new_run_id())
+        branch = Branch(table, branch_name(checkpoint.run_id), checkpoint)
+        _commit_delete_markers(deletes(offsets, block), branch, struct, ["kafka_key"], 3600.0)
+
+    commit({b"base": 1})  # the markers table exists before the two runs
+    run_a = {b"k1": 10, b"k2": 30}
+    failures: list[BaseException] = []
+
+    def run_a_commits() -> None:
+        try:
+            commit(run_a, block=True)
+        except BaseException as error:
+            failures.append(error)
+
+    thread = threading.Thread(target=run_a_commits)
+    thread.start()
+    try:
+        for _ in range(1200):
+            if started.exists() or not thread.is_alive():
+                break
+            time.sleep(0.1)
+        assert started.exists(), failures
+        commit({b"k1": 20, b"k3": 5})  # run B
+    finally:
+        release.touch()
+        thread.join(300)
+    assert len(failures) == 1 and isinstance(failures[0], CommitConflict), failures
+
+    def recorded() -> list[tuple[bytes, int]]:
+        rows = spark.table("icefloe.local.two_marker_merges_deletes").collect()
+        return sorted((bytes(r.kafka_key), r.kafka_offset) for r in rows)
+
+    assert recorded() == [(b"base", 1), (b"k1", 20), (b"k3", 5)], "B's markers only"
+    commit(run_a)  # A's batch again, re-planned
+    assert recorded() == [(b"base", 1), (b"k1", 20), (b"k2", 30), (b"k3", 5)]

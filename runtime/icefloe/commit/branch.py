@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from icefloe.commit.checkpoint import Checkpoint, append_with_checkpoint
 from icefloe.errors import CommitConflict, RunTimedOut
-from icefloe.table.iceberg import IcebergTable, NotAnAncestor, conformed
+from icefloe.table.iceberg import IcebergTable, NotAnAncestor, conformed, sql_with_properties
 
 # Run ids and branch names live with the table (its creation stages on a run branch); re-exported for the callers.
 from icefloe.table.refs import BRANCH_PREFIX, branch_name, run_started
@@ -72,14 +72,25 @@ class Branch:
         self.checkpointed = True
         self.wrote()
 
-    def wrote(self) -> None:
-        """Note the branch's head after a write (every writer calls this after each statement that commits)."""
+    def sql(self, statement: str) -> None:
+        """Run a SQL write on the branch (a MERGE, UPDATE or DELETE naming `identifier`) in one snapshot that carries
+        the checkpoint, as `append` does: the publish then needs no empty append to carry it."""
+        sql_with_properties(self.spark, statement, self.checkpoint.to_summary())
+        summary = self.wrote()
+        # A write whose snapshot could not carry it (`sql_with_properties`) leaves it to the empty append.
+        self.checkpointed |= all(summary.get(key) == value for key, value in self.checkpoint.to_summary().items())
+
+    def wrote(self) -> Mapping[str, str]:
+        """Note the branch's head after a write (every writer calls this after each statement that commits);
+        returns the head's summary."""
         loaded = self.table.java()  # one load for the head and what it added
         head = self.table.ref_snapshot_id(self.name, loaded)
         if head is None:
             raise CommitConflict(f"table {self.table.identifier}: branch {self.name} was dropped while being written")
         self.written.append(head)
-        self.added = int(loaded.snapshot(head).summary().get("added-records") or 0)
+        summary = loaded.snapshot(head).summary()
+        self.added = int(summary.get("added-records") or 0)
+        return summary
 
     def rows_appended(self) -> int:
         """The rows the last `append` added."""
@@ -150,7 +161,7 @@ def commit_on_branch(
     log.info("%s: writing the batch on branch %s (from snapshot %d)", table.identifier, branch.name, base_snapshot_id)
     try:
         written = write(branch)
-        if not branch.checkpointed:  # e.g. after a MERGE: the checkpoint rides on an empty append
+        if not branch.checkpointed:  # a write that carried none (or none at all): it rides on an empty append
             branch.append(table.spark.createDataFrame([], table.schema()))
         log.info("%s: publishing branch %s (snapshot %d) to main", table.identifier, branch.name, branch.written[-1])
         verify_publishable(branch, base_snapshot_id, run_timeout_s)

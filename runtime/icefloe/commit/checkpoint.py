@@ -22,9 +22,15 @@ from typing import TypeVar
 
 from pyspark.sql import DataFrame
 
-from icefloe.errors import CheckpointLost, ConfigError
+from icefloe.errors import COMMIT_FAILED, VALIDATION_FAILED, CheckpointLost, CommitConflict, ConfigError, java_classes
 from icefloe.source.kafka import TRUNCATED, LostRange
-from icefloe.table.iceberg import IcebergTable, NotAnAncestor, SnapshotRecord, append_with_properties
+from icefloe.table.iceberg import (
+    IcebergTable,
+    NotAnAncestor,
+    SnapshotRecord,
+    append_with_properties,
+    sql_with_properties,
+)
 from icefloe.table.refs import BRANCH_PREFIX, new_run_id
 
 OFFSETS_KEY = "icefloe.offsets"
@@ -277,6 +283,29 @@ def carry_checkpoint(table: IcebergTable, topic: str) -> None:
             except Exception as error:  # best effort: a leftover branch is dropped by a later run
                 log.warning("%s: could not drop branch %s: %s", table.identifier, branch, error)
     log.info("%s: batches kept committing; the checkpoint was not carried this time", table.identifier)
+
+
+def sql_with_checkpoint(table: IcebergTable, statement: str, checkpoint: Checkpoint) -> None:
+    """Run a SQL write straight on `table`'s main (`statement` names `table.full_name`), in one snapshot that carries
+    `checkpoint`: one commit, no branch. Only for a write that a rerun may repeat (a crash after it, or another run's
+    write of the same rows, changes nothing: the delete markers), since nothing publishes it with other tables'
+    commits. Iceberg validates the write against the commits that landed after it read the table (a MERGE's is
+    serializable: a row another run inserted meanwhile is refused, not doubled); one it refused, or lost to another
+    writer, is `CommitConflict`, nothing committed. Where the snapshot could not carry the checkpoint
+    (`sql_with_properties`), an empty append on top carries it."""
+    try:
+        sql_with_properties(table.spark, statement, checkpoint.to_summary())
+    except Exception as error:
+        if not java_classes(error) & {COMMIT_FAILED, VALIDATION_FAILED}:
+            raise
+        raise CommitConflict(
+            f"table {table.identifier}: another writer committed while this batch wrote to it; nothing was "
+            "committed, the batch will be re-planned"
+        ) from None
+    head = table.java().currentSnapshot()
+    summary = head.summary() if head is not None else {}
+    if not all(summary.get(key) == value for key, value in checkpoint.to_summary().items()):
+        append_with_checkpoint(table.spark.createDataFrame([], table.schema()), table.full_name, checkpoint)
 
 
 def append_with_checkpoint(frame: DataFrame, target: str, checkpoint: Checkpoint) -> None:

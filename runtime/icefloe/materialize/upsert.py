@@ -1,8 +1,8 @@
 """Upsert mode: the latest change per key wins, a tombstone deletes its key's row.
 
 The batch is reduced to one change per key and merged with `MERGE INTO` on the run's branch (merge-on-read: position deletes, cheap to write, folded away by
-compaction). The commit protocol then puts the offsets on the same branch (an empty append carrying them), so the
-fast-forward publishes the merge and the offsets together.
+compaction). The merge's snapshot carries the offsets (`Branch.sql`), so the fast-forward publishes the merge and the
+offsets together.
 
 Which change is the latest: every change has a position `(clock, partition, offset)`. The clock is its partition's
 clock at that record: the highest Kafka timestamp the partition has shown up to and including it (a running max over
@@ -57,8 +57,8 @@ from icefloe.batch_columns import (
     SOURCE_POSITION,
     TOMBSTONE,
 )
-from icefloe.commit.branch import Branch, commit_on_branch, drop_stale_branches
-from icefloe.commit.checkpoint import Checkpoint, committed_state
+from icefloe.commit.branch import Branch, drop_stale_branches
+from icefloe.commit.checkpoint import Checkpoint, committed_state, sql_with_checkpoint
 from icefloe.errors import ConfigError
 from icefloe.table.iceberg import IcebergTable, format_properties, quoted
 
@@ -269,13 +269,12 @@ def merge_batch(
                 ]
                 on_delete = "UPDATE SET " + ", ".join(f"t.{quoted(c)} = s.{quoted(c)}" for c in kept)
             if key_columns:
-                spark.sql(
+                branch.sql(  # its snapshot carries the offsets: no empty append for them
                     f"MERGE INTO {branch.identifier} t USING {source} s ON {matches} "
                     f"WHEN MATCHED AND s.{TOMBSTONE} AND {newer} THEN {on_delete} "
                     f"WHEN MATCHED AND {newer} THEN UPDATE SET {updates} "
                     f"WHEN NOT MATCHED AND {insert_when} THEN INSERT ({names}) VALUES ({values})"
                 )
-                branch.wrote()
             spark.catalog.dropTempView(view)
             return total
     finally:
@@ -540,7 +539,9 @@ def _commit_delete_markers(
     This commit comes before the main table's publish, and a crash between the two is harmless: the rerun reads the
     same records from the same checkpoint, so they get the same positions and merging their markers again changes
     nothing. Until then the markers are ahead of the table; a marker only keeps out changes older than a delete that
-    the table will apply anyway when it reads it, so the table ends as it would have."""
+    the table will apply anyway when it reads it, so the table ends as it would have. So the markers need no branch
+    of their own: one MERGE on their main carries their checkpoint (`sql_with_checkpoint`), and two runs merging at
+    once are kept apart by Iceberg's validation of the later one (refused: `CommitConflict`, the batch re-plans)."""
     spark, table = branch.spark, branch.table
     markers = IcebergTable(spark, delete_markers_identifier(table.identifier))
     sourced = SOURCE_POSITION in struct.fieldNames()
@@ -586,28 +587,27 @@ def _commit_delete_markers(
 
     markers.ensure(marker_struct, (), 128, Checkpoint(topic).to_summary(), table_format)
     markers.evolve(marker_struct)
-    drop_stale_branches(markers, run_timeout_s)
+    drop_stale_branches(markers, run_timeout_s)  # left by runs that still wrote the markers on a branch
     state = committed_state(markers, topic)  # type: ignore[arg-type]  # a batch's checkpoint names its topic
     # Like the dead-letter table's: how far the topic's deletes are recorded (maintenance carries it forward).
     checkpoint = Checkpoint(
         topic, {p: max(o, state.offsets.get(p, 0)) for p, o in marks.items()}, branch.checkpoint.run_id
     )
-
-    def write(marker_branch: Branch) -> None:
-        view = f"icefloe_deletes_{marker_branch.name}"
-        recorded.createOrReplaceTempView(view)
-        # <=>: a truncate's row; no key columns at all: every marker is a truncate's
-        matches = " AND ".join(f"t.{quoted(k)} <=> s.{quoted(k)}" for k in key_columns) or "true"
-        position = ", ".join(f"t.{f.name} = s.{f.name}" for f in position_fields)
-        names = ", ".join(quoted(f.name) for f in marker_struct.fields)
-        values = ", ".join(f"s.{quoted(f.name)}" for f in marker_struct.fields)
-        spark.sql(
-            f"MERGE INTO {marker_branch.identifier} t USING {view} s ON {matches} "
-            f"WHEN MATCHED AND {_after(_position('s', sourced), _position('t', sourced))} THEN UPDATE SET {position} "
-            f"WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})"
-        )
-        marker_branch.wrote()
-        spark.catalog.dropTempView(view)
-
-    commit_on_branch(markers, state.snapshot_id, checkpoint, write, run_timeout_s)  # type: ignore[arg-type]  # ensure() gives the table its first snapshot
+    view = f"icefloe_deletes_{branch.name}"
+    recorded.createOrReplaceTempView(view)
+    # <=>: a truncate's row; no key columns at all: every marker is a truncate's
+    matches = " AND ".join(f"t.{quoted(k)} <=> s.{quoted(k)}" for k in key_columns) or "true"
+    position = ", ".join(f"t.{f.name} = s.{f.name}" for f in position_fields)
+    names = ", ".join(quoted(f.name) for f in marker_struct.fields)
+    values = ", ".join(f"s.{quoted(f.name)}" for f in marker_struct.fields)
+    # Straight on main, in one commit with the checkpoint: merging the same markers again changes nothing (above),
+    # and Iceberg refuses a merge that another run's marker commit overtook (`sql_with_checkpoint`).
+    sql_with_checkpoint(
+        markers,
+        f"MERGE INTO {markers.full_name} t USING {view} s ON {matches} "
+        f"WHEN MATCHED AND {_after(_position('s', sourced), _position('t', sourced))} THEN UPDATE SET {position} "
+        f"WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})",
+        checkpoint,
+    )
+    spark.catalog.dropTempView(view)
     return markers.full_name

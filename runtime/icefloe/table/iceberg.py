@@ -71,6 +71,48 @@ def append_with_properties(frame: DataFrame, target: str, properties: Mapping[st
     writer.append()
 
 
+# Iceberg's Spark class holding, per JVM thread, the properties the next commit of a SQL write puts in its summary.
+COMMIT_METADATA = "org.apache.iceberg.spark.CommitMetadata"
+
+
+def sql_with_properties(spark: SparkSession, statement: str, properties: Mapping[str, str]) -> None:
+    """Run a SQL write (MERGE, UPDATE, DELETE) whose snapshot summary carries `properties`, as an append's does
+    through its `snapshot-property.` options: Iceberg takes a SQL write's from `CommitMetadata`, one map per JVM
+    thread, and Spark commits a SQL write on the thread that runs the statement, the JVM thread PySpark pins to this
+    Python thread. (Iceberg's `CommitMetadata.withCommitProperties` would run the statement as a Java Callable, a Py4J
+    callback into Python: the map is set here directly, and cleared whatever happens.) Where that map cannot be set
+    (`_commit_properties`) the statement runs without `properties`: callers check the snapshot they got."""
+    local = _commit_properties(spark)
+    if local is None:
+        spark.sql(statement)
+        return
+    extra = jvm_gateway(spark).java.util.HashMap()
+    for key, value in properties.items():
+        extra.put(key, value)
+    local.set(extra)
+    try:
+        spark.sql(statement)
+    finally:
+        local.remove()
+
+
+def _commit_properties(spark: SparkSession) -> Any:
+    """Iceberg's per-thread map of a SQL write's commit properties; None where the gateway does not pin threads
+    (PYSPARK_PIN_THREAD=false: the map could reach another thread's commit) or Iceberg's class is not as expected."""
+    from py4j.clientserver import ClientServer  # type: ignore[import-untyped]  # py4j ships no types
+
+    if not isinstance(spark.sparkContext._gateway, ClientServer):
+        return None
+    try:
+        field = jvm_gateway(spark).py4j.reflection.ReflectionUtil.classForName(COMMIT_METADATA)
+        field = field.getDeclaredField("COMMIT_PROPERTIES")
+        field.setAccessible(True)
+        return field.get(None)
+    except Exception as error:  # another Iceberg: the write still happens, without the properties
+        log.warning("%s is not as expected (%s): SQL writes commit without properties", COMMIT_METADATA, error)
+        return None
+
+
 @dataclass(frozen=True)
 class SnapshotRecord:
     """One snapshot of a ref's history as a walk sees it, whichever API read it (Spark's Java table, pyiceberg)."""
