@@ -348,34 +348,25 @@ def _latest_position(frame: DataFrame, sourced: bool, *extra: Column) -> tuple |
 
 
 def _change_facts(frame: DataFrame, sourced: bool) -> tuple[tuple | None, list[str], bool]:
-    """One pass over an envelope's batch: its latest truncate (source position, clock ms, partition, offset, change
-    time; or None), the columns its changes left unchanged and whether a change moved a row from another key. The
-    columns may include some of changes the truncate removes: a column no change leaves unchanged is left as it is."""
-    ms = F.unix_millis(KAFKA_CLOCK)
-    # max of a struct orders as `_latest_first`: field by field, a null source position before every other
-    order = [F.col(SOURCE_POSITION) if sourced else F.lit(None).cast("binary"), F.coalesce(ms, F.lit(NO_CLOCK))]
-    at = F.col(CHANGE_TIME) if CHANGE_TIME in frame.columns else F.lit(None).cast("timestamp")
-    position = F.struct(
-        *[c.alias(f"o{i}") for i, c in enumerate(order)],
-        "kafka_partition",
-        "kafka_offset",
-        ms.alias("ms"),
-        at.alias("at"),
-    )
+    """An envelope's batch's latest truncate (source position, clock ms, partition, offset, change time; or None),
+    the columns its changes left unchanged and whether a change moved a row from another key. One pass that needs
+    no change's clock (the window `positioned` adds is left out of it); a batch holding a truncate takes a second
+    one for the truncate's position. The columns may include some of changes the truncate removes: a column no
+    change leaves unchanged is left as it is."""
     has = set(frame.columns)
     unchanged = (
         F.flatten(F.collect_set(CHANGE_UNCHANGED)) if CHANGE_UNCHANGED in has else F.array().cast("array<string>")
     )
     moved = F.count(F.col(CHANGE_MOVED_FROM)) if CHANGE_MOVED_FROM in has else F.lit(0)
     facts = frame.agg(
-        F.max(F.when(F.col(CHANGE) == "truncate", position)).alias("truncate"),
+        F.count(F.when(F.col(CHANGE) == "truncate", 1)).alias("truncates"),
         F.array_distinct(unchanged).alias("unchanged"),
         moved.alias("moved"),
     ).first()
-    latest = facts["truncate"]  # type: ignore[index]  # an aggregate has its row
-    truncate = (
-        None if latest is None else (latest.o0, latest.ms, latest.kafka_partition, latest.kafka_offset, latest.at)
-    )
+    truncate = None
+    if facts["truncates"]:  # type: ignore[index]  # an aggregate has its row
+        at = F.col(CHANGE_TIME) if CHANGE_TIME in has else F.lit(None).cast("timestamp")
+        truncate = _latest_position(frame.where(F.col(CHANGE) == "truncate"), sourced, at)
     return truncate, sorted(facts["unchanged"] or []), facts["moved"] > 0  # type: ignore[index]
 
 
