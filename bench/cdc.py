@@ -5,8 +5,11 @@ updates, some leaving a TOAST column unchanged (the placeholder), creates, delet
 Avro upserts over the same K keys (`mode: upsert` on the Kafka key). Each round produces N of each, then runs one
 batch of each table (icefloe's `run_table`; both on the JVM read path: the mirror's envelope through
 formats.debezium.jvm, `read_path` in the results), timed.
-Round 1 builds the tables; later rounds merge into K existing rows.
-Results: bench/results/cdc.{json,md}. Run: `.venv/bin/python bench/cdc.py [--changes 100000 --keys 20000 --rounds 3]`.
+Round 1 builds the tables; later rounds merge into K existing rows. Besides wall time, each batch's CPU time (the
+Spark JVM's and this process's; the broker's is left out) and the load average at the start and end: on a shared
+machine the CPU ratio is the steadier figure.
+Results: bench/results/cdc.{json,md}; the table replaces the top of cdc.md, the sections (`## `) below it are kept.
+Run: `.venv/bin/python bench/cdc.py [--changes 100000 --keys 20000 --rounds 3]`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from process_stats import cpu_seconds
 
 from icefloe.operate.runner import run_table
 from icefloe.session import spark_session
@@ -105,6 +109,11 @@ def main() -> None:
                 {"sourceCluster": "local", "topic": "pg.public.accounts", "format": "avro", "envelope": "debezium", "mode": "upsert"},
                 {"sourceCluster": "local", "topic": "accounts_plain", "format": "avro", "mode": "upsert"}]})  # fmt: skip
             spark = spark_session(config.catalog, work / "state")
+            jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]  # local mode: the launched JVM
+
+            def cpu() -> float:  # the Spark JVM (and anything it started) and this Python process itself
+                return cpu_seconds(jvm) + sum(os.times()[:2])
+
             rng, lsn = random.Random(29), [1000]
             for number in range(1, args.rounds + 1):
                 produce(
@@ -119,12 +128,14 @@ def main() -> None:
                 )
                 measured = {"round": number}
                 for label, table in (("plain_upsert", config.tables[1]), ("cdc_mirror", config.tables[0])):
-                    started = time.monotonic()
+                    load, spent, started = os.getloadavg()[0], cpu(), time.monotonic()
                     result = run_table(spark, config, table, work / "state")
                     seconds = time.monotonic() - started
                     records = sum(result.offsets.values())
                     measured[label] = {
                         "seconds": round(seconds, 1),
+                        "cpu_s": round(cpu() - spent, 1),
+                        "load_1m": [round(load, 1), round(os.getloadavg()[0], 1)],
                         "records_to_date": records,
                         "read_path": result.read_path,
                     }
@@ -144,14 +155,22 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "cdc.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = ["# CDC benchmark (bench/cdc.py)", "", f"{report['machine']}; {args.changes} changes per round over {args.keys} keys, "
-             f"{PARTITIONS} partitions; one batch per table per round, same process.", "",
-             "| round | plain upsert s | plain changes/s | CDC mirror s | CDC changes/s |", "|---|---|---|---|---|"]  # fmt: skip
+             f"{PARTITIONS} partitions; one batch per table per round, same process. Mirror/plain: the mirror's rate "
+             "over the plain upsert's (plain time over mirror time), by wall and by CPU time; load: 1-minute load "
+             "average at the start of the plain batch and the end of the mirror's.", "",
+             "| round | plain upsert s | plain CPU s | CDC mirror s | mirror CPU s | mirror/plain, wall | mirror/plain, CPU | load |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for m in rounds:
         p, c = m["plain_upsert"], m["cdc_mirror"]
+        wall, spent = p["seconds"] / c["seconds"], p["cpu_s"] / c["cpu_s"]
         lines.append(
-            f"| {m['round']} | {p['seconds']} | {p['changes_per_s']} | {c['seconds']} | {c['changes_per_s']} |"
+            f"| {m['round']} | {p['seconds']} | {p['cpu_s']} | {c['seconds']} | {c['cpu_s']} | {wall:.2f} | "
+            f"{spent:.2f} | {p['load_1m'][0]} -> {c['load_1m'][1]} |"
         )
-    (RESULTS / "cdc.md").write_text("\n".join(lines) + "\n")
+    page = RESULTS / "cdc.md"
+    kept = page.read_text() if page.exists() else ""
+    history = kept[kept.index("\n## ") :] if "\n## " in kept else ""
+    page.write_text("\n".join(lines) + "\n" + history)
     print("\n".join(lines))
 
 

@@ -316,6 +316,65 @@ def test_toast_placeholders_key_changes_and_truncates(spark, broker, registry, s
     assert run() == {5: ("after-truncate", "n", "2022-01-08")}
 
 
+def one_batch_or_two(spark, broker, registry, state_dir, topic, make_config, scenario, **extra) -> list[dict]:
+    """The table `scenario(events)` leaves (a first batch, then a second one given as two parts) read in those two
+    batches, and the same with the second batch split in two: the rows of both, which must be equal."""
+    tables = []
+    for split in (False, True):
+        name = f"{topic}_split" if split else topic
+        broker.create_topic(name, 1)
+        events = Events(name, "avro-inline", registry.url)
+        config = table_config(make_config, name, "avro-inline", **extra)
+        first, *second = scenario(events)
+        for records in [first, *(second if split else [[r for part in second for r in part]])]:
+            produce(broker.bootstrap_servers, name, records)
+            result = run_table(spark, config, config.tables[0], state_dir)
+            assert result.status == "committed" and result.records_failed == 0
+        rows = read_pyiceberg(state_dir, result.identifier)
+        tables.append({r["id"]: {k: v for k, v in r.items() if not k.startswith("kafka_")} for r in rows})
+    assert tables[0] == tables[1]
+    return list(tables[0].values())
+
+
+def test_a_truncate_leaves_no_value_for_a_later_unchanged_column(
+    spark, broker, registry, state_dir, topic, make_config
+):
+    """An unchanged TOAST column of a change after a truncate has no earlier value (null): the truncate took the
+    key's row, whether it came in the same batch or an earlier one (also for a row moved from a truncated key)."""
+
+    def scenario(events: Events) -> list[list[dict]]:
+        first = [events.upsert("c", 1, "a", notes="long-1"), events.upsert("c", 2, "b", notes="long-2")]
+        events.commit()
+        truncate = [events.event("t", None)]
+        events.lsn += 10
+        header = [("__debezium.oldkey", json.dumps({"id": 2}).encode())]
+        after = [
+            events.upsert("u", 1, "a2", notes=PLACEHOLDER),
+            *events.delete(2, lsn=events.lsn),
+            events.upsert("c", 20, "moved", notes=PLACEHOLDER, lsn=events.lsn, headers=header),
+        ]
+        return [first, truncate, after]
+
+    rows = one_batch_or_two(spark, broker, registry, state_dir, topic, make_config, scenario)
+    assert state(rows) == {1: ("a2", None, "2022-01-08"), 20: ("moved", None, "2022-01-08")}
+
+
+def test_a_soft_delete_keeps_the_values_of_the_change_before_it(spark, broker, registry, state_dir, topic, make_config):
+    """A soft-deleted row keeps the values the key had before the delete: those of an update in the same batch
+    too, as when the update came in an earlier batch."""
+
+    def scenario(events: Events) -> list[list[dict]]:
+        first = [events.upsert("c", 1, "a", notes="long-1"), events.upsert("c", 2, "b", notes="long-2")]
+        events.commit()
+        return [first, [events.upsert("u", 1, "a2", notes=PLACEHOLDER)], events.delete(1)]
+
+    rows = one_batch_or_two(spark, broker, registry, state_dir, topic, make_config, scenario, deletes="soft")
+    assert {r["id"]: (r["name"], r["notes"], r["cdc_deleted"]) for r in rows} == {
+        1: ("a2", "long-1", True),
+        2: ("b", "long-2", False),
+    }
+
+
 def test_order_never_regresses_across_partitions(spark, broker, registry, state_dir, topic, make_config):
     """A key's changes on two partitions, read in batches where the newer arrives first: the source position
     decides, so the older change (a late partition, a replay) neither overwrites nor resurrects the row."""

@@ -31,9 +31,11 @@ Change data (an envelope's batch, with the change columns of `batch_columns`) fo
 - a change is an upsert, a delete (a marker, as a tombstone), a truncate (every row before it goes, and its marker,
   a row of null keys in `<table>_deletes`, keeps older changes out as a delete's does) or nothing;
 - columns a change did not send (`icefloe_unchanged`: PostgreSQL's unchanged TOAST values) keep the value the key
-  had before it: from the batch's earlier changes of the key, else the table's row; a change that moved the row
-  from another key (a primary-key change, `icefloe_moved_from`) takes them from that key as it was before;
-- `deletes: soft`: a delete keeps the row, flagged `cdc_deleted` with its time, and the delete's position.
+  had before it: from the batch's earlier changes of the key, else the table's row (none where a truncate before
+  the change removed it, in the batch or earlier); a change that moved the row from another key (a primary-key
+  change, `icefloe_moved_from`) takes them from that key as it was before;
+- `deletes: soft`: a delete keeps the row, flagged `cdc_deleted` with its time, and the delete's position, with the
+  values the key had before the delete (as columns the delete left unchanged).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window, WindowSpec
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -190,6 +192,8 @@ def merge_batch(
     columns = [f.name for f in struct.fields]
     sourced = SOURCE_POSITION in columns
     truncate = None
+    carried: list[str] = []  # unchanged columns the reduction carries from the key's chain, else MERGE from its row
+    resolved = False  # the changes hold every column's value (unchanged ones filled, or carried)
     if CHANGE in frame.columns:
         frame = frame.where(F.col(CHANGE).isin("upsert", "delete", "truncate")).withColumn(
             TOMBSTONE, F.col(CHANGE) == "delete"
@@ -204,8 +208,13 @@ def merge_batch(
         frame = frame.where(F.col(CHANGE) != "truncate")
         if truncate is not None:  # the batch's changes before its truncate are gone with it
             frame = frame.where(F.expr(_after(_position("", sourced), _literal(truncate, sourced))))
-        if CHANGE_UNCHANGED in frame.columns:
-            frame = _resolve_unchanged(frame, branch, key_columns, sourced, unchanged, moved)
+        resolved = CHANGE_UNCHANGED in frame.columns
+        if resolved and unchanged and key_columns:
+            if moved:  # rows a hard truncate removes hold no value for the changes after it
+                gone = None if soft_deletes else truncate
+                frame = _resolve_moved_unchanged(frame, branch, key_columns, sourced, unchanged, gone)
+            else:
+                carried = [name for name in unchanged if name in columns]
     if soft_deletes:
         frame = frame.withColumn(SOFT_DELETED, F.col(TOMBSTONE)).withColumn(
             SOFT_DELETED_AT, F.when(F.col(TOMBSTONE), F.col(CHANGE_TIME))
@@ -215,13 +224,12 @@ def merge_batch(
             _commit_delete_markers(None, branch, struct, key_columns, run_timeout_s, truncate, has_deletes=False)
             _truncate(branch, truncate, sourced, soft_deletes)
         return 0
-    keys = [F.col(quoted(k)) for k in key_columns]
+    latest = Window.partitionBy(*[F.col(quoted(k)) for k in key_columns]).orderBy(*_latest_first(sourced))
+    known, carried_values, missing = _carry_unchanged(latest, carried)
+    ranked = frame.select("*", F.row_number().over(latest).alias("icefloe_rank"), *known)  # one window: one sort
     changes = (
-        frame.withColumn(
-            "icefloe_rank", F.row_number().over(Window.partitionBy(*keys).orderBy(*_latest_first(sourced)))
-        )
-        .where("icefloe_rank = 1")
-        .select(*[F.col(quoted(c)) for c in columns], TOMBSTONE)
+        ranked.where("icefloe_rank = 1")
+        .select(*[carried_values.get(c, F.col(quoted(c))) for c in columns], TOMBSTONE, *missing)
         .persist()
     )
     try:
@@ -257,11 +265,13 @@ def merge_batch(
             row = (_clock("t", fallback="kafka_timestamp"), "t.kafka_partition", "t.kafka_offset")
             newer = _after(_position("s", sourced), (f"t.{SOURCE_POSITION}", *row) if sourced else row)
             matches = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in key_columns)
-            updates = ", ".join(f"t.{quoted(c)} = s.{quoted(c)}" for c in columns)
+            updates = ", ".join(f"t.{quoted(c)} = {_updated(c, carried)}" for c in columns)
             names = ", ".join(quoted(c) for c in columns)
             values = ", ".join(f"s.{quoted(c)}" for c in columns)
             on_delete = "DELETE"
-            if soft_deletes:  # the row stays, flagged, and holds the delete's position
+            if soft_deletes and resolved:  # the row stays, flagged, with the values the key had before the delete
+                on_delete = f"UPDATE SET {updates}"
+            elif soft_deletes:  # the row stays, flagged, and holds the delete's position
                 kept = [
                     c
                     for c in columns
@@ -279,6 +289,36 @@ def merge_batch(
             return total
     finally:
         changes.unpersist()
+
+
+def _carry_unchanged(latest: WindowSpec, names: list[str]) -> tuple[list[Column], dict[str, Column], list[Column]]:
+    """The reduction's side of the unchanged columns `names` (a batch without moved rows): over the reduction's own
+    window (`latest`: a key's changes, latest first), each column's value from the latest change of the key that
+    sent it. For a key's latest change that is its own value, else its earlier changes' latest; where none of them
+    sent it, the MERGE keeps the row's value (`_updated`), and an insert has none (null). Returns the window's
+    columns, then the columns' values to select on the latest change and whether each is still missing."""
+    whole = latest.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)  # linear: one pass per key
+    unchanged = F.coalesce(F.col(CHANGE_UNCHANGED), F.array().cast("array<string>"))
+    known, values, missing = [], {}, []
+    for i, name in enumerate(names):
+        sent = F.when(~F.array_contains(unchanged, name), F.struct(F.col(quoted(name)).alias("v")))
+        known.append(F.first(sent, ignorenulls=True).over(whole).alias(f"icefloe_known_{i}"))
+        values[name] = F.col(f"icefloe_known_{i}.v").alias(name)
+        missing.append(F.col(f"icefloe_known_{i}").isNull().alias(_missing(i)))
+    return known, values, missing
+
+
+def _missing(index: int) -> str:
+    """The reduced batch's column saying the `index`th carried unchanged column is still missing."""
+    return f"icefloe_missing_{index}"
+
+
+def _updated(column: str, carried: list[str]) -> str:
+    """SQL: a matched row's new value of `column`: the change's, or the row's own where the change and the key's
+    earlier changes in the batch left it unchanged."""
+    if column not in carried:
+        return f"s.{quoted(column)}"
+    return f"CASE WHEN s.{_missing(carried.index(column))} THEN t.{quoted(column)} ELSE s.{quoted(column)} END"
 
 
 def _literal(position: tuple, sourced: bool) -> Position:
@@ -307,41 +347,31 @@ def _latest_position(frame: DataFrame, sourced: bool, *extra: Column) -> tuple |
 
 
 def _change_facts(frame: DataFrame, sourced: bool) -> tuple[tuple | None, list[str], bool]:
-    """One pass over an envelope's batch: its latest truncate (source position, clock ms, partition, offset, change
-    time; or None), the columns its changes left unchanged and whether a change moved a row from another key. The
-    columns may include some of changes the truncate removes: a column no change leaves unchanged is left as it is."""
-    ms = F.unix_millis(KAFKA_CLOCK)
-    # max of a struct orders as `_latest_first`: field by field, a null source position before every other
-    order = [F.col(SOURCE_POSITION) if sourced else F.lit(None).cast("binary"), F.coalesce(ms, F.lit(NO_CLOCK))]
-    at = F.col(CHANGE_TIME) if CHANGE_TIME in frame.columns else F.lit(None).cast("timestamp")
-    position = F.struct(
-        *[c.alias(f"o{i}") for i, c in enumerate(order)],
-        "kafka_partition",
-        "kafka_offset",
-        ms.alias("ms"),
-        at.alias("at"),
-    )
+    """An envelope's batch's latest truncate (source position, clock ms, partition, offset, change time; or None),
+    the columns its changes left unchanged and whether a change moved a row from another key. One pass that needs
+    no change's clock (the window `positioned` adds is left out of it); a batch holding a truncate takes a second
+    one for the truncate's position. The columns may include some of changes the truncate removes: a column no
+    change leaves unchanged is left as it is."""
     has = set(frame.columns)
     unchanged = (
         F.flatten(F.collect_set(CHANGE_UNCHANGED)) if CHANGE_UNCHANGED in has else F.array().cast("array<string>")
     )
     moved = F.count(F.col(CHANGE_MOVED_FROM)) if CHANGE_MOVED_FROM in has else F.lit(0)
     facts = frame.agg(
-        F.max(F.when(F.col(CHANGE) == "truncate", position)).alias("truncate"),
+        F.count(F.when(F.col(CHANGE) == "truncate", 1)).alias("truncates"),
         F.array_distinct(unchanged).alias("unchanged"),
         moved.alias("moved"),
     ).first()
-    latest = facts["truncate"]  # type: ignore[index]  # an aggregate has its row
-    truncate = (
-        None if latest is None else (latest.o0, latest.ms, latest.kafka_partition, latest.kafka_offset, latest.at)
-    )
+    truncate = None
+    if facts["truncates"]:  # type: ignore[index]  # an aggregate has its row
+        at = F.col(CHANGE_TIME) if CHANGE_TIME in has else F.lit(None).cast("timestamp")
+        truncate = _latest_position(frame.where(F.col(CHANGE) == "truncate"), sourced, at)
     return truncate, sorted(facts["unchanged"] or []), facts["moved"] > 0  # type: ignore[index]
 
 
 def _truncate(branch: Branch, truncate: tuple, sourced: bool, soft_deletes: bool) -> None:
     """Every row whose change is before the truncate goes (soft: is flagged deleted at the truncate's time)."""
-    row = (_clock("t", fallback="kafka_timestamp"), "t.kafka_partition", "t.kafka_offset")
-    older = _after(_literal(truncate[:4], sourced), (f"t.{SOURCE_POSITION}", *row) if sourced else row)
+    older = _truncated(truncate, sourced)
     if soft_deletes:
         at = "NULL" if truncate[4] is None else f"TIMESTAMP '{truncate[4].isoformat()}'"
         branch.spark.sql(
@@ -353,6 +383,12 @@ def _truncate(branch: Branch, truncate: tuple, sourced: bool, soft_deletes: bool
     branch.wrote()
 
 
+def _truncated(truncate: tuple, sourced: bool) -> str:
+    """SQL: the row `t` is older than the truncate (it goes with it)."""
+    row = (_clock("t", fallback="kafka_timestamp"), "t.kafka_partition", "t.kafka_offset")
+    return _after(_literal(truncate[:4], sourced), (f"t.{SOURCE_POSITION}", *row) if sourced else row)
+
+
 def _truncate_marker(spark: SparkSession, markers: str, key_columns: list[str], sourced: bool) -> tuple | None:
     """The latest truncate recorded in `<table>_deletes` (its row of null keys)."""
     if not key_columns:
@@ -361,33 +397,34 @@ def _truncate_marker(spark: SparkSession, markers: str, key_columns: list[str], 
     return _latest_position(spark.table(markers).where(nulls), sourced)
 
 
-def _resolve_unchanged(
-    frame: DataFrame, branch: Branch, key_columns: list[str], sourced: bool, names: list[str], moved: bool
+def _resolve_moved_unchanged(
+    frame: DataFrame,
+    branch: Branch,
+    key_columns: list[str],
+    sourced: bool,
+    names: list[str],
+    truncate: tuple | None = None,
 ) -> DataFrame:
-    """Fill the columns changes did not send (`names`, from `_change_facts`) with the value the key had before each
+    """Fill the columns changes did not send (`names`, from `_change_facts`) in a batch that moved rows between keys
+    (a batch without moved rows takes the lighter way of `_carry_unchanged`), with the value the key had before each
     change: from the batch's earlier changes of the key, else (the first change of the key in the batch, or the
     first after the key moved in) from the table's row of the key, or of the key the row moved from, as it was
-    before (module doc). `moved`: whether a change of the batch moved a row (else the chains are the keys)."""
-    if not names or not key_columns:
-        return frame.withColumn(CHANGE_UNCHANGED, F.lit(None).cast("array<string>"))
+    before (module doc). `truncate`: the batch's truncate, whose rows are gone (a hard one's): they hold no value,
+    as in a later batch."""
     frame = frame.persist()
     keys = [F.col(quoted(k)) for k in key_columns]
     earliest_first = [c.asc_nulls_first() if i == 0 and sourced else c for i, c in enumerate(_earliest_first(sourced))]
     start = ("icefloe_s_src", "icefloe_s_clock", "icefloe_s_part", "icefloe_s_off")[0 if sourced else 1 :]
-    if moved:
-        running = Window.partitionBy(*keys).orderBy(*earliest_first).rowsBetween(Window.unboundedPreceding, 0)
-        # A change that moved the row in starts a chain of its own: the key's earlier changes (a former row) do not
-        # count.
-        chained = frame.withColumn(
-            "icefloe_chain", F.sum(F.when(F.col(CHANGE_MOVED_FROM).isNotNull(), 1).otherwise(0)).over(running)
-        )
-        chain = Window.partitionBy(*keys, "icefloe_chain").orderBy(*earliest_first)
-        from_start = chain.rowsBetween(Window.unboundedPreceding, 0)
-        chained = chained.withColumn("icefloe_from", F.first(CHANGE_MOVED_FROM).over(from_start))
-        for column, value in zip(start, _position_columns(sourced)):  # where the chain starts
-            chained = chained.withColumn(column, F.first(value).over(from_start))
-    else:  # no row moved: a key's changes are one chain, and what the table lacks comes from the key's own row
-        chain, chained = Window.partitionBy(*keys).orderBy(*earliest_first), frame
+    running = Window.partitionBy(*keys).orderBy(*earliest_first).rowsBetween(Window.unboundedPreceding, 0)
+    # A change that moved the row in starts a chain of its own: the key's earlier changes (a former row) do not count.
+    chained = frame.withColumn(
+        "icefloe_chain", F.sum(F.when(F.col(CHANGE_MOVED_FROM).isNotNull(), 1).otherwise(0)).over(running)
+    )
+    chain = Window.partitionBy(*keys, "icefloe_chain").orderBy(*earliest_first)
+    from_start = chain.rowsBetween(Window.unboundedPreceding, 0)
+    chained = chained.withColumn("icefloe_from", F.first(CHANGE_MOVED_FROM).over(from_start))
+    for column, value in zip(start, _position_columns(sourced)):  # where the chain starts
+        chained = chained.withColumn(column, F.first(value).over(from_start))
     unchanged = F.coalesce(F.col(CHANGE_UNCHANGED), F.array().cast("array<string>"))
     for name in names:
         missing = F.array_contains(unchanged, name)
@@ -407,22 +444,22 @@ def _resolve_unchanged(
             ),
         )
     chained = chained.drop("icefloe_known")
-    chained = (chained.withColumn("icefloe_row", F.monotonically_increasing_id()) if moved else chained).persist()
+    chained = chained.withColumn("icefloe_row", F.monotonically_increasing_id()).persist()
     frame.unpersist()
     left = chained.where(F.size(unchanged) > 0)
     if left.isEmpty():
         return chained.drop("icefloe_chain", "icefloe_from", "icefloe_row", *start)
-    if moved:
-        chained = _from_moved_keys(chained, left, key_columns, sourced, names, start)
+    chained = _from_moved_keys(chained, left, key_columns, sourced, names, start)
     # The rest from the table as it was before the batch: the row of the key, or of the key the row moved from.
-    current = branch.spark.table(branch.identifier).select(
+    current = branch.spark.table(branch.identifier).alias("t")
+    if truncate is not None:
+        current = current.where(f"NOT coalesce({_truncated(truncate, sourced)}, false)")  # what `_truncate` keeps
+    current = current.select(
         *[F.col(quoted(k)).alias(f"icefloe_k_{i}") for i, k in enumerate(key_columns)],
         *[F.col(quoted(n)).alias(f"icefloe_v_{i}") for i, n in enumerate(names)],
     )
     lookup = [
         F.when(F.col("icefloe_from").isNotNull(), F.col(f"icefloe_from.{quoted(k)}")).otherwise(F.col(quoted(k)))
-        if moved
-        else F.col(quoted(k))
         for k in key_columns
     ]
     chained = chained.withColumn("icefloe_lookup", F.struct(*[c.alias(f"icefloe_k_{i}") for i, c in enumerate(lookup)]))
