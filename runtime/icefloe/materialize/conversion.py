@@ -38,7 +38,6 @@ _AVRO_NATIVE = (
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-_MAX_TS = dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC)
 
 
 class ValueConverter:
@@ -150,7 +149,10 @@ def _check_float(path: str, single: bool) -> Convert:
     def floating(value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{path}: expected a number, got {type(value).__name__}")
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # a JSON integer past a double's range
+            raise ValueError(f"{path}: out of range for a double") from None
         if single and math.isfinite(value) and abs(value) > 3.4028234663852886e38:
             raise ValueError(f"{path}: out of range for a float")
         return value
@@ -206,11 +208,16 @@ def _check_timestamp(path: str, with_zone: bool) -> Convert:
                 raise ValueError(f"{path}: epoch milliseconds out of the timestamp range") from None
         else:
             raise ValueError(f"{path}: expected a timestamp, got {type(value).__name__}")
+        if moment.tzinfo:  # its instant, which an offset may put before year 1 or after 9999
+            try:
+                moment = moment.astimezone(dt.UTC)
+            except OverflowError:
+                raise ValueError(f"{path}: out of the timestamp range") from None
         if with_zone:
             moment = moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
-        elif moment.tzinfo:
-            moment = moment.astimezone(dt.UTC).replace(tzinfo=None)
-        if moment.year < 1 or (moment.tzinfo and moment > _MAX_TS):
+        else:
+            moment = moment.replace(tzinfo=None)
+        if moment.year < 1:
             raise ValueError(f"{path}: out of the timestamp range")
         return moment
 
@@ -377,17 +384,18 @@ class BatchBuilder:
         value = self.values[index]
         try:
             pa.array([value], type=self.value_type)
-        except _ARROW_REFUSALS as error:
+        except ARROW_REFUSALS as error:
             for field in self.value_type:
                 try:
                     pa.array([value.get(field.name)], type=field.type)
-                except _ARROW_REFUSALS:
+                except ARROW_REFUSALS:
                     return f"{field.name}: Arrow cannot store the value as {field.type} ({type(error).__name__})"
             return f"Arrow cannot store the value ({type(error).__name__})"
         return None
 
 
-_ARROW_REFUSALS = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError)
+# UnicodeEncodeError: a string UTF-8 cannot hold (a lone surrogate, which a JSON escape can spell)
+ARROW_REFUSALS = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, UnicodeEncodeError)
 # (error class, message, raw value bytes, schema id)
 RecordFailure = tuple[str, str, "bytes | None", "int | None"]
 _ROW_COLUMNS = (*KAFKA_COLUMNS, *STATUS_COLUMNS)

@@ -286,9 +286,11 @@ def _key_decoder(plan: ReadPlan, values) -> Callable[[bytes], dict]:
 
 def _build(builder) -> pa.RecordBatch:
     """Build the Arrow batch; a value Arrow refuses (rare: checks run first) becomes a bad record itself."""
+    from icefloe.materialize.conversion import ARROW_REFUSALS
+
     try:
         return builder.build()
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+    except ARROW_REFUSALS:
         pass
     for index in range(len(builder)):
         reason = builder.row_error(index)
