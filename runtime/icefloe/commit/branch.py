@@ -78,7 +78,7 @@ class Branch:
         sql_with_properties(self.spark, statement, self.checkpoint.to_summary())
         summary = self.wrote()
         # A write whose snapshot could not carry it (`sql_with_properties`) leaves it to the empty append.
-        self.checkpointed |= all(summary.get(key) == value for key, value in self.checkpoint.to_summary().items())
+        self.checkpointed |= self.checkpoint.carried_by(summary)
 
     def wrote(self) -> Mapping[str, str]:
         """Note the branch's head after a write (every writer calls this after each statement that commits);

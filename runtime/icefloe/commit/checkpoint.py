@@ -123,6 +123,10 @@ class Checkpoint:
             summary[KNOWN_RECORDS_KEY] = json.dumps({str(p): list(r) for p, r in self.known_records.items()})
         return summary
 
+    def carried_by(self, summary: Mapping[str, str]) -> bool:
+        """Whether a snapshot's summary carries this checkpoint (a SQL write's may not: `sql_with_properties`)."""
+        return all(summary.get(key) == value for key, value in self.to_summary().items())
+
     @classmethod
     def from_summary(cls, summary: Mapping[str, str | None]) -> Checkpoint | None:
         """The checkpoint a snapshot summary carries, or None (a maintenance commit carries none)."""
@@ -304,7 +308,7 @@ def sql_with_checkpoint(table: IcebergTable, statement: str, checkpoint: Checkpo
         ) from None
     head = table.java().currentSnapshot()
     summary = head.summary() if head is not None else {}
-    if not all(summary.get(key) == value for key, value in checkpoint.to_summary().items()):
+    if not checkpoint.carried_by(summary):
         append_with_checkpoint(table.spark.createDataFrame([], table.schema()), table.full_name, checkpoint)
 
 
