@@ -217,9 +217,7 @@ def _check_timestamp(path: str, with_zone: bool) -> Convert:
             moment = moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
         else:
             moment = moment.replace(tzinfo=None)
-        if moment.year < 1:
-            raise ValueError(f"{path}: out of the timestamp range")
-        return moment
+        return moment  # years 1-9999: Python's datetime holds no other
 
     return timestamp
 
