@@ -14,7 +14,9 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from pyiceberg.types import ListType, StructType
 
+import icefloe.materialize.batch as batch_module
 from icefloe.errors import RecordError
+from icefloe.materialize.upsert import merge_batch
 from icefloe.operate.runner import run_table
 from support import as_utc, load_pyiceberg, produce, read_duckdb, read_pyiceberg
 
@@ -373,6 +375,37 @@ def test_a_soft_delete_keeps_the_values_of_the_change_before_it(spark, broker, r
         1: ("a2", "long-1", True),
         2: ("b", "long-2", False),
     }
+
+
+def test_the_error_modes_pass_finds_the_change_facts_of_the_good_changes(
+    spark, broker, registry, state_dir, topic, make_config, monkeypatch
+):
+    """What an envelope's batch holds that decides its merge (`upsert.ChangeFacts`) comes from the error mode's
+    pass over the batch (no job of its own), counting the good changes only: not a bad record (its placeholder),
+    nor a delete's tombstone."""
+    broker.create_topic(topic, 2)
+    events = Events(topic, "avro-inline", registry.url)
+    config = table_config(make_config, topic, "avro-inline", errors="skip")
+    given = []
+
+    def merge_recording(*args, **kwargs):
+        given.append(kwargs.get("facts", args[6] if len(args) > 6 else None))
+        return merge_batch(*args, **kwargs)
+
+    monkeypatch.setattr(batch_module, "merge_batch", merge_recording)
+    produce(broker.bootstrap_servers, topic, [events.upsert("c", 1, "a", notes="long-1"), events.upsert("c", 2, "b")])
+    run_table(spark, config, config.tables[0], state_dir)
+    bad = events.event("u", {"id": 3}, after={"id": 4, "name": "z", "notes": PLACEHOLDER, "born": 19000})
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [events.upsert("u", 1, "a2", notes=PLACEHOLDER, partition=1), bad, *events.delete(2)],
+    )
+    result = run_table(spark, config, config.tables[0], state_dir)
+    assert result.records_failed == 1
+    found = [None if f is None else (f.truncates, f.deletes, f.unchanged, f.moved) for f in given]
+    assert found == [(0, 0, (), False), (0, 1, ("notes",), False)]
+    assert state(read_pyiceberg(state_dir, result.identifier)) == {1: ("a2", "long-1", "2022-01-08")}
 
 
 def test_order_never_regresses_across_partitions(spark, broker, registry, state_dir, topic, make_config):

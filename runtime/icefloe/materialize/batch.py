@@ -20,12 +20,13 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
+from typing import Protocol
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from icefloe.batch_columns import ERROR_CLASS, ERROR_MESSAGE, TOMBSTONE
+from icefloe.batch_columns import CHANGE, ERROR_CLASS, ERROR_MESSAGE, TOMBSTONE
 from icefloe.commit.branch import Branch, commit_on_branch, drop_stale_branches
 from icefloe.commit.checkpoint import Checkpoint, CommittedState, Throughput, committed_state, lost_as_json
 from icefloe.errors import IcefloeError, RecordError
@@ -37,7 +38,15 @@ from icefloe.materialize.budget import Deadline, size_batch
 from icefloe.materialize.dead_letters import commit_dead_letters
 from icefloe.materialize.python_tasks import ReadPlan, read_batches, unmark
 from icefloe.materialize.read_paths import JVM, PYTHON, JvmBatch, ReadPath, choose_read_path
-from icefloe.materialize.upsert import clock_block, key_columns, merge_batch, positioned
+from icefloe.materialize.upsert import (
+    ChangeFacts,
+    change_fact_columns,
+    change_facts_of,
+    clock_block,
+    key_columns,
+    merge_batch,
+    positioned,
+)
 from icefloe.source.kafka import TRUNCATED, OffsetRange, client_config, plan_ranges, with_known_records
 from icefloe.source.spark_kafka import kafka_timestamp_overflow, source_failure
 from icefloe.spec import IcefloeConfig, TableSpec
@@ -117,8 +126,11 @@ class Batch:
         return Batch([r for r in ranges if r.end > r.start], {**self.next_offsets, partition: offset})
 
 
-# Writes a batch's good rows to the run's branch; returns the rows written (appended, or changes merged).
-Writer = Callable[[DataFrame, Branch], int]
+class Writer(Protocol):
+    """Writes a batch's good rows to the run's branch; returns the rows written (appended, or changes merged).
+    `facts`: an envelope's batch's change facts, where the error mode's pass found them (`upsert.ChangeFacts`)."""
+
+    def __call__(self, frame: DataFrame, branch: Branch, facts: ChangeFacts | None = None) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -132,6 +144,8 @@ class ErrorModeOutcome:
     # Upsert: (partition, block, highest timestamp ms) of `good`'s clock blocks, found in the error mode's pass (None:
     # `positioned` finds them, as where fail mode cut the batch)
     clock_tops: list[tuple[int, int, int | None]] | None = None
+    # An envelope's upsert: the good rows' change facts, found in the same pass (None: `merge_batch` finds them)
+    change_facts: ChangeFacts | None = None
 
 
 @dataclass(frozen=True)
@@ -359,7 +373,7 @@ def _commit(
                 iceberg,
                 state.snapshot_id,  # type: ignore[arg-type]  # ensure() gives the table its first snapshot
                 checkpoint,
-                partial(write, good),
+                partial(write, good, facts=applied.change_facts),
                 table.run_timeout_seconds,
             )
             return CommitOutcome(snapshot_id, rows, applied)
@@ -484,16 +498,19 @@ def _apply_error_mode(
     spark: SparkSession, identifier: str, table: TableSpec, frame: DataFrame, batch: Batch, checkpoint: Checkpoint
 ) -> ErrorModeOutcome:
     """Split the read batch into what to commit and what failed, as the table's `errors` mode says. An upsert
-    batch's pass also finds the good rows' clock blocks (`upsert.positioned`): one pass over the batch less."""
+    batch's pass also finds the good rows' clock blocks (`upsert.positioned`) and, for an envelope's, their change
+    facts (`upsert.ChangeFacts`): passes over the batch less."""
     failing = F.col(ERROR_CLASS).isNotNull()
     bad, good = frame.where(failing), frame.where(~failing)
     upsert = table.mode == "upsert"
+    changes = upsert and CHANGE in frame.columns
     found = (
         frame.groupBy("kafka_partition", *([clock_block().alias("block")] if upsert else []))
         .agg(
             F.min(F.when(failing, F.col("kafka_offset"))).alias("first"),
             F.count(F.when(failing, 1)).alias("failed"),
             *([F.max(F.when(~failing, F.unix_millis("kafka_timestamp"))).alias("top")] if upsert else []),
+            *(change_fact_columns(frame, ~failing) if changes else []),
         )
         .collect()
     )
@@ -504,15 +521,16 @@ def _apply_error_mode(
             first_bad[row.kafka_partition] = (min(first, row.first), failed_before + row.failed)
     failed = sum(n for _, n in first_bad.values())
     tops = [(row.kafka_partition, row.block, row.top) for row in found] if upsert else None
+    facts = change_facts_of(found) if changes else None
     if not failed:
-        return ErrorModeOutcome(good, batch, 0, None, tops)
+        return ErrorModeOutcome(good, batch, 0, None, tops, facts)
     _log_failures(identifier, bad)
     if table.errors == "fail":
         error = _first_error(bad, first_bad)
         for partition, (offset, _) in first_bad.items():
             batch = batch.cut_before(partition, offset)
             good = good.where((F.col("kafka_partition") != partition) | (F.col("kafka_offset") < offset))
-        return ErrorModeOutcome(good, batch, 0, error)  # cut: its clock blocks are found again
+        return ErrorModeOutcome(good, batch, 0, error)  # cut: its clock blocks and change facts are found again
     if table.errors == "dlq":
         truncated = tuple(r for r in checkpoint.lost if r.kind == TRUNCATED)
         commit_dead_letters(
@@ -525,7 +543,7 @@ def _apply_error_mode(
             table.run_timeout_seconds,
             truncated,
         )
-    return ErrorModeOutcome(good, batch, failed, None, tops)
+    return ErrorModeOutcome(good, batch, failed, None, tops, facts)
 
 
 def _first_error(bad: DataFrame, first_bad: dict[int, tuple[int, int]]) -> RecordError:
@@ -545,7 +563,7 @@ def _log_failures(identifier: str, bad: DataFrame) -> None:
 def _append_writer(struct: StructType) -> Writer:
     columns = [F.col(quoted(f.name)) for f in struct.fields]  # a name may hold dots or backticks
 
-    def append(frame: DataFrame, branch: Branch) -> int:
+    def append(frame: DataFrame, branch: Branch, facts: ChangeFacts | None = None) -> int:
         branch.append(frame.select(*columns))
         return branch.rows_appended()
 
@@ -562,8 +580,8 @@ def _upsert_writer(
     """`columns`: the table's, which may hold fields the batch's schema removed (they are set to null); `changes`:
     an envelope's change columns, which the writer consumes (`upsert`)."""
 
-    def upsert(frame: DataFrame, branch: Branch) -> int:
+    def upsert(frame: DataFrame, branch: Branch, facts: ChangeFacts | None = None) -> int:
         kept = conformed(frame, columns, keep=(TOMBSTONE, *changes))
-        return merge_batch(kept, branch, columns, keys, run_timeout_s, soft)
+        return merge_batch(kept, branch, columns, keys, run_timeout_s, soft, facts)
 
     return upsert

@@ -42,8 +42,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window, WindowSpec
+from pyspark.sql import Column, DataFrame, Row, SparkSession, Window, WindowSpec
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -183,11 +184,13 @@ def merge_batch(
     key_columns: list[str],
     run_timeout_s: float,
     soft_deletes: bool = False,
+    facts: ChangeFacts | None = None,
 ) -> int:
     """Merge one batch (with `kafka_clock`, see `positioned`) into the run's branch; returns the number of changes
     the batch holds after its reduction to one per key (a change older than the row it meets counts, though it
     changes nothing). A batch with change columns (an envelope's) may also truncate, leave columns unchanged and
-    move rows between keys (module doc)."""
+    move rows between keys (module doc): `facts` say which, when the caller found them in a pass of its own over
+    the batch (`change_fact_columns`); else a pass over `frame` finds them."""
     spark = branch.spark
     columns = [f.name for f in struct.fields]
     sourced = SOURCE_POSITION in columns
@@ -198,13 +201,19 @@ def merge_batch(
         frame = frame.where(F.col(CHANGE).isin("upsert", "delete", "truncate")).withColumn(
             TOMBSTONE, F.col(CHANGE) == "delete"
         )
+        if facts is None:  # one pass over the batch for them
+            facts = change_facts_of(frame.agg(*change_fact_columns(frame)).collect())
+        unchanged, moved = list(facts.unchanged), facts.moved
         if soft_deletes and CHANGE_UNCHANGED in frame.columns:  # a deleted row keeps the values the key had
             meta = {*key_columns, *KAFKA_COLUMNS, KAFKA_CLOCK, SOURCE_POSITION, SOFT_DELETED, SOFT_DELETED_AT}
-            kept_values = F.array(*[F.lit(c) for c in columns if c not in meta])
+            kept = [c for c in columns if c not in meta]
             frame = frame.withColumn(
-                CHANGE_UNCHANGED, F.when(F.col(TOMBSTONE), kept_values).otherwise(F.col(CHANGE_UNCHANGED))
+                CHANGE_UNCHANGED,
+                F.when(F.col(TOMBSTONE), F.array(*[F.lit(c) for c in kept])).otherwise(F.col(CHANGE_UNCHANGED)),
             )
-        truncate, unchanged, moved = _change_facts(frame, sourced)
+            if facts.deletes:
+                unchanged = sorted({*unchanged, *kept})
+        truncate = _latest_truncate(frame, sourced) if facts.truncates else None
         frame = frame.where(F.col(CHANGE) != "truncate")
         if truncate is not None:  # the batch's changes before its truncate are gone with it
             frame = frame.where(F.expr(_after(_position("", sourced), _literal(truncate, sourced))))
@@ -346,27 +355,55 @@ def _latest_position(frame: DataFrame, sourced: bool, *extra: Column) -> tuple |
     return None if latest is None else tuple(latest)
 
 
-def _change_facts(frame: DataFrame, sourced: bool) -> tuple[tuple | None, list[str], bool]:
-    """An envelope's batch's latest truncate (source position, clock ms, partition, offset, change time; or None),
-    the columns its changes left unchanged and whether a change moved a row from another key. One pass that needs
-    no change's clock (the window `positioned` adds is left out of it); a batch holding a truncate takes a second
-    one for the truncate's position. The columns may include some of changes the truncate removes: a column no
-    change leaves unchanged is left as it is."""
+@dataclass(frozen=True)
+class ChangeFacts:
+    """What an envelope's batch holds that decides how it is merged: its truncates and deletes (counts), the columns
+    its changes left unchanged (may include some of changes a truncate removes: a column no change leaves unchanged
+    is left as it is) and whether a change moved a row from another key."""
+
+    truncates: int
+    deletes: int
+    unchanged: tuple[str, ...]
+    moved: bool
+
+
+def change_fact_columns(frame: DataFrame, counted: Column | None = None) -> list[Column]:
+    """Aggregates of `frame`'s changes (those where `counted`, if given) whose rows, per group or one for the whole
+    frame, `change_facts_of` adds up: the error mode's pass over the batch takes them beside its own, so the merge
+    needs no job of its own for them."""
     has = set(frame.columns)
+    applied = F.col(CHANGE).isin("upsert", "delete", "truncate")  # what `merge_batch` keeps of the batch
+    if counted is not None:
+        applied = applied & counted
     unchanged = (
-        F.flatten(F.collect_set(CHANGE_UNCHANGED)) if CHANGE_UNCHANGED in has else F.array().cast("array<string>")
+        F.flatten(F.collect_set(F.when(applied, F.col(CHANGE_UNCHANGED))))
+        if CHANGE_UNCHANGED in has
+        else F.array().cast("array<string>")
     )
-    moved = F.count(F.col(CHANGE_MOVED_FROM)) if CHANGE_MOVED_FROM in has else F.lit(0)
-    facts = frame.agg(
-        F.count(F.when(F.col(CHANGE) == "truncate", 1)).alias("truncates"),
-        F.array_distinct(unchanged).alias("unchanged"),
-        moved.alias("moved"),
-    ).first()
-    truncate = None
-    if facts["truncates"]:  # type: ignore[index]  # an aggregate has its row
-        at = F.col(CHANGE_TIME) if CHANGE_TIME in has else F.lit(None).cast("timestamp")
-        truncate = _latest_position(frame.where(F.col(CHANGE) == "truncate"), sourced, at)
-    return truncate, sorted(facts["unchanged"] or []), facts["moved"] > 0  # type: ignore[index]
+    moved = F.count(F.when(applied, F.col(CHANGE_MOVED_FROM))) if CHANGE_MOVED_FROM in has else F.lit(0)
+    return [
+        F.count(F.when(applied & (F.col(CHANGE) == "truncate"), 1)).alias("icefloe_truncates"),
+        F.count(F.when(applied & (F.col(CHANGE) == "delete"), 1)).alias("icefloe_deletes"),
+        F.array_distinct(unchanged).alias("icefloe_unchanged"),
+        moved.alias("icefloe_moved"),
+    ]
+
+
+def change_facts_of(rows: list[Row]) -> ChangeFacts:
+    """The facts of a batch from the rows of its `change_fact_columns` aggregates."""
+    unchanged = {name for row in rows for name in row["icefloe_unchanged"] or []}
+    return ChangeFacts(
+        sum(row["icefloe_truncates"] for row in rows),
+        sum(row["icefloe_deletes"] for row in rows),
+        tuple(sorted(unchanged)),
+        any(row["icefloe_moved"] for row in rows),
+    )
+
+
+def _latest_truncate(frame: DataFrame, sourced: bool) -> tuple | None:
+    """The batch's latest truncate: (source position, clock ms, partition, offset, change time), or None."""
+    at = F.col(CHANGE_TIME) if CHANGE_TIME in frame.columns else F.lit(None).cast("timestamp")
+    return _latest_position(frame.where(F.col(CHANGE) == "truncate"), sourced, at)
 
 
 def _truncate(branch: Branch, truncate: tuple, sourced: bool, soft_deletes: bool) -> None:
@@ -405,7 +442,7 @@ def _resolve_moved_unchanged(
     names: list[str],
     truncate: tuple | None = None,
 ) -> DataFrame:
-    """Fill the columns changes did not send (`names`, from `_change_facts`) in a batch that moved rows between keys
+    """Fill the columns changes did not send (`names`, from `ChangeFacts`) in a batch that moved rows between keys
     (a batch without moved rows takes the lighter way of `_carry_unchanged`), with the value the key had before each
     change: from the batch's earlier changes of the key, else (the first change of the key in the batch, or the
     first after the key moved in) from the table's row of the key, or of the key the row moved from, as it was
