@@ -8,13 +8,16 @@ formats.debezium.jvm, `read_path` in the results), timed.
 Round 1 builds the tables; later rounds merge into K existing rows. Besides wall time, each batch's CPU time (the
 Spark JVM's and this process's; the broker's is left out) and the load average at the start and end: on a shared
 machine the CPU ratio is the steadier figure.
+`--steps`: each batch's wall and CPU seconds in its main steps too (`STEPS`; the error mode's pass over the batch,
+the merge and, inside it, the delete markers and the MERGE statement), printed and kept in cdc.json.
 Results: bench/results/cdc.{json,md}; the table replaces the top of cdc.md, the sections (`## `) below it are kept.
-Run: `.venv/bin/python bench/cdc.py [--changes 100000 --keys 20000 --rounds 3]`.
+Run: `.venv/bin/python bench/cdc.py [--changes 100000 --keys 20000 --rounds 3] [--steps]`.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -23,6 +26,7 @@ import shutil
 import tempfile
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka import Producer
@@ -31,6 +35,9 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from process_stats import cpu_seconds
 
+import icefloe.materialize.batch as batch_module
+import icefloe.materialize.upsert as upsert_module
+from icefloe.commit.branch import Branch
 from icefloe.operate.runner import run_table
 from icefloe.session import spark_session
 from icefloe.spec import parse_config
@@ -51,6 +58,28 @@ ENVELOPE = {"type": "record", "name": "Envelope", "namespace": "pg.public.accoun
     {"name": "before", "type": ["null", ROW]}, {"name": "after", "type": ["null", "Value"]}, {"name": "source", "type": SOURCE},
     {"name": "op", "type": "string"}, {"name": "ts_ms", "type": ["null", "long"]}]}  # fmt: skip
 KEY = {"type": "record", "name": "Key", "namespace": "pg.public.accounts", "fields": [{"name": "id", "type": "long"}]}
+# The steps `--steps` times: (module or class, function, label)
+STEPS = [(batch_module, "_apply_error_mode", "error_mode_pass"), (batch_module, "merge_batch", "merge"),
+         (upsert_module, "_commit_delete_markers", "delete_markers"), (Branch, "sql", "merge_statement")]  # fmt: skip
+
+
+def time_steps(cpu: Callable[[], float]) -> dict[str, list[float]]:
+    """Wrap the `STEPS` in timers; returns their totals (wall s, CPU s), which the caller clears per batch."""
+    totals: dict[str, list[float]] = {}
+    for owner, name, label in STEPS:
+        step = getattr(owner, name)
+
+        def timed(*args, _step=step, _label=label, **kwargs):
+            spent, started = cpu(), time.monotonic()
+            try:
+                return _step(*args, **kwargs)
+            finally:
+                total = totals.setdefault(_label, [0.0, 0.0])
+                total[0] += time.monotonic() - started
+                total[1] += cpu() - spent
+
+        setattr(owner, name, functools.wraps(step)(timed))
+    return totals
 
 
 def produce(
@@ -91,6 +120,7 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=100_000)
     parser.add_argument("--keys", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", action="store_true", help="time each batch's main steps too (STEPS)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="icefloe-bench-cdc-"))
     rounds = []
@@ -114,6 +144,7 @@ def main() -> None:
             def cpu() -> float:  # the Spark JVM (and anything it started) and this Python process itself
                 return cpu_seconds(jvm) + sum(os.times()[:2])
 
+            steps = time_steps(cpu) if args.steps else None
             rng, lsn = random.Random(29), [1000]
             for number in range(1, args.rounds + 1):
                 produce(
@@ -128,6 +159,8 @@ def main() -> None:
                 )
                 measured = {"round": number}
                 for label, table in (("plain_upsert", config.tables[1]), ("cdc_mirror", config.tables[0])):
+                    if steps is not None:
+                        steps.clear()
                     load, spent, started = os.getloadavg()[0], cpu(), time.monotonic()
                     result = run_table(spark, config, table, work / "state")
                     seconds = time.monotonic() - started
@@ -139,6 +172,8 @@ def main() -> None:
                         "records_to_date": records,
                         "read_path": result.read_path,
                     }
+                    if steps is not None:  # wall s, CPU s
+                        measured[label]["steps"] = {k: [round(v, 1) for v in t] for k, t in steps.items()}
                 rounds.append(measured)
                 print(json.dumps(measured), flush=True)
             spark.stop()
