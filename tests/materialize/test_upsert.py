@@ -485,6 +485,39 @@ def test_a_batch_publishes_its_merge_with_the_offsets_and_merges_its_markers_in_
     assert materialize_once(spark, config, table_spec).status == "up-to-date"
 
 
+def test_a_plain_upsert_table_never_looks_for_a_truncate_marker(
+    spark, broker, state_dir, topic, make_config, monkeypatch
+):
+    """Only change data truncates (a marker of null keys in `<table>_deletes`). A plain upsert table's records always
+    have a key (a record without one is bad: `python_tasks._value`), so its markers never hold a truncate's: its
+    markers say so (`TRUNCATES_PROPERTY`), and its batches run no query for the latest truncate (a Spark job per
+    batch, where it found none)."""
+    from icefloe.materialize import upsert
+    from icefloe.table.iceberg import IcebergTable
+
+    looked_up = []
+    latest_position = upsert._latest_position
+
+    def spied(frame, sourced, *extra):
+        looked_up.append(frame)
+        return latest_position(frame, sourced, *extra)
+
+    monkeypatch.setattr(upsert, "_latest_position", spied)
+    broker.create_topic(topic, 3)
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert"})
+    rng, sent = random.Random(43), []
+    for batch in range(2):  # the second batch meets the markers the first one created
+        records = changes(rng, keys=20, count=60, start_seq=batch * 60)
+        produce(broker.bootstrap_servers, topic, records)
+        sent += records
+        result = run_table(spark, config, config.tables[0], state_dir)
+        assert result.status == "committed"
+    assert looked_up == [], "a plain upsert batch looked for a truncate's marker"
+    markers = IcebergTable(spark, upsert.delete_markers_identifier(result.identifier))
+    assert markers.table_property(upsert.TRUNCATES_PROPERTY) == "none"
+    assert table_state(read_pyiceberg(state_dir, result.identifier)) == expected_state(sent)
+
+
 def test_two_runs_merging_their_delete_markers_at_once_never_both_commit(spark, tmp_path):
     """The markers are merged straight on their main: run A's merge reads the markers, run B's merge commits new
     markers of the same keys, then A commits. Iceberg's validation refuses A's commit (`CommitConflict`: nothing

@@ -69,6 +69,10 @@ from icefloe.table.iceberg import IcebergTable, format_properties, quoted
 # the blocks before a record contribute their maxima.
 CLOCK_BLOCK = 100_000
 NO_CLOCK = -(2**63) + 1  # a position without clock (no timestamp seen yet) is before every clock
+# On `<table>_deletes`: whether it may hold a truncate's marker. "none" from its creation on, "kept" from just before
+# the first truncate's marker is merged (only change data truncates): a batch looks for the latest truncate (a query
+# of the markers) only where one may be. A markers table created before the property has none: looked up as before.
+TRUNCATES_PROPERTY = "icefloe.truncate-markers"
 _POSITION_FIELDS = [
     T.StructField(KAFKA_CLOCK, T.TimestampType()),
     T.StructField("kafka_partition", T.IntegerType()),
@@ -266,7 +270,7 @@ def merge_batch(
                 if soft_deletes:  # the delete itself is the key's marker (committed first): at it is enough
                     after_marker = f"NOT {_after(marker, _position('s', sourced))}"
                 insert_when += f" AND (s.icefloe_marker_partition IS NULL OR {after_marker})"
-                truncated = _truncate_marker(spark, markers, key_columns, sourced)
+                truncated = _truncate_marker(spark, branch.table, key_columns, sourced)
                 if truncated is not None:  # changes older than the last truncate stay out
                     insert_when += f" AND {_after(_position('s', sourced), _literal(truncated, sourced))}"
             if truncate is not None:
@@ -426,12 +430,14 @@ def _truncated(truncate: tuple, sourced: bool) -> str:
     return _after(_literal(truncate[:4], sourced), (f"t.{SOURCE_POSITION}", *row) if sourced else row)
 
 
-def _truncate_marker(spark: SparkSession, markers: str, key_columns: list[str], sourced: bool) -> tuple | None:
-    """The latest truncate recorded in `<table>_deletes` (its row of null keys)."""
-    if not key_columns:
+def _truncate_marker(spark: SparkSession, table: IcebergTable, key_columns: list[str], sourced: bool) -> tuple | None:
+    """The latest truncate recorded in `<table>_deletes` (its row of null keys); not looked for where the markers
+    never held one (`TRUNCATES_PROPERTY`)."""
+    markers = IcebergTable(spark, delete_markers_identifier(table.identifier))
+    if not key_columns or markers.table_property(TRUNCATES_PROPERTY) == "none":
         return None
     nulls = " AND ".join(f"{quoted(k)} IS NULL" for k in key_columns)
-    return _latest_position(spark.table(markers).where(nulls), sourced)
+    return _latest_position(spark.table(markers.full_name).where(nulls), sourced)
 
 
 def _resolve_moved_unchanged(
@@ -657,10 +663,12 @@ def _commit_delete_markers(
 
     # The markers are merged like the table: the same format (deletion vectors at v3).
     def table_format() -> dict[str, str]:  # loads the table: called only when the markers are created
-        return format_properties(table.format_version())
+        return format_properties(table.format_version()) | {TRUNCATES_PROPERTY: "none"}
 
     markers.ensure(marker_struct, (), 128, Checkpoint(topic).to_summary(), table_format)
     markers.evolve(marker_struct)
+    if truncate is not None and markers.table_property(TRUNCATES_PROPERTY) == "none":
+        markers.set_table_property(TRUNCATES_PROPERTY, "kept")  # before the marker: a lookup then never misses it
     drop_stale_branches(markers, run_timeout_s)  # left by runs that still wrote the markers on a branch
     state = committed_state(markers, topic)  # type: ignore[arg-type]  # a batch's checkpoint names its topic
     # Like the dead-letter table's: how far the topic's deletes are recorded (maintenance carries it forward).

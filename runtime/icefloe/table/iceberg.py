@@ -152,6 +152,14 @@ class IcebergTable:
     def format_version(self) -> int:
         return int(self.java().operations().current().formatVersion())
 
+    def table_property(self, name: str) -> str | None:
+        found = self.java().properties().get(name)
+        return None if found is None else str(found)
+
+    def set_table_property(self, name: str, value: str) -> None:
+        """Commit one table property (Iceberg retries it over other writers' commits)."""
+        self.java().updateProperties().set(name, value).commit()
+
     def ensure(
         self,
         struct: T.StructType,
