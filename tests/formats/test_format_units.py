@@ -139,3 +139,13 @@ def test_a_json_decoder_declares_its_bad_records_and_nothing_else():
         with pytest.raises(BadRecord) as caught:
             decode(data)
         assert str(caught.value) == message
+
+
+def test_a_json_value_starting_with_a_byte_order_mark_is_refused_as_json_loads_refuses_it():
+    from icefloe.errors import BadRecord
+    from icefloe.formats.json import parse_json
+
+    with pytest.raises(
+        BadRecord, match=r"^value is not valid JSON: Unexpected UTF-8 BOM \(decode using utf-8-sig\) at position 0$"
+    ):
+        parse_json('\ufeff{"a": 1}'.encode())
