@@ -139,3 +139,23 @@ def test_values_are_shaped_for_the_table_at_every_depth():
     assert shape({"s": None, "items": "not a list"}) == {
         "n": None, "free": None, "items": "not a list", "m": None, "s": None
     }  # fmt: skip
+
+
+def test_the_quick_date_time_check_accepts_only_what_the_format_checker_accepts():
+    from icefloe.formats.json_schema_quick import _plain_date_time
+
+    checker = validator_for_bundle({"schema": TRADE, "references": {}}).format_checker
+    plain = _plain_date_time(checker)
+    assert plain is not None, "jsonschema's date-time checker over rfc3339_validator is installed"
+    rng = random.Random(3)
+    parts = [  # (usual, odd) choices for each part of a date-time
+        (["0001", "2026", "9999"], ["0000", "202", "20261"]), (["-"], ["/"]), (["01", "02", "12"], ["00", "13"]),
+        (["-"], [""]), (["01", "28", "29", "30", "31"], ["00", "32", "1"]), (["T"], ["t", " "]), (["00", "23"], ["24"]),
+        ([":"], ["."]), (["00", "59"], ["60"]), ([":"], [""]), (["00", "59"], ["60", "5"]),
+        (["", ".1", ".123456789"], ["."]), (["Z", "+00:00", "-23:59"], ["z", "+24:00", "+01", ""]), ([""], ["\n", " "]),
+    ]  # fmt: skip
+    values = ["".join(rng.choice(usual if rng.random() < 0.9 else odd) for usual, odd in parts) for _ in range(20000)]
+    accepted = [v for v in values if plain(v)]
+    assert [v for v in accepted if not checker.conforms(v, "date-time")] == []
+    assert 1000 < len(accepted) < len([v for v in values if checker.conforms(v, "date-time")])
+    assert plain("2026-01-01T00:00:00.123Z") and not plain("2026-02-29T00:00:00Z")  # a leap day: the checker decides

@@ -7,13 +7,14 @@ failure (or none) and words the error exactly as before.
 
 The check may only ever be stricter than jsonschema, never more lenient: it returns True only for a value
 jsonschema accepts. It covers `type`, `properties`, `required`, `additionalProperties`, `enum` of strings,
-`items` given one schema, and `format` (asked of the same format checker jsonschema uses); keywords jsonschema does
-not know are ignored, as jsonschema ignores them. A schema using any other validation keyword (`$ref`, `oneOf`,
+`items` given one schema, and `format` (asked of the same format checker jsonschema uses, but for the common
+`date-time`s its own checker accepts); keywords jsonschema does not know are ignored, as jsonschema ignores them. A schema using any other validation keyword (`$ref`, `oneOf`,
 `pattern`, `minimum`...) gets no quick check (None): each of its records is validated by jsonschema alone.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -73,7 +74,11 @@ def _compile(node: Any, known: set[str], format_checker: Any) -> Check:
     if "format" in used:
         name = node["format"]
         if format_checker is not None:
-            checks.append(lambda v: format_checker.conforms(v, name))
+            plain = _plain_date_time(format_checker) if name == "date-time" else None
+            if plain is not None:
+                checks.append(lambda v: plain(v) or format_checker.conforms(v, name))
+            else:
+                checks.append(lambda v: format_checker.conforms(v, name))
     if "items" in used:
         if not isinstance(node["items"], (dict, bool)):  # a list: positional items
             raise _NotCovered
@@ -121,6 +126,31 @@ def _object(node: dict, known: set[str], format_checker: Any) -> Check:
         return True
 
     return check
+
+
+# RFC 3339 date-times every checker of the format accepts: rfc3339_validator's own pattern, uppercase `T` and `Z`
+# only (it checks the text uppercased), a day no month lacks, year 0 excluded.
+_PLAIN_DATE_TIME = re.compile(
+    r"(?!0000)\d{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|1\d|2[0-8])T(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d+)?"
+    r"(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)",
+    re.ASCII,
+)
+
+
+def _plain_date_time(format_checker: Any) -> Check | None:
+    """A quick acceptance of common date-times, where the checker's `date-time` is jsonschema's own over
+    rfc3339_validator (what the pattern above was read from); None for any other checker. A string it does not
+    accept is asked of the checker."""
+    from jsonschema import _format
+
+    checker = format_checker.checkers.get("date-time", (None,))[0]
+    validate = getattr(_format, "validate_rfc3339", None)
+    if checker is not getattr(_format, "is_datetime", None) or validate is None:
+        return None
+    if f"{validate.__module__}.{validate.__name__}" != "rfc3339_validator.validate_rfc3339":
+        return None
+    match = _PLAIN_DATE_TIME.fullmatch
+    return lambda v: type(v) is str and match(v) is not None
 
 
 def _always(value: Any) -> bool:
