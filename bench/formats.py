@@ -6,6 +6,7 @@ them) is produced N times per format, each to its own topic (4 partitions, lz4 b
   json         JSON text, the table's columns given inline (`schema`), `event_time` an ISO-8601 string
   json-schema  the same JSON in Confluent framing, its JSON Schema in the registry (draft 7, every field required)
   schemaless   the `json` topic's bytes again, the table's columns inferred per batch (no `schema`)
+  protobuf     Protobuf in Confluent framing (the registry's .proto, `event_time` a google.protobuf.Timestamp)
 Then, in one warm SparkSession (`local[*]`), R rounds interleave the formats (so load from other users hits every
 format alike), each `run_table` into a fresh Iceberg table after a warm-up round per format that is reported apart.
 MiB = key + value bytes as each format writes them (JSON records are larger than Avro's); per core = MiB/s / the
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.serialization import MessageField, SerializationContext
 from throughput import PARTITIONS, TRADES, Stage, trades
 
 from icefloe.operate.runner import run_table
@@ -36,11 +38,12 @@ from icefloe.spec import parse_config
 from icefloe_dev import stock_trades
 from icefloe_dev.kafka_broker import KafkaBroker
 from icefloe_dev.processes import start_together
-from icefloe_dev.producer import BATCHING, produce_avro_quickly
+from icefloe_dev.producer import BATCHING, produce_avro_quickly, value_serializer
+from icefloe_dev.protos import compile_protos, message_class
 from icefloe_dev.schema_registry import SchemaRegistry
 
 RESULTS = Path(__file__).parent / "results"
-FORMATS = ("avro", "json", "json-schema", "schemaless")
+FORMATS = ("avro", "json", "json-schema", "schemaless", "protobuf")
 # The trades' columns as an inline schema: what the Avro schema maps to (the enum a string, timestamp-millis an
 # instant), every field required as in Avro.
 INLINE_SCHEMA = {
@@ -55,6 +58,7 @@ INLINE_SCHEMA = {
         {"name": "memo", "type": "string", "optional": False},
     ]
 }
+PROTO = stock_trades.PROTO.replace("event_time = 7;", "event_time = 7;\n  string memo = 8;")
 JSON_SCHEMA = json.loads(stock_trades.JSON_SCHEMA)
 JSON_SCHEMA["properties"]["memo"] = {"type": "string"}
 JSON_SCHEMA["required"] = [*JSON_SCHEMA["required"], "memo"]
@@ -84,6 +88,18 @@ def json_trades(count: int):
         yield key, json.dumps(stock_trades.as_json(value), separators=(",", ":")).encode()
 
 
+def protobuf_trades(registry_url: str, topic: str, count: int):
+    """The trades as Protobuf messages in Confluent framing, the schema registered by confluent-kafka's serializer."""
+    with tempfile.TemporaryDirectory(prefix="icefloe-formats-proto-") as work:
+        trade = message_class(
+            compile_protos({stock_trades.PROTO_FILE: PROTO}, Path(work)), "io.icefloe.demo.StockTrade"
+        )
+    serializer = value_serializer(registry_url, "protobuf", trade)
+    context = SerializationContext(topic, MessageField.VALUE)
+    for key, value in trades(count):
+        yield key, serializer(stock_trades.as_protobuf(trade, value), context)
+
+
 def produce_all(bootstrap: str, registry_url: str, records: int) -> dict[str, dict]:
     """Each format's topic with the same records: {format: {topic, records, bytes, produce_s}}."""
     produced = {}
@@ -97,6 +113,8 @@ def produce_all(bootstrap: str, registry_url: str, records: int) -> dict[str, di
             count, size = produce_avro_quickly(bootstrap, registry_url, topic, TRADES, trades(records))
         elif name == "json":
             count, size = produce_raw(bootstrap, topic, json_trades(records))
+        elif name == "protobuf":
+            count, size = produce_raw(bootstrap, topic, protobuf_trades(registry_url, topic, records))
         else:
             schema_id = SchemaRegistryClient({"url": registry_url}).register_schema(
                 f"{topic}-value", Schema(json.dumps(JSON_SCHEMA), "JSON")
@@ -114,8 +132,8 @@ def table_config(bootstrap: str, registry_url: str, name: str, topic: str, table
         spec["format"] = "json"
     if name == "json":
         spec["schema"] = INLINE_SCHEMA
-    if name == "json-schema":
-        spec["format"] = "json-schema"
+    if name in ("json-schema", "protobuf"):
+        spec["format"] = name
     return parse_config({
         "sourceClusters": [{"name": "bench", "bootstrapServers": bootstrap, "schemaRegistry": {"url": registry_url}}],
         "tables": [spec],

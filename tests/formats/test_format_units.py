@@ -139,3 +139,75 @@ def test_a_json_decoder_declares_its_bad_records_and_nothing_else():
         with pytest.raises(BadRecord) as caught:
             decode(data)
         assert str(caught.value) == message
+
+
+def test_a_json_value_starting_with_a_byte_order_mark_is_refused_as_json_loads_refuses_it():
+    from icefloe.errors import BadRecord
+    from icefloe.formats.json import parse_json
+
+    with pytest.raises(
+        BadRecord, match=r"^value is not valid JSON: Unexpected UTF-8 BOM \(decode using utf-8-sig\) at position 0$"
+    ):
+        parse_json('\ufeff{"a": 1}'.encode())
+
+
+def _values_read_field_by_field(message):
+    """The row value as read before the reader was compiled per message type (asking the descriptor per field)."""
+    import datetime as dt
+    from decimal import Decimal
+
+    from google.protobuf import json_format
+
+    from icefloe.formats.protobuf import messages as m
+
+    def single(field, value):
+        if field.type == m._F.TYPE_ENUM:
+            known = field.enum_type.values_by_number.get(value)
+            return known.name if known is not None else str(value)
+        if field.type in m._UNSIGNED_64:
+            return Decimal(value)
+        if field.type not in (m._F.TYPE_MESSAGE, m._F.TYPE_GROUP):
+            return value
+        name = field.message_type.full_name
+        if name == m._TIMESTAMP:
+            return m._EPOCH + dt.timedelta(seconds=value.seconds, microseconds=value.nanos // 1000)
+        if name == m._DURATION:
+            return value.seconds * 1_000_000 + int(value.nanos / 1000)
+        if name in m._WRAPPERS:
+            return single(field.message_type.fields_by_name["value"], value.value)
+        if name in m._JSON_TYPES:
+            return json.dumps(json_format.MessageToDict(value), separators=(",", ":"), sort_keys=True)
+        return _values_read_field_by_field(value)
+
+    out = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if m._is_map(field):
+            out[field.name] = {k: single(field.message_type.fields_by_name["value"], v) for k, v in value.items()}
+        elif m._is_repeated(field):
+            out[field.name] = [single(field, v) for v in value]
+        elif field.has_presence and not message.HasField(field.name):
+            out[field.name] = None
+        else:
+            out[field.name] = single(field, value)
+    for oneof in m.real_oneofs(message.DESCRIPTOR):
+        out[oneof] = message.WhichOneof(oneof)
+    return out
+
+
+def test_protobuf_messages_read_as_they_were_field_by_field(tmp_path):
+    from icefloe.formats.protobuf.messages import message_values
+    from icefloe_dev.protos import message_class
+    from test_protobuf import MONEY, TRADE, full_trade
+
+    files = {"u/money.proto": MONEY.format(ns="u"), "u/trade.proto": TRADE.format(ns="u", extra="")}
+    pool = compile_protos(files, tmp_path)
+    Trade = message_class(pool, "u.Trade")
+    unknown_side = Trade(id="t4", side=7)  # an enum number the schema does not name
+    unknown_side.by_rank[1].rank = 3
+    unknown_side.history.add()
+    trades = [full_trade(Trade, pool), Trade(id="t2"), Trade(id="t3", cash={"units": 12}), unknown_side]
+    for trade in trades:
+        parsed = Trade.FromString(trade.SerializeToString())
+        assert message_values(parsed) == _values_read_field_by_field(parsed)
+    assert message_values(trades[3])["side"] == "7" and message_values(trades[0])["u64"] == 2**64 - 1

@@ -4,11 +4,12 @@ batch after batch, values that do not fit the table's columns as bad records nam
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 from pyspark.sql import types as T
 
-from icefloe.formats.schemaless_json import decoder, infer, spark_type, unify, value_struct
+from icefloe.formats.schemaless_json import decoder, infer, signature, spark_type, unified, unify, value_struct
 from icefloe.operate.runner import run_table
 from support import by_position, produce, read_duckdb, read_pyiceberg
 
@@ -31,6 +32,29 @@ def test_inference_rules():
         "struct<a:struct<b:int,c:array<struct<d:boolean,e:double>>>>"
     )
     assert inferred({"x.y": 1, "`": 2, "": 3, "ok": 4}).simpleString() == "struct<ok:int>", "unusable keys: no column"
+
+
+def random_json(rng: random.Random, depth: int = 0):
+    """JSON values of few shapes, repeated, with keys differing in case, unusable keys and every number kind."""
+    pick = rng.random()
+    if depth < 3 and pick < 0.25:
+        return {rng.choice(["a", "A", "b", "x.y", "c"]): random_json(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+    if depth < 3 and pick < 0.35:
+        return [random_json(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return rng.choice([None, True, False, 0, -(2**31), 2**31, 2**63, -(2**63), 1.5, "s", ""])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_repeated_shapes_are_inferred_once_to_the_same_type(seed):
+    rng = random.Random(seed)
+    values = [{"k": random_json(rng), "K": random_json(rng)} for _ in range(60)]
+    values = [rng.choice(values) for _ in range(300)]  # shapes repeat, in any order
+    folded = "null"
+    for value in values:
+        folded = unify(folded, infer(value))
+    assert unified(values) == folded
+    for a, b in zip(values, values[1:]):
+        assert signature(a) != signature(b) or infer(a) == infer(b)
 
 
 def test_a_later_batch_evolves_the_table_only_where_iceberg_can():

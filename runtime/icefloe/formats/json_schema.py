@@ -31,6 +31,7 @@ from icefloe.errors import BadRecord, ConfigError
 from icefloe.formats import decoding, glue_framed
 from icefloe.formats.base import CONFLUENT, GLUE, Decoder, DecoderSpec, ValueRules
 from icefloe.formats.json import parse_json
+from icefloe.formats.json_schema_quick import quick_check
 from icefloe.registries import confluent
 from icefloe.spec import SourceCluster, TableSpec
 
@@ -167,25 +168,45 @@ def _json_text(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
-def shaped(shape: tuple, value: Any) -> Any:
-    """A validated JSON value as the row value of its shape (types are checked by the table's converter)."""
-    if value is None:
-        return None
+def shaper(shape: tuple) -> Callable[[Any], Any]:
+    """How a validated JSON value becomes the row value of its shape (types are checked by the table's converter);
+    compiled once per table, as it runs for every record."""
     kind = shape[0]
+    if kind == "scalar":
+        return _same
     if kind == "json":
-        return _json_text(value)
-    if kind == "list" and isinstance(value, list):
-        return [shaped(shape[1], v) for v in value]
-    if kind == "map" and isinstance(value, dict):
-        return {k: shaped(shape[1], v) for k, v in value.items()}
-    if kind == "struct" and isinstance(value, dict):
-        fields, keep_extra = shape[1], shape[2]
-        out = {name: shaped(sub, value.get(name)) for name, sub in fields}
+        return lambda value: None if value is None else _json_text(value)
+    if kind == "list":
+        element = shaper(shape[1])
+        if element is _same:
+            return _same
+        return lambda value: [element(v) for v in value] if isinstance(value, list) else value
+    if kind == "map":
+        item = shaper(shape[1])
+        if item is _same:
+            return _same
+        return lambda value: {k: item(v) for k, v in value.items()} if isinstance(value, dict) else value
+    fields = [(name, shaper(sub)) for name, sub in shape[1]]
+    names = [name for name, _ in fields]
+    nested = [(name, field) for name, field in fields if field is not _same]
+    declared = frozenset(names)
+    keep_extra = shape[2]
+
+    def struct(value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        out = {name: value.get(name) for name in names}
+        for name, field in nested:
+            out[name] = field(out[name])
         if keep_extra:
-            declared = {name for name, _ in fields}
             extra = {k: v for k, v in value.items() if k not in declared}
             out[EXTRA_COLUMN] = _json_text(extra) if extra else None
         return out
+
+    return struct
+
+
+def _same(value: Any) -> Any:
     return value
 
 
@@ -214,7 +235,7 @@ class JsonSchemaDecoder:
 
     def __init__(self, client, table_bundle: str | None):
         self.client = client
-        self.shape = _table_shape(table_bundle, "value") if table_bundle else None  # None: keys, kept as they are
+        self.shape = shaper(_table_shape(table_bundle, "value")) if table_bundle else _same  # keys: kept as they are
         self._validators: dict[int, Any] = {}
 
     def __call__(self, data: bytes) -> dict[str, Any]:
@@ -222,20 +243,34 @@ class JsonSchemaDecoder:
             raise BadRecord("not Confluent wire format (magic byte 0 and a schema id expected)")
         schema_id = int.from_bytes(data[1:5], "big")
         value = _checked(data[5:], self._validator(schema_id), f"schema id {schema_id}", 5)
-        return shaped(self.shape, value) if self.shape else value
+        return self.shape(value)
 
     def _validator(self, schema_id: int):
         if schema_id not in self._validators:
             schema = self.client.get_schema(schema_id)
             bundle = json.loads(resolve_schema(self.client, schema))
-            self._validators[schema_id] = validator_for_bundle(bundle, f"schema id {schema_id}")
+            self._validators[schema_id] = record_validator(bundle, f"schema id {schema_id}")
         return self._validators[schema_id]
 
 
-def _checked(payload: bytes, validator, writer: str, offset: int) -> dict[str, Any]:
+class RecordValidator:
+    """A writer schema's validator: the quick check (`json_schema_quick`) accepts most records, jsonschema decides
+    and words the failure for the rest."""
+
+    def __init__(self, validator, quick: Callable[[Any], bool] | None):
+        self.validator, self.quick = validator, quick
+
+    def first_failure(self, value: Any):
+        """The failure of the first path (jsonschema's error), or None for a valid value."""
+        if self.quick is not None and self.quick(value):
+            return None
+        return next(iter(sorted(self.validator.iter_errors(value), key=lambda e: list(e.absolute_path))), None)
+
+
+def _checked(payload: bytes, validator: RecordValidator, writer: str, offset: int) -> dict[str, Any]:
     """A JSON payload parsed and validated against its writer's schema; `offset` is where it starts in the value."""
     value = parse_json(payload, offset)
-    failure = next(iter(sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))), None)
+    failure = validator.first_failure(value)
     if failure is not None:
         raise BadRecord(f"JSON Schema ({writer}) {failed_rule(failure)}")
     if not isinstance(value, dict):
@@ -262,11 +297,11 @@ def glue_value_fields(definition: str, subject: str) -> list[T.StructField]:
 def glue_payload_decoder(writer: str, table: str | None) -> Callable[[bytes], dict[str, Any]]:
     """A Glue JSON payload validated against its writer's version, shaped for the table's (latest) version (no
     table version: a key, kept as it is)."""
-    validator = validator_for_bundle(_glue_bundle(writer, "writer version"), "the Glue writer version")
+    validator = record_validator(_glue_bundle(writer, "writer version"), "the Glue writer version")
     if table is None:
         return lambda payload: _checked(payload, validator, "Glue writer version", 0)
-    shape = _table_shape(json.dumps(_glue_bundle(table, "table version")), "value")
-    return lambda payload: shaped(shape, _checked(payload, validator, "Glue writer version", 0))
+    shape = shaper(_table_shape(json.dumps(_glue_bundle(table, "table version")), "value"))
+    return lambda payload: shape(_checked(payload, validator, "Glue writer version", 0))
 
 
 def validator_for_bundle(bundle: dict, what: str = "the schema"):
@@ -286,6 +321,13 @@ def validator_for_bundle(bundle: dict, what: str = "the schema"):
         raise ValueError(f"{what} is not a valid JSON Schema: {error.message[:200]}") from None
     # Every format jsonschema knows, whatever the draft: draft 7's own checker does not know `uuid`.
     return cls(main, registry=Registry().with_resources(resources), format_checker=jsonschema.FormatChecker())
+
+
+def record_validator(bundle: dict, what: str = "the schema") -> RecordValidator:
+    """`validator_for_bundle`'s validator with the quick check of its schema (none where the schema's keywords are
+    not all covered, or it has registry references: those are reached by `$ref`, which the check does not cover)."""
+    validator = validator_for_bundle(bundle, what)
+    return RecordValidator(validator, quick_check(bundle["schema"], type(validator), validator.format_checker))
 
 
 class JsonSchemaFormat:

@@ -25,7 +25,7 @@ Against the table's existing columns (a later batch):
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -38,6 +38,8 @@ from icefloe.formats.json import json_object
 Inferred = Any
 _INT32, _INT64 = 2**31, 2**63
 _NUMBERS = ("int", "long", "double")
+_PLAIN = {str: "string", float: "double", bool: "boolean", type(None): "null"}  # `signature`s of types with one
+_MAX_SIGNATURES = 10_000  # per range: records of ever new shapes are each inferred, without a growing memory
 
 
 def infer(value: Any) -> Inferred:
@@ -62,6 +64,26 @@ def infer(value: Any) -> Inferred:
         if usable_key(key):
             fields[key] = unify(fields.get(key, "null"), infer(item))
     return {"struct": [[k, t] for k, t in fields.items()]}
+
+
+def signature(value: Any) -> Any:
+    """A hashable summary of a decoded JSON value that determines `infer(value)` (equal signatures, equal types),
+    and is cheaper to make: a batch's records mostly repeat a few shapes, which are then inferred once each (`unify`
+    with a type already taken in changes nothing). A list's elements appear once per distinct signature."""
+    kind = type(value)
+    if kind is str:
+        return "string"
+    if kind is dict:
+        return ("struct", *[(key, _PLAIN.get(type(item)) or signature(item)) for key, item in value.items()])
+    if kind is int:
+        return "int" if -_INT32 <= value < _INT32 else "long" if -_INT64 <= value < _INT64 else "string"
+    if kind is float:
+        return "double"
+    if kind is bool:
+        return "boolean"
+    if value is None:
+        return "null"
+    return ("list", *dict.fromkeys(signature(item) for item in value))
 
 
 def usable_key(key: str) -> bool:
@@ -173,24 +195,39 @@ def value_struct(current_fields: list, batch: Inferred):
 # --- executors -------------------------------------------------------------------------------------------------
 
 
+def unified(values: Iterable[Any]) -> Inferred:
+    """The unified type of decoded JSON values (`unify` of each one's `infer`), each distinct `signature` inferred
+    once: unifying a type already taken in changes nothing."""
+    kind: Inferred = "null"
+    seen: set = set()
+    for value in values:
+        shape = signature(value)
+        if shape in seen:
+            continue
+        if len(seen) < _MAX_SIGNATURES:
+            seen.add(shape)
+        kind = unify(kind, infer(value))
+    return kind
+
+
 def infer_ranges(kafka_conf: dict, max_record_bytes: int, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """`mapInArrow` function: the unified type of the JSON objects in each planned range (undecodable values are
     left to the read, which makes them bad records)."""
     from icefloe.source.kafka import OffsetRange, read_range
 
+    def objects(task: dict) -> Iterator[dict]:
+        for msg in read_range(kafka_conf, OffsetRange(task["topic"], task["partition"], task["start"], task["end"])):
+            value = msg.value()
+            if value is None or len(value) > max_record_bytes:
+                continue
+            try:
+                yield json_object(value)
+            except BadRecord:
+                continue
+
     for task_batch in tasks:
         for task in task_batch.to_pylist():
-            kind: Inferred = "null"
-            for msg in read_range(
-                kafka_conf, OffsetRange(task["topic"], task["partition"], task["start"], task["end"])
-            ):
-                value = msg.value()
-                if value is None or len(value) > max_record_bytes:
-                    continue
-                try:
-                    kind = unify(kind, infer(json_object(value)))
-                except BadRecord:
-                    continue
+            kind = unified(objects(task))
             yield pa.RecordBatch.from_pylist([{"type": json.dumps(kind)}], schema=pa.schema([("type", pa.string())]))
 
 

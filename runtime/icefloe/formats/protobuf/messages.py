@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -134,45 +135,84 @@ def _single_type(field: FieldDescriptor, path: str, in_progress: tuple[str, ...]
 
 def message_values(message: Message) -> dict[str, Any]:
     """A message as the row value its table type expects (see the module docstring for defaults)."""
-    descriptor = message.DESCRIPTOR
-    out: dict[str, Any] = {}
+    return _reader(message.DESCRIPTOR)(message)
+
+
+# How `_reader` reads a field: a map, a repeated field, a field with presence (null when not sent), any other.
+_MAP, _REPEATED, _PRESENCE, _PLAIN = range(4)
+
+
+@functools.lru_cache(maxsize=1024)
+def _reader(descriptor: Descriptor) -> Callable[[Message], dict[str, Any]]:
+    """The row reader of a message type, compiled once: asking the descriptor about every field of every record
+    cost most of a record's decoding."""
+    fields: list[tuple[str, int, Callable[[Any], Any] | None]] = []
     for field in descriptor.fields:
-        value = getattr(message, field.name)
         if _is_map(field):
-            value_field = field.message_type.fields_by_name["value"]
-            out[field.name] = {k: _single(value_field, v) for k, v in value.items()}
+            fields.append((field.name, _MAP, _converter(field.message_type.fields_by_name["value"]) or _same))
         elif _is_repeated(field):
-            out[field.name] = [_single(field, v) for v in value]
-        elif field.has_presence and not message.HasField(field.name):
-            out[field.name] = None
+            fields.append((field.name, _REPEATED, _converter(field) or _same))
         else:
-            out[field.name] = _single(field, value)
-    for oneof in real_oneofs(descriptor):
-        out[oneof] = message.WhichOneof(oneof)
-    return out
+            fields.append((field.name, _PRESENCE if field.has_presence else _PLAIN, _converter(field)))
+    oneofs = real_oneofs(descriptor)
+
+    def read(message: Message) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, kind, convert in fields:
+            value = getattr(message, name)
+            if kind == _MAP:
+                out[name] = {k: convert(v) for k, v in value.items()}  # type: ignore[misc]  # set for maps
+            elif kind == _REPEATED:
+                out[name] = [convert(v) for v in value]  # type: ignore[misc]  # set for repeated fields
+            elif kind == _PRESENCE and not message.HasField(name):
+                out[name] = None
+            else:
+                out[name] = value if convert is None else convert(value)
+        for oneof in oneofs:
+            out[oneof] = message.WhichOneof(oneof)
+        return out
+
+    return read
 
 
-def _single(field: FieldDescriptor, value: Any) -> Any:
+def _same(value: Any) -> Any:
+    return value
+
+
+def _converter(field: FieldDescriptor) -> Callable[[Any], Any] | None:
+    """How one value of the field becomes its row value; None where it is its row value already."""
     if field.type == _F.TYPE_ENUM:
-        known = field.enum_type.values_by_number.get(value)
-        return known.name if known is not None else str(value)
+        names = {number: value.name for number, value in field.enum_type.values_by_number.items()}
+
+        def enum(value: int) -> str:
+            name = names.get(value)
+            return name if name is not None else str(value)
+
+        return enum
     if field.type in _UNSIGNED_64:
-        return Decimal(value)
+        return Decimal
     if field.type not in (_F.TYPE_MESSAGE, _F.TYPE_GROUP):
-        return value
-    name = field.message_type.full_name
+        return None
+    message_type = field.message_type
+    name = message_type.full_name
     if name == _TIMESTAMP:
-        try:
-            return _EPOCH + dt.timedelta(seconds=value.seconds, microseconds=value.nanos // 1000)
-        except OverflowError:
-            raise BadRecord(f"{field.full_name}: timestamp out of range (beyond year 1 to 9999)") from None  # no value
+        where = field.full_name
+
+        def timestamp(value: Any) -> dt.datetime:
+            try:
+                return _EPOCH + dt.timedelta(seconds=value.seconds, microseconds=value.nanos // 1000)
+            except OverflowError:
+                raise BadRecord(f"{where}: timestamp out of range (beyond year 1 to 9999)") from None  # no value
+
+        return timestamp
     if name == _DURATION:
-        return value.seconds * 1_000_000 + int(value.nanos / 1000)
+        return lambda value: value.seconds * 1_000_000 + int(value.nanos / 1000)
     if name in _WRAPPERS:
-        return _single(field.message_type.fields_by_name["value"], value.value)
+        inner = _converter(message_type.fields_by_name["value"]) or _same
+        return lambda value: inner(value.value)
     if name in _JSON_TYPES:
-        return json.dumps(json_format.MessageToDict(value), separators=(",", ":"), sort_keys=True)
-    return message_values(value)
+        return lambda value: json.dumps(json_format.MessageToDict(value), separators=(",", ":"), sort_keys=True)
+    return lambda value: _reader(message_type)(value)  # on use: a recursive type compiles no further than its data
 
 
 # --- the wire format ----------------------------------------------------------------------------------------------
