@@ -156,7 +156,7 @@ def summary(name: str, runs: list[dict], topic: dict, cores: int) -> dict:
         "mib_per_s": round(mib / seconds, 2),
         "mib_per_s_per_core": round(mib / seconds / cores, 2),
         "records_per_s": round(topic["records"] / seconds),
-        "spark_cpu_s": spark_cpu,
+        "spark_cpu_s": round(spark_cpu, 2),
         "mib_per_spark_cpu_s": round(mib / spark_cpu, 2) if spark_cpu else None,
         "load_1m": [r["load_1m"] for r in runs],
     }
