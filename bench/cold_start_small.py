@@ -32,7 +32,11 @@ HERE = Path(__file__).resolve().parent
 KINDS = ("new", "small", "empty")
 CGROUP_ROOT = Path("/sys/fs/cgroup/cpuacct")
 # The log lines that end the phases (`icefloe.materialize.batch`, `icefloe.commit.branch`)
-MARKS = (("start", (" records from ", "up to date")), ("write", ("publishing branch",)), ("publish", ("published branch",)))
+MARKS = (
+    ("start", (" records from ", "up to date")),
+    ("write", ("publishing branch",)),
+    ("publish", ("published branch",)),
+)
 
 
 def stack(path: Path, bootstrap: str, registry: str, topic: str, table: str, records: int) -> Path:
