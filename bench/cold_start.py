@@ -202,8 +202,12 @@ def main() -> None:
             spec = {"bootstrap": bootstrap, "registry": registry.url, "state": str(state)}
 
             def stack(table: str, records: int, round_: int = 0) -> Path:
+                # No maintenance in the measured runs: the in-process seed left the table never maintained, so it
+                # was due in the fresh run (a compaction of seed and batch among it) and in no warm batch; a
+                # scheduled run on a table maintained within the interval finds it not due.
                 topic = f"cold_{round_}"
-                return stack_file(work / f"{table}-{records}.yaml", bootstrap, registry.url, topic, table, records)
+                return stack_file(work / f"{table}-{records}.yaml", bootstrap, registry.url, topic, table, records,
+                                  maintenance=False)  # fmt: skip
 
             def table_of(variant: str, round_: int) -> str:
                 return f"cold_{variant.replace('-', '_').replace('+', '_')}_{round_}"
