@@ -291,12 +291,14 @@ def bench_shape(spark, state: Path, shape: str, records: int, rounds: int, broke
     }
 
 
-def stack_file(path: Path, bootstrap: str, registry_url: str, topic: str, table: str, max_records: int) -> Path:
+def stack_file(path: Path, bootstrap: str, registry_url: str, topic: str, table: str, max_records: int,
+               maintenance: bool = True) -> Path:  # fmt: skip
+    """`maintenance` False: the run does none, as a scheduled run on a table maintained within its interval."""
     document = {"config": {
         "icefloe:sourceClusters": [{"name": "bench", "bootstrapServers": bootstrap, "schemaRegistry": {"url": registry_url}}],
         # Batches sized by maxRecordsPerRun, not by the rate the small seed batch measured (mostly fixed costs).
         "icefloe:tables": [{"sourceCluster": "bench", "topic": topic, "table": table, "maxRecordsPerRun": max_records,
-                            "runTimeout": "3d"}],
+                            "runTimeout": "3d", **({} if maintenance else {"maintenance": {"enabled": False}})}],
     }}  # fmt: skip
     path.write_text(yaml.safe_dump(document))
     return path

@@ -101,15 +101,25 @@ def spark_session(catalog: CatalogSpec, state_dir: Path, msk_iam: bool = False):
         # Executors must run this interpreter, which has icefloe's dependencies.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, no DNS lookup of the host name
-        builder = SparkSession.builder.master(os.environ.get("ICEFLOE_SPARK_MASTER", "local[*]")).appName("icefloe")
+        master = os.environ.get("ICEFLOE_SPARK_MASTER", "local[*]")
+        builder = SparkSession.builder.master(master).appName("icefloe")
         jars = local_jars(msk_iam)
+        if master.startswith("local"):
+            # Driver and executor are one JVM: the jars go on its class path. Given as `spark.jars`, the executor
+            # fetched a copy of each (121 MiB) from the driver's file server into its local directory at its first
+            # task, in every fresh run (bench/results/cold_start_small.md).
+            conf["spark.driver.extraClassPath"] = ":".join(jars)
+        else:
+            conf["spark.jars"] = ",".join(jars)
         if os.environ.get("ICEFLOE_CDS_ARCHIVE"):
             conf |= class_data_sharing(Path(os.environ["ICEFLOE_CDS_ARCHIVE"]), jars)
         conf |= {
-            "spark.jars": ",".join(jars),
             "spark.driver.bindAddress": "127.0.0.1",
             "spark.driver.host": "127.0.0.1",
             "spark.ui.enabled": "false",
+            # No console progress bar: a thread redrawing it on stderr every 200 ms, between the run's log lines
+            # (`materialize.progress` logs the batch's progress).
+            "spark.ui.showConsoleProgress": "false",
             "spark.sql.shuffle.partitions": "4",
             # Driver and executor are one JVM here. With 2 GiB, G1's concurrent marking ran almost throughout a
             # batch (1.3 of a nested batch's 7.3 CPU-s, taken from the tasks' two cores); with 4 GiB (2 per core;

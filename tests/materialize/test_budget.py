@@ -120,3 +120,26 @@ def test_the_local_disk_cap_measures_where_spark_spills(tmp_path, monkeypatch):
     monkeypatch.delenv("SPARK_LOCAL_DIRS")
     budget._spark_disk_cap(table)  # type: ignore[arg-type]
     assert measured == [str(tmp_path), "/conf-dir"]
+
+
+def test_a_cut_batch_logs_why_it_was_cut(caplog, monkeypatch):
+    """The line saying how many of the pending records a batch takes, and why (here maxRecordsPerRun), is logged
+    whole: its format once had fewer placeholders than arguments, and logging printed a traceback instead."""
+    import logging
+    from types import SimpleNamespace
+
+    from icefloe.spec import parse_config
+
+    config = parse_config({
+        "sourceClusters": [{"name": "c", "bootstrapServers": "127.0.0.1:9"}],
+        "tables": [{"sourceCluster": "c", "topic": "t", "format": "json", "maxRecordsPerRun": 10}],
+    })  # fmt: skip
+    monkeypatch.setattr(budget, "_spark_disk_cap", lambda table: 10**12)
+    monkeypatch.setattr(budget, "sample_record_bytes", lambda conf, topic, ranges: 100.0)
+    plan = Plan([OffsetRange("t", 0, 0, 1000)], {0: 1000}, [], None)
+    table = SimpleNamespace(identifier="db.t")
+    with caplog.at_level(logging.INFO, logger=budget.__name__):
+        sized = budget.size_batch(table, {}, config.tables[0], CommittedState(None), plan, None, [])  # type: ignore[arg-type]  # what sizing reads of a table
+    assert sum(r.count for r in sized.plan.ranges) == 10
+    [line] = [record.getMessage() for record in caplog.records if "pending records" in record.getMessage()]
+    assert line.startswith("db.t: 10 of 1000 pending records") and line.endswith(", maxRecordsPerRun)"), line

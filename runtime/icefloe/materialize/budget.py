@@ -216,7 +216,7 @@ def size_batch(
         speed = rate.bytes_per_s if rate is not None else DEFAULT_BYTES_PER_SECOND
         per_s = f"{speed / 1024:.0f} KiB/s {'measured' if rate is not None else 'assumed'}"
         log.info(
-            "%s: %d of %d pending records this batch (%.0fs at %s, records of %.0f bytes%s%s)",
+            "%s: %d of %d pending records this batch (%.0fs at %s, records of %.0f bytes%s%s%s%s)",
             table.identifier,
             records,
             pending,

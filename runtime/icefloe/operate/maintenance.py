@@ -42,6 +42,8 @@ LEASE_PROPERTY = "icefloe.maintenance-lease"  # "<claimant>;<expiry, epoch ms>" 
 # A claim lasts the table's maintenance interval, at least this long; a claimant that dies blocks no longer.
 LEASE_MIN_S = 3600
 CLAIM_ATTEMPTS = 5
+# How far back main's history is walked through the Java API before compaction asks Spark (`_small_files_...`).
+HISTORY_WALKED = 50
 # Compaction commits at most this many times (partial progress): file groups that lose a race fail alone.
 COMPACTION_MAX_COMMITS = 10
 # Iceberg's refusals of a commit that lost a race: a rewrite whose files another commit replaced or deleted from.
@@ -98,6 +100,16 @@ def _millis(moment: dt.datetime) -> str:
 
 
 def _file_counts(table: IcebergTable) -> tuple[int, int]:
+    """(data files, delete files) of main's head: the totals its snapshot's summary keeps, as Iceberg counts every
+    commit's added and removed files (two Spark jobs less each time, four per maintenance); the files metadata table
+    where a summary lacks them (a snapshot of a writer that did not keep them)."""
+    head = table.java().currentSnapshot()
+    if head is None:
+        return 0, 0
+    summary = head.summary()
+    data, deletes = summary.get("total-data-files"), summary.get("total-delete-files")
+    if data is not None and deletes is not None:
+        return int(data), int(deletes)
     rows = table.spark.sql(f"SELECT content, count(*) AS n FROM {table.full_name}.files GROUP BY content").collect()
     counts = {row.content: row.n for row in rows}
     return counts.get(0, 0), counts.get(1, 0) + counts.get(2, 0)
@@ -295,7 +307,7 @@ def _maintain_one(
         def compact() -> None:
             # Small files that one batch wrote are as large as that batch could make them (one per task): rewriting
             # them right after a table's first batch would write the whole batch again for nothing.
-            if not result.delete_files_before and _batches_with_small_files(table, small) < 2:
+            if not result.delete_files_before and _small_files_of_one_batch_at_most(table, small):
                 return
             # Partial progress: file groups commit on their own, so a batch publishing deletes against some files
             # (an overlapping upsert run) makes only those groups fail, not the whole compaction every time.
@@ -341,7 +353,9 @@ def _maintain_one(
         keep_from = min(keep_from, offsets_at)
     # Counted as the snapshots that went, not as a difference of counts: batches may commit snapshots meanwhile.
     before = _snapshot_ids(table)
-    if _step(
+    if not _any_older(table, keep_from):  # nothing to expire (a young table): no Spark action planned for nothing
+        result.steps.append("expire-snapshots")
+    elif _step(
         table,
         result,
         "expire-snapshots",
@@ -360,6 +374,24 @@ def _maintain_one(
     return _finish(table, result, started)
 
 
+def _small_files_of_one_batch_at_most(table: IcebergTable, small: int) -> bool:
+    """Whether at most one commit added the live data files smaller than `small`. A young table's whole history
+    tells, read through the Java API: fewer than two commits in it added data files at all (no Spark job); else the
+    entries metadata table does (`_batches_with_small_files`)."""
+    loaded = table.java()
+    snapshot, adding = loaded.currentSnapshot(), 0
+    for _ in range(HISTORY_WALKED):
+        if snapshot is None:  # an expired snapshot: what it added is not known here
+            break
+        adding += int(snapshot.summary().get("added-data-files") or 0) > 0
+        if adding >= 2:
+            break
+        if snapshot.parentId() is None:  # the table's first snapshot: the whole history was seen
+            return True
+        snapshot = loaded.snapshot(snapshot.parentId())
+    return _batches_with_small_files(table, small) < 2
+
+
 def _batches_with_small_files(table: IcebergTable, small: int) -> int:
     """How many commits added the live data files smaller than `small` bytes (compaction's candidates)."""
     rows = table.spark.sql(
@@ -367,6 +399,16 @@ def _batches_with_small_files(table: IcebergTable, small: int) -> int:
         f"WHERE status < 2 AND data_file.content = 0 AND data_file.file_size_in_bytes < {small}"
     ).collect()
     return rows[0].n
+
+
+def _any_older(table: IcebergTable, moment: dt.datetime) -> bool:
+    """Whether the table holds a snapshot older than `moment`, which only expiry `older_than` it could remove, or an
+    age limit on refs (`history.expire.max-ref-age-ms`), under which expiry also removes old refs."""
+    loaded = table.java()
+    if loaded.properties().get("history.expire.max-ref-age-ms") is not None:
+        return True
+    cutoff_ms = moment.timestamp() * 1000
+    return any(snapshot.timestampMillis() < cutoff_ms for snapshot in loaded.snapshots())
 
 
 def _snapshot_ids(table: IcebergTable) -> set[int]:
