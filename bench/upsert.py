@@ -185,14 +185,20 @@ def job_config(bootstrap: str, registry_url: str, tables: list[dict]) -> dict:
             "tables": [{"sourceCluster": "bench", "format": "avro", **t} for t in tables]}  # fmt: skip
 
 
-def run_job(state: Path, config: dict, table: str, base_keys: int = 0, profile: bool = False) -> dict:
+def run_job(
+    state: Path, config: dict, table: str, base_keys: int = 0, profile: bool = False, runtime: Path | None = None
+) -> dict:
     """One batch of `table` in a fresh process (a new driver and Spark JVM, as a scheduled job); `base_keys`: write
-    that many base rows under the table's first checkpoint after the batch (`write_base`)."""
+    that many base rows under the table's first checkpoint after the batch (`write_base`); `runtime`: run icefloe
+    from that directory (another version's `runtime/`) instead of this checkout's."""
     import subprocess
     import sys
 
+    env = dict(os.environ)
+    if runtime is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(runtime), *env.get("PYTHONPATH", "").split(os.pathsep)])
     job = {"state": str(state), "config": config, "table": table, "base_keys": base_keys, "profile": profile}
-    done = subprocess.run([sys.executable, __file__, "--job", json.dumps(job)], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, __file__, "--job", json.dumps(job)], capture_output=True, text=True, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"job for {table} failed ({done.returncode}): {done.stderr[-3000:]}")
@@ -206,13 +212,15 @@ def job(spec: dict) -> None:
     from icefloe.operate.runner import run_table
     from icefloe.spec import parse_config
 
-    timings = profile_hooks() if spec.get("profile") else None
+    jvm: list[int] = []  # the Spark JVM's pid, once started: the profile's CPU seconds per step
+    timings, cpu_timings = profile_hooks(jvm) if spec.get("profile") else (None, None)
     config = parse_config(spec["config"])
     table = next(t for t in config.tables if config.identifier(t).endswith(spec["table"]))
     started = time.monotonic()
     spark = spark_session(config.catalog, Path(spec["state"]))
     spark_start_s = time.monotonic() - started
     jvm_pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())
+    jvm.append(jvm_pid)
     identifier = config.identifier(table)
     versions = catalog_versions(spark, identifier)
     cpu, load = cpu_seconds(jvm_pid), os.getloadavg()[0]
@@ -224,8 +232,9 @@ def job(spec: dict) -> None:
              "read_path": result.read_path}  # fmt: skip
     after = catalog_versions(spark, identifier)
     found["catalog_commits"] = {name: after[name] - versions.get(name, 0) for name in after}
-    if timings is not None:
+    if timings is not None and cpu_timings is not None:
         found["profile_s"] = {name: round(t, 2) for name, t in timings.items()}
+        found["profile_cpu_s"] = {name: round(t, 2) for name, t in cpu_timings.items()}
     if spec["base_keys"]:
         write_base(spark, config.identifier(table), spec["base_keys"])
     spark.stop()
@@ -243,20 +252,25 @@ def catalog_versions(spark, identifier: str) -> dict[str, int]:
     return found
 
 
-def profile_hooks() -> dict[str, float]:
-    """Wall seconds spent in the steps of a batch (`--profile`): each step wrapped where the batch calls it (nested
-    steps count in their callers too)."""
+def profile_hooks(jvm: list[int]) -> tuple[dict[str, float], dict[str, float]]:
+    """Wall seconds and the Spark JVM's CPU seconds (`jvm`: its pid, once started) spent in the steps of a batch
+    (`--profile`): each step wrapped where the batch calls it (nested steps count in their callers too)."""
+    from process_stats import cpu_seconds
     from pyspark.sql import DataFrame, SparkSession
 
     from icefloe.materialize import batch, read_paths, upsert
 
     timings: dict[str, float] = {}
+    cpu_timings: dict[str, float] = {}
+
+    def cpu() -> float:
+        return cpu_seconds(jvm[0]) if jvm else 0.0
 
     def timed(owner, name: str, label: str | None = None, by_statement: bool = False) -> None:
         original = getattr(owner, name)
 
         def wrapper(*args, **kwargs):
-            started = time.monotonic()
+            started, cpu_started = time.monotonic(), cpu()
             try:
                 return original(*args, **kwargs)
             finally:
@@ -264,6 +278,7 @@ def profile_hooks() -> dict[str, float]:
                 if by_statement:
                     key = f"sql {str(args[1]).split()[0]} {str(args[1]).split()[2].split('.')[-1][:40]}"
                 timings[key] = timings.get(key, 0.0) + time.monotonic() - started
+                cpu_timings[key] = cpu_timings.get(key, 0.0) + cpu() - cpu_started
 
         setattr(owner, name, wrapper)
 
@@ -278,7 +293,7 @@ def profile_hooks() -> dict[str, float]:
     timed(DataFrame, "count", "DataFrame.count")
     timed(DataFrame, "isEmpty", "DataFrame.isEmpty")
     timed(DataFrame, "collect", "DataFrame.collect")
-    return timings
+    return timings, cpu_timings
 
 
 def write_base(spark, identifier: str, keys: int) -> None:
@@ -300,7 +315,11 @@ def write_base(spark, identifier: str, keys: int) -> None:
     frame.writeTo(full).append()
 
 
-def throughput(work: Path, keys_list: list[int], changes: int, rounds: int, profile: bool = False) -> dict:
+def throughput(
+    work: Path, keys_list: list[int], changes: int, rounds: int, profile: bool = False, base: Path | None = None
+) -> dict:
+    """`base`: another version's `runtime/`, whose upsert batches run beside this one's on a table of their own
+    reading the same topic (mode "upsert (base)"): the two versions compared in the same run."""
     from icefloe_dev.kafka_broker import KafkaBroker
     from icefloe_dev.processes import start_together
     from icefloe_dev.schema_registry import SchemaRegistry
@@ -317,22 +336,25 @@ def throughput(work: Path, keys_list: list[int], changes: int, rounds: int, prof
                 broker.create_topic(topic, PARTITIONS)
             config = job_config(bootstrap, url, [
                 {"topic": upsert_topic, "table": f"upsert_{keys}", "mode": "upsert"},
+                *([{"topic": upsert_topic, "table": f"upsertbase_{keys}", "mode": "upsert"}] if base else []),
                 {"topic": append_topic, "table": f"append_{keys}"}])  # fmt: skip
+            modes = {"upsert": None, **({"upsertbase": base} if base else {}), "append": None}
             # First batches (not measured): one record each creates the tables; the upsert table gets its base rows.
             produce(bootstrap, url, upsert_topic, [(account_key(keys + 10**8), None)])
             produce(bootstrap, url, append_topic, [(account_key(keys + 10**8), None)])
             started = time.monotonic()
-            run_job(state, config, f"upsert_{keys}", base_keys=keys)
-            run_job(state, config, f"append_{keys}")
+            for mode, runtime in modes.items():
+                run_job(state, config, f"{mode}_{keys}", base_keys=0 if mode == "append" else keys, runtime=runtime)
             print(f"{keys:,} keys: tables ready in {time.monotonic() - started:.0f} s", flush=True)
-            runs: dict[str, list[dict]] = {"upsert": [], "append": []}
+            runs: dict[str, list[dict]] = {mode: [] for mode in modes}
             for round_ in range(rounds):
                 batch = change_batch(keys, changes, round_)
                 size = produce(bootstrap, url, upsert_topic, batch)
                 produce(bootstrap, url, append_topic, batch)
-                order = ("append", "upsert") if round_ % 2 else ("upsert", "append")
+                order = list(modes)[::-1] if round_ % 2 else list(modes)
                 for mode in order:
-                    found = run_job(state, config, f"{mode}_{keys}", profile=profile and mode == "upsert")
+                    found = run_job(state, config, f"{mode}_{keys}", profile=profile and mode != "append",
+                                    runtime=modes[mode])  # fmt: skip
                     assert found["rows"] > 0, found
                     runs[mode].append(found)
                 print(f"{keys:,} keys round {round_}: " + ", ".join(f"{m} {r[-1]}" for m, r in runs.items()), flush=True)
@@ -340,6 +362,11 @@ def throughput(work: Path, keys_list: list[int], changes: int, rounds: int, prof
                           **{mode: summarize(found, changes, cores) for mode, found in runs.items()}})  # fmt: skip
             sizes[-1]["ratio_upsert_to_append"] = round(sizes[-1]["upsert"]["seconds"] and
                                                         sizes[-1]["append"]["seconds"] / sizes[-1]["upsert"]["seconds"], 3)  # fmt: skip
+            if base:
+                sizes[-1]["ratio_base_to_append"] = round(sizes[-1]["append"]["seconds"] /
+                                                          sizes[-1]["upsertbase"]["seconds"], 3)  # fmt: skip
+                sizes[-1]["cpu_upsert_to_base"] = round(sizes[-1]["upsert"]["spark_cpu_s"] /
+                                                        sizes[-1]["upsertbase"]["spark_cpu_s"], 3)  # fmt: skip
     finally:
         registry.stop()
         broker.stop()
@@ -371,13 +398,19 @@ def render_throughput(report: dict) -> list[str]:
         "|---:|---|---:|---|---:|---:|---:|---:|---|---|",
     ]
     for size in report["sizes"]:
-        for mode in ("upsert", "append"):
+        for mode in ("upsert", "upsertbase", "append"):
+            if mode not in size:
+                continue
             m = size[mode]
             lines.append(f"| {size['keys']:,} | {mode} | {m['seconds']} | {m['seconds_all']} | {m['changes_per_s']:,} | "
                          f"{m['changes_per_s_per_core']:,} | {m['spark_cpu_s']} | {m['changes_per_spark_cpu_s']:,} | "
                          f"{m['spark_start_s']} | {m['load_1m']} |")  # fmt: skip
     lines += ["", "Upsert / append rate, same run: " + ", ".join(
         f"{s['keys']:,} keys {s['ratio_upsert_to_append']}" for s in report["sizes"]) + "."]  # fmt: skip
+    for s in report["sizes"]:
+        if "upsertbase" in s:
+            lines.append(f"Base version (`upsertbase`, {report['base']}) / append rate, same run: {s['keys']:,} keys "
+                         f"{s['ratio_base_to_append']}; Spark CPU this version / base: {s['cpu_upsert_to_base']}.")  # fmt: skip
     if len(report["sizes"]) > 1:
         small, large = report["sizes"][0], report["sizes"][-1]
         lines.append(f"Cost at {large['keys']:,} keys / at {small['keys']:,} keys: "
@@ -423,6 +456,7 @@ def main() -> None:
     parser.add_argument("--cost-only", action="store_true", help="only (3), the cost of the upsert order")
     parser.add_argument("--repeats", type=int, default=2, help="(3): merges per variant (the best counts)")
     parser.add_argument("--profile", action="store_true", help="(1): seconds per step of the upsert batches")
+    parser.add_argument("--base", type=Path, help="(1): another version's runtime/ dir, its upserts run beside")
     parser.add_argument("--job", help=argparse.SUPPRESS)  # the fresh process of one batch (`run_job`)
     args = parser.parse_args()
     if args.job:
@@ -434,10 +468,10 @@ def main() -> None:
         load = [round(x, 1) for x in os.getloadavg()]
         try:
             report = throughput(work, [args.keys, *([10 * args.keys] if args.large else [])], args.changes, args.rounds,
-                                args.profile)
+                                args.profile, args.base)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        report.update(changes=args.changes, rounds=args.rounds, load_avg_at_start=load,
+        report.update(changes=args.changes, rounds=args.rounds, load_avg_at_start=load, base=str(args.base or ""),
                       load_avg_at_end=[round(x, 1) for x in os.getloadavg()])  # fmt: skip
         (RESULTS / "upsert.json").write_text(json.dumps(report, indent=2) + "\n")
         text = "\n".join(["# Upsert benchmark", "", *render_throughput(report)])

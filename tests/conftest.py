@@ -317,13 +317,13 @@ def read_path(request, monkeypatch) -> str:
             materializer, "choose_read_path", lambda spark, decoder: ReadPath(PYTHON, "forced by the test")
         )
     else:
-        with_status = JvmBatch.rows_with_status
+        kept = JvmBatch.kept
 
         def all_exact(self):
             assert self._decoded().where(f"NOT {_EXACT}").count() == 0, "a record needed the Python decoder"
-            return with_status(self)
+            return kept(self)
 
-        monkeypatch.setattr(JvmBatch, "rows_with_status", all_exact)
+        monkeypatch.setattr(JvmBatch, "kept", all_exact)
     return request.param
 
 

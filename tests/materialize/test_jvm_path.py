@@ -467,7 +467,7 @@ def test_a_clean_append_batch_never_decodes_in_python(
     def refuse(self):
         raise AssertionError("the batch was read again with status columns")
 
-    monkeypatch.setattr(JvmBatch, "rows_with_status", refuse)
+    monkeypatch.setattr(JvmBatch, "kept", refuse)
     first = run_table(spark, config, config.tables[0], state_dir)
     assert first.read_path == JVM and first.rows_written == 50
     monkeypatch.undo()
@@ -602,3 +602,52 @@ def test_avro_upsert_on_the_jvm_path_keeps_the_last_value_per_key(
     assert result.read_path == JVM and result.records_failed == 1
     rows = read_pyiceberg(state_dir, result.identifier)
     assert {r["kafka_key"]: r["amount"] for r in rows} == {k: v for k, v in state.items() if v is not None}
+
+
+def test_a_clean_upsert_batch_on_the_jvm_path_has_no_python_step(
+    spark, broker, registry, state_dir, topic, make_config, monkeypatch
+):
+    """Every record decodes exactly in the JVM: neither the error mode's pass nor the merge reads a frame with a
+    Python step (a Python worker per task), as an append batch's streamed write has none."""
+    broker.create_topic(topic, 2)
+    serialize = avro_serializer(
+        registry.url,
+        topic,
+        json.dumps({"type": "record", "name": "Balance", "fields": [{"name": "amount", "type": "long"}]}),
+    )
+    records = [
+        {
+            "key": f"acct-{n % 7}".encode(),
+            "value": None if n == 37 else serialize({"amount": n}),
+            "partition": n % 7 % 2,
+        }
+        for n in range(40)
+    ]
+    latest = {record["key"]: n for n, record in enumerate(records) if n != 37}  # the key of 37 is deleted
+    del latest[b"acct-2"]
+    produce(broker.bootstrap_servers, topic, records)
+    config = make_config({"topic": topic, "mode": "upsert", "errors": "skip"})
+    plans: dict[str, str] = {}
+
+    def plan_of(frame) -> str:
+        return frame._jdf.queryExecution().analyzed().toString()
+
+    error_mode, merge = materializer._apply_error_mode, materializer.merge_batch
+
+    def error_mode_pass(spark, identifier, table, frame, *args):
+        plans["error mode"] = plan_of(frame)
+        return error_mode(spark, identifier, table, frame, *args)
+
+    def merged(frame, *args, **kwargs):
+        plans["merge"] = plan_of(frame)
+        return merge(frame, *args, **kwargs)
+
+    monkeypatch.setattr(materializer, "_apply_error_mode", error_mode_pass)
+    monkeypatch.setattr(materializer, "merge_batch", merged)
+    result = run_table(spark, config, config.tables[0], state_dir)
+
+    assert result.read_path == JVM and result.records_failed == 0
+    assert set(plans) == {"error mode", "merge"}
+    assert not [step for step, plan in plans.items() if "MapInArrow" in plan], plans
+    rows = read_pyiceberg(state_dir, result.identifier)
+    assert {r["kafka_key"]: r["amount"] for r in rows} == latest

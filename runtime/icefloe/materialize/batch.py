@@ -37,7 +37,7 @@ from icefloe.materialize import progress
 from icefloe.materialize.budget import Deadline, size_batch
 from icefloe.materialize.dead_letters import commit_dead_letters
 from icefloe.materialize.python_tasks import ReadPlan, read_batches, unmark
-from icefloe.materialize.read_paths import JVM, PYTHON, JvmBatch, ReadPath, choose_read_path
+from icefloe.materialize.read_paths import JVM, PENDING, PYTHON, JvmBatch, ReadPath, choose_read_path
 from icefloe.materialize.upsert import (
     ChangeFacts,
     change_fact_columns,
@@ -360,9 +360,14 @@ def _commit(
             committed = _commit_exact(iceberg, jvm, table, batch, state, checkpoint, write)
             if committed is not None:
                 return committed
-        frame, release = jvm.rows_with_status() if jvm is not None else _read(spark, plan, batch)
+        kept = jvm.kept() if jvm is not None else None
+        frame, release = (kept.rows, kept.release) if kept is not None else _read(spark, plan, batch)
         try:
-            applied = _apply_error_mode(spark, iceberg.identifier, table, frame, batch, checkpoint)
+            found = _apply_error_mode(spark, iceberg.identifier, table, frame, batch, checkpoint)
+            if found is None and kept is not None:  # some records need the Python decoder: the pass again with them
+                log.info("%s: records need the Python decoder: decoding them", iceberg.identifier)
+                found = _apply_error_mode(spark, iceberg.identifier, table, kept.with_python(), batch, checkpoint)
+            applied: ErrorModeOutcome = found  # type: ignore[assignment]  # a frame without pending rows has its outcome
             if applied.batch.next_offsets == state.offsets:  # fail mode, a bad record first in every partition read
                 return CommitOutcome(None, 0, applied)
             checkpoint, good = replace(checkpoint, offsets=applied.batch.next_offsets), applied.good
@@ -430,7 +435,7 @@ def _commit_exact(
         )
         frame, release = JvmBatch(jvm.spark, jvm.plan, jvm.avro, ranges, len(ranges)).python_rows()
         try:
-            applied.append(_apply_error_mode(jvm.spark, iceberg.identifier, table, frame, batch, checkpoint))
+            applied.append(_apply_error_mode(jvm.spark, iceberg.identifier, table, frame, batch, checkpoint))  # type: ignore[arg-type]  # Python's rows: none pending
             return written + write(applied[-1].good, branch)
         finally:
             release()
@@ -496,12 +501,16 @@ def _read(spark: SparkSession, plan: ReadPlan, batch: Batch) -> tuple[DataFrame,
 
 def _apply_error_mode(
     spark: SparkSession, identifier: str, table: TableSpec, frame: DataFrame, batch: Batch, checkpoint: Checkpoint
-) -> ErrorModeOutcome:
+) -> ErrorModeOutcome | None:
     """Split the read batch into what to commit and what failed, as the table's `errors` mode says. An upsert
     batch's pass also finds the good rows' clock blocks (`upsert.positioned`) and, for an envelope's, their change
-    facts (`upsert.ChangeFacts`): passes over the batch less."""
+    facts (`upsert.ChangeFacts`): passes over the batch less. None where `frame` (a `KeptBatch`'s rows) holds
+    records still to be decoded by Python (`PENDING`): the caller passes them decoded."""
+    pending = PENDING in frame.columns
     failing = F.col(ERROR_CLASS).isNotNull()
     bad, good = frame.where(failing), frame.where(~failing)
+    if pending:  # used only where none is pending: then every row is the record's as Python would give it
+        good = good.drop(PENDING)
     upsert = table.mode == "upsert"
     changes = upsert and CHANGE in frame.columns
     found = (
@@ -511,9 +520,12 @@ def _apply_error_mode(
             F.count(F.when(failing, 1)).alias("failed"),
             *([F.max(F.when(~failing, F.unix_millis("kafka_timestamp"))).alias("top")] if upsert else []),
             *(change_fact_columns(frame, ~failing) if changes else []),
+            *([F.count(F.when(F.col(PENDING), 1)).alias("pending")] if pending else []),
         )
         .collect()
     )
+    if pending and any(row.pending for row in found):
+        return None
     first_bad: dict[int, tuple[int, int]] = {}
     for row in found:
         if row.failed:

@@ -16,8 +16,10 @@ on Python too.
 Two ways to write a JVM batch:
   - `exact_rows`: every record decoded in the JVM, streamed from Kafka to the writer with nothing held; the number of
     records that need Python is observed while writing. When it is not 0 the caller discards what was written.
-  - `rows_with_status`: the batch as the error mode wants it (status columns, failed rows with their errors),
-    decoded once and kept on disk (not in the heap) while the error mode and the writer read it.
+  - `kept`: the batch as the error mode wants it (status columns, failed rows with their errors), decoded once and
+    kept on disk (not in the heap) while the error mode and the writer read it. Its records the JVM cannot decode
+    exactly are marked `PENDING` and decoded by Python only where there are some (`KeptBatch.with_python`): a batch
+    of exact records (the common case) starts no Python worker.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from icefloe.source.spark_kafka import read_ranges
 
 log = logging.getLogger(__name__)
 JVM, PYTHON = "jvm", "python"
+# A kept row whose record the JVM could not decode exactly: its values are not set until Python decodes it.
+PENDING = "icefloe_pending"
 _STRUCT, _EXACT = "icefloe_value", "icefloe_exact"
 _KAFKA = list(KAFKA_COLUMNS)
 
@@ -147,33 +151,57 @@ class JvmBatch:
 
         return rows, release
 
+    def kept(self) -> KeptBatch:
+        """Every record decoded once and kept on disk, with the status columns (`KeptBatch`)."""
+        return KeptBatch(self)
+
     def rows_with_status(self) -> tuple[DataFrame, Callable[[], None]]:
         """Every record with the status columns (failed records with their error, as `executor_tasks.read_batches` emits
         them), and the function that releases what it keeps on disk."""
-        batch_schema = StructType.fromJson(json.loads(self.plan.batch_schema_json))
-        frame = self._decoded()
-        kept = frame.select(
+        kept = self.kept()
+        return kept.with_python(), kept.release
+
+
+class KeptBatch:
+    """A JVM batch decoded once and kept on disk (not in the heap) while the error mode and the writer read it.
+
+    `rows`: every record with the status columns, those the JVM could not decode exactly marked `PENDING` (their
+    values unset, their errors not known yet); where none is, these are the batch's rows as `with_python` gives them,
+    without a Python worker started. `with_python()`: every record, those decoded by Python (their values, or their
+    exact error as a failed row)."""
+
+    def __init__(self, jvm: JvmBatch):
+        self.jvm = jvm
+        self.batch_schema = StructType.fromJson(json.loads(jvm.plan.batch_schema_json))
+        frame = jvm._decoded()
+        self.kept = frame.select(
             *[c for c in frame.columns if c != "value"],
             F.col("value").isNull().alias(TOMBSTONE),
             F.when(~F.col(_EXACT), F.col("value")).alias("value"),  # only what Python decodes keeps its bytes
         ).persist(StorageLevel.DISK_ONLY)
-        status = [F.col(TOMBSTONE)] + [
-            F.lit(None).cast(batch_schema[name].dataType).alias(name)
+        self.status = [F.col(TOMBSTONE)] + [
+            F.lit(None).cast(self.batch_schema[name].dataType).alias(name)
             for name in (ERROR_CLASS, ERROR_MESSAGE, RAW_VALUE, SCHEMA_ID)
         ]
-        exact_rows = kept.where(F.col(_EXACT)).select(*self._values(), *_KAFKA, *status)
-        for_python = (
-            kept.where(~F.col(_EXACT))
+        self.rows = self.kept.select(*jvm._values(), *_KAFKA, *self.status, (~F.col(_EXACT)).alias(PENDING)).select(
+            *self.batch_schema.fieldNames(), PENDING
+        )
+        self.for_python: DataFrame | None = None
+
+    def with_python(self) -> DataFrame:
+        """Every record with the status columns: the exact ones as the JVM decoded them, the others by Python."""
+        exact_rows = self.kept.where(F.col(_EXACT)).select(*self.jvm._values(), *_KAFKA, *self.status)
+        self.for_python = (
+            self.kept.where(~F.col(_EXACT))
             .select(
                 *[F.unix_millis(c).alias(f"{c}_ms") if c == "kafka_timestamp" else F.col(c) for c in _KAFKA], "value"
             )
-            .mapInArrow(partial(redecode_rows, self.plan), batch_schema)
+            .mapInArrow(partial(redecode_rows, self.jvm.plan), self.batch_schema)
             .persist(StorageLevel.DISK_ONLY)
         )
-        rows = exact_rows.select(*batch_schema.fieldNames()).unionByName(for_python)
+        return exact_rows.select(*self.batch_schema.fieldNames()).unionByName(self.for_python)
 
-        def release() -> None:
-            for_python.unpersist()
-            kept.unpersist()
-
-        return rows, release
+    def release(self) -> None:
+        if self.for_python is not None:
+            self.for_python.unpersist()
+        self.kept.unpersist()
