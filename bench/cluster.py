@@ -141,7 +141,9 @@ def write_results(runs: list[dict], args, started_load, ended_load) -> None:
             continue  # not measured on both yet
         for master in MASTERS:
             mine = [r for r in runs if r["shape"] == shape and r["master"] == master]
-            medians[master] = {key: statistics.median(r[key] for r in mine) for key in ("batch_seconds", "wall_seconds")}
+            medians[master] = {
+                key: statistics.median(r[key] for r in mine) for key in ("batch_seconds", "wall_seconds")
+            }
             medians[master]["records_per_second"] = round(args.records / medians[master]["batch_seconds"])
         summary[shape] = {
             "medians": medians,
@@ -179,7 +181,9 @@ def write_results(runs: list[dict], args, started_load, ended_load) -> None:
                          f"{median['records_per_second']:,} | {median['wall_seconds']} |")  # fmt: skip
     lines += ["", "Ratios cluster / local[2] (same run):", ""]
     for shape, data in summary.items():
-        lines.append(f"- {shape}: batch {data['cluster_vs_local_batch_seconds']}, wall {data['cluster_vs_local_wall_seconds']}")
+        lines.append(
+            f"- {shape}: batch {data['cluster_vs_local_batch_seconds']}, wall {data['cluster_vs_local_wall_seconds']}"
+        )
     lines += ["", "Runs in order (load = 1-minute load average before and after):", ""]
     for run in runs:
         lines.append(f"- {run['shape']} {run['master']}: batch {run['batch_seconds']} s, wall {run['wall_seconds']} s, "

@@ -126,7 +126,7 @@ KEPT = maintenance.CONTINUOUS_SNAPSHOTS_KEPT
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=420, help="how long part 1 drives micro-batches")
-    parser.add_argument("--kept", type=int, default=20, help="part 1's snapshot bound (shipped: %d)" % KEPT)
+    parser.add_argument("--kept", type=int, default=20, help=f"part 1's snapshot bound (shipped: {KEPT})")
     parser.add_argument("--snapshots", type=int, default=2000, help="part 2's fast commits per table")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="icefloe-cost-"))
@@ -166,8 +166,8 @@ def render(report: dict) -> str:
         f"{sorted({b['loads'] for b in steady})} (the larger in the {sum(b['commits'] > 4 for b in steady)} batches "
         "whose interval includes the bound's expiry: its commit, the checkpoint walk, the recount), seconds median "
         f"{statistics.median(b['seconds'] for b in steady):.2f} "
-        f"(first tenth {statistics.median(b['seconds'] for b in steady[:max(1, len(steady) // 10)]):.2f}, last tenth "
-        f"{statistics.median(b['seconds'] for b in steady[-max(1, len(steady) // 10):]):.2f}), snapshots at most "
+        f"(first tenth {statistics.median(b['seconds'] for b in steady[: max(1, len(steady) // 10)]):.2f}, last tenth "
+        f"{statistics.median(b['seconds'] for b in steady[-max(1, len(steady) // 10) :]):.2f}), snapshots at most "
         f"{max(b['snapshots'] for b in steady)}, metadata.json at most {max(b['metadata_bytes'] for b in steady):,} bytes.",
         "",
         "| batch | commits | loads | seconds | snapshots | metadata.json bytes |",
@@ -175,7 +175,9 @@ def render(report: dict) -> str:
     ]
     step = max(1, len(batches) // 25)
     for b in batches[::step] + ([batches[-1]] if (len(batches) - 1) % step else []):
-        lines.append(f"| {b['batch']} | {b['commits']} | {b['loads']} | {b['seconds']} | {b['snapshots']} | {b['metadata_bytes']:,} |")
+        lines.append(
+            f"| {b['batch']} | {b['commits']} | {b['loads']} | {b['seconds']} | {b['snapshots']} | {b['metadata_bytes']:,} |"
+        )
     lines += [
         "",
         f"Part 2: snapshots committed as fast as the catalog takes them (Iceberg fast append of no files, each with a "
@@ -189,8 +191,10 @@ def render(report: dict) -> str:
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for u, b in zip(report["unbounded"], report["bounded"]):
-        lines.append(f"| {u['snapshots_committed']} | {u['snapshots']} | {u['metadata_bytes']:,} | {u['commit_ms']} | "
-                     f"{b['snapshots']} | {b['metadata_bytes']:,} | {b['commit_ms']} |")
+        lines.append(
+            f"| {u['snapshots_committed']} | {u['snapshots']} | {u['metadata_bytes']:,} | {u['commit_ms']} | "
+            f"{b['snapshots']} | {b['metadata_bytes']:,} | {b['commit_ms']} |"
+        )
     return "\n".join(lines) + "\n"
 
 

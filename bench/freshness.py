@@ -102,7 +102,9 @@ def main() -> None:
             while time.time() - started < args.seconds:
                 due = int((time.time() - started) * args.rate)
                 while sent < due:
-                    producer.produce(TOPIC, value=json.dumps({"n": sent, "note": "x" * 100}).encode(), on_delivery=on_delivery)
+                    producer.produce(
+                        TOPIC, value=json.dumps({"n": sent, "note": "x" * 100}).encode(), on_delivery=on_delivery
+                    )
                     sent += 1
                 producer.poll(0.01)
             producer.flush(30)
@@ -138,10 +140,15 @@ def main() -> None:
         },
         "files_over_time": samples,
         "before_maintenance": {"data_files": before.get("data_files"), "bytes": before.get("bytes")},
-        "after_maintenance": {"data_files": maintenance["data_files_after"], "snapshots": maintenance["snapshots_after"]},
-        "job_rss_mib": {"first_commit": samples[0]["job_rss_mib"] if samples else None,
-                        "last_commit": samples[-1]["job_rss_mib"] if samples else None,
-                        "max": max((s["job_rss_mib"] for s in samples), default=None)},
+        "after_maintenance": {
+            "data_files": maintenance["data_files_after"],
+            "snapshots": maintenance["snapshots_after"],
+        },
+        "job_rss_mib": {
+            "first_commit": samples[0]["job_rss_mib"] if samples else None,
+            "last_commit": samples[-1]["job_rss_mib"] if samples else None,
+            "max": max((s["job_rss_mib"] for s in samples), default=None),
+        },
         "machine": f"{os.cpu_count()} cores shared by broker, producer, Spark and the reader",
     }
     RESULTS.mkdir(exist_ok=True)

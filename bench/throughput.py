@@ -188,7 +188,9 @@ def sink_write(spark, source_identifier: str, target: str):
     rows = spark.table(f"icefloe.{source_identifier}").persist(StorageLevel.MEMORY_AND_DISK)
     rows.count()
     props = ", ".join(f"'{k}'='{v}'" for k, v in DEFAULT_PROPERTIES.items())
-    spark.sql(f"CREATE TABLE icefloe.{target} USING iceberg TBLPROPERTIES ({props}) AS SELECT * FROM icefloe.{source_identifier} LIMIT 0")
+    spark.sql(
+        f"CREATE TABLE icefloe.{target} USING iceberg TBLPROPERTIES ({props}) AS SELECT * FROM icefloe.{source_identifier} LIMIT 0"
+    )
     return rows
 
 
@@ -244,7 +246,9 @@ def bench_shape(spark, state: Path, shape: str, records: int, rounds: int, broke
     assert python_source["result"] == (count, size), python_source["result"]
     config = table_config(broker.bootstrap_servers, registry.url, topic, "x", records)
     conf = client_config(config.cluster("bench"))
-    ranges = [OffsetRange(topic, p, low, end) for p, (low, end, _) in log_bounds(conf, topic, list(range(PARTITIONS))).items()]
+    ranges = [
+        OffsetRange(topic, p, low, end) for p, (low, end, _) in log_bounds(conf, topic, list(range(PARTITIONS))).items()
+    ]
 
     runs: dict[str, list[dict]] = {"spark-source": [], "icefloe": [], "sink": []}
     icefloe_memory, read_paths = [], set()
@@ -252,20 +256,29 @@ def bench_shape(spark, state: Path, shape: str, records: int, rounds: int, broke
         runs["spark-source"].append(stage.run(lambda: read_ranges(spark, conf, ranges).count()))
         assert runs["spark-source"][-1]["result"] == count
         config = table_config(broker.bootstrap_servers, registry.url, topic, f"{shape}_{round_}", records)
-        runs["icefloe"].append(stage.run(lambda: run_table(spark, config, config.tables[0], state), before=peaks.reset))
+        runs["icefloe"].append(
+            stage.run(lambda config=config: run_table(spark, config, config.tables[0], state), before=peaks.reset)
+        )
         result = runs["icefloe"][-1]["result"]
         assert result.rows_written == count, result.describe()
         read_paths.add(result.read_path)
         icefloe_memory.append(peaks.read())
         cached = sink_write(spark, result.identifier, f"{result.identifier}_sink")
-        runs["sink"].append(stage.run(lambda: cached.writeTo(f"icefloe.{result.identifier}_sink").append()))
+        runs["sink"].append(
+            stage.run(lambda cached=cached, result=result: cached.writeTo(f"icefloe.{result.identifier}_sink").append())
+        )
         cached.unpersist(blocking=True)
-        print(f"{shape} round {round_}/{rounds}: " + ", ".join(f"{k} {v[-1]['seconds']:.1f} s" for k, v in runs.items()), flush=True)
+        print(
+            f"{shape} round {round_}/{rounds}: " + ", ".join(f"{k} {v[-1]['seconds']:.1f} s" for k, v in runs.items()),
+            flush=True,
+        )
 
     warm_up = {name: round(items.pop(0)["seconds"], 2) for name, items in runs.items()}
     icefloe_memory.pop(0)
 
-    files = spark.sql(f"SELECT count(*) AS n, sum(file_size_in_bytes) AS bytes FROM icefloe.{result.identifier}.files").first()
+    files = spark.sql(
+        f"SELECT count(*) AS n, sum(file_size_in_bytes) AS bytes FROM icefloe.{result.identifier}.files"
+    ).first()
     stages = [summarize("python-source: confluent-kafka, 1 consumer", [python_source], size, cores)]
     stages += [summarize(name, items, size, cores) for name, items in runs.items()]
     by_name = {s["stage"].split(":")[0]: s for s in stages}
@@ -280,7 +293,9 @@ def bench_shape(spark, state: Path, shape: str, records: int, rounds: int, broke
         "stages": stages,
         "ratios": {
             "icefloe_vs_spark_source": round(by_name["icefloe"]["mib_per_s"] / by_name["spark-source"]["mib_per_s"], 3),
-            "icefloe_vs_python_source": round(by_name["icefloe"]["mib_per_s"] / by_name["python-source"]["mib_per_s"], 3),
+            "icefloe_vs_python_source": round(
+                by_name["icefloe"]["mib_per_s"] / by_name["python-source"]["mib_per_s"], 3
+            ),
             "icefloe_vs_sink": round(by_name["icefloe"]["mib_per_s"] / by_name["sink"]["mib_per_s"], 3),
         },
         "icefloe_memory_per_round": icefloe_memory,
@@ -306,7 +321,10 @@ def stack_file(path: Path, bootstrap: str, registry_url: str, topic: str, table:
 
 def icefloe_process(stack: Path, state: Path) -> dict:
     """`icefloe run --once` as a fresh process (a scheduled job: Python, Spark's JVM, the batch, exit)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "runtime"), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "runtime"), os.environ.get("PYTHONPATH", "")]),
+    }
     log = stack.with_suffix(".log")
     started = time.monotonic()
     process = subprocess.Popen([sys.executable, "-m", "icefloe.cli", "run", "--once", "--json", "--config", str(stack),
@@ -373,7 +391,9 @@ def bench_fresh(work: Path, shape: str, count: int, size: int, rounds: int, brok
             iceberg_sink.connector(f"sink-{shape}-{round_}", topic, table, registry.url, warehouse, cores, properties)])  # fmt: skip
         worker.start()
         try:
-            seconds, cpu = worker.wait(lambda t=table: iceberg_sink.table_records(warehouse, t) >= count, 1800, "every record")
+            seconds, cpu = worker.wait(
+                lambda t=table: iceberg_sink.table_records(warehouse, t) >= count, 1800, "every record"
+            )
         finally:
             worker.stop()
         assert iceberg_sink.table_records(warehouse, table) == count
@@ -383,7 +403,9 @@ def bench_fresh(work: Path, shape: str, count: int, size: int, rounds: int, brok
         # icefloe: an earlier batch creates (and maintains) the table; the measured run takes the rest; then a
         # run with nothing new is the same process's idle start-up on that table.
         name = f"{shape}_fresh_{round_}"
-        seed = icefloe_process(stack_file(work / f"seed-{name}.yaml", broker.bootstrap_servers, registry.url, topic, name, 1000), state)
+        seed = icefloe_process(
+            stack_file(work / f"seed-{name}.yaml", broker.bootstrap_servers, registry.url, topic, name, 1000), state
+        )
         stack = stack_file(work / f"run-{name}.yaml", broker.bootstrap_servers, registry.url, topic, name, count)
         data = icefloe_process(stack, state)
         assert seed["rows_written"] + data["rows_written"] == count, (seed, data)
@@ -393,7 +415,11 @@ def bench_fresh(work: Path, shape: str, count: int, size: int, rounds: int, brok
         assert idle["rows_written"] == 0, idle
         runs["icefloe-idle"].append(idle)
         icefloe_mib.append(mib * data["rows_written"] / count)
-        print(f"{shape} fresh round {round_ + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]['seconds']:.1f} s ({v[-1]['cpu_s']:.1f} CPU s)" for k, v in runs.items()), flush=True)
+        print(
+            f"{shape} fresh round {round_ + 1}/{rounds}: "
+            + ", ".join(f"{k} {v[-1]['seconds']:.1f} s ({v[-1]['cpu_s']:.1f} CPU s)" for k, v in runs.items()),
+            flush=True,
+        )
 
     # The sink running continuously: one worker, warmed up by a first connector, then one connector per round.
     warm: list[dict] = []
@@ -404,13 +430,25 @@ def bench_fresh(work: Path, shape: str, count: int, size: int, rounds: int, brok
         worker.wait(lambda: iceberg_sink.table_records(warehouse, f"{shape}_warm_0") >= count, 1800, "every record")
         for round_ in range(1, rounds + 1):
             table, cpu = f"{shape}_warm_{round_}", worker.cpu()
-            started = worker.add_connector(iceberg_sink.connector(f"warm-{shape}-{round_}", topic, table, registry.url, warehouse, cores, properties))
+            started = worker.add_connector(
+                iceberg_sink.connector(
+                    f"warm-{shape}-{round_}", topic, table, registry.url, warehouse, cores, properties
+                )
+            )
             worker.wait(lambda t=table: iceberg_sink.table_records(warehouse, t) >= count, 1800, "every record")
-            warm.append({"seconds": time.monotonic() - started, "cpu_s": worker.cpu() - cpu, "load_1m": round(os.getloadavg()[0], 1)})
+            warm.append(
+                {
+                    "seconds": time.monotonic() - started,
+                    "cpu_s": worker.cpu() - cpu,
+                    "load_1m": round(os.getloadavg()[0], 1),
+                }
+            )
     finally:
         worker.stop()
 
-    icefloe_stats = fresh_stats("icefloe, fresh process", runs["icefloe"], runs["icefloe-idle"], statistics.median(icefloe_mib), cores)
+    icefloe_stats = fresh_stats(
+        "icefloe, fresh process", runs["icefloe"], runs["icefloe-idle"], statistics.median(icefloe_mib), cores
+    )
     sink_stats = fresh_stats("Iceberg Kafka Connect sink, fresh worker", runs["sink"], runs["sink-idle"], mib, cores)
     warm_stats = fresh_stats("Iceberg Kafka Connect sink, warm worker (new connector)", warm,
                              [{"seconds": 0.0, "cpu_s": 0.0}] * len(warm), mib, cores)  # fmt: skip
@@ -436,7 +474,9 @@ def bench_memory(spark, state: Path, records: int, broker, registry, stage: Stag
     memory = peaks.read()
     # The same ranges through Spark's Kafka source alone, after the batch (so the peaks above are icefloe's).
     conf = client_config(config.cluster("bench"))
-    ranges = [OffsetRange(topic, p, low, end) for p, (low, end, _) in log_bounds(conf, topic, list(range(PARTITIONS))).items()]
+    ranges = [
+        OffsetRange(topic, p, low, end) for p, (low, end, _) in log_bounds(conf, topic, list(range(PARTITIONS))).items()
+    ]
     source = stage.run(lambda: read_ranges(spark, conf, ranges).count())
     assert source["result"] == count
     cores = os.cpu_count() or 1
@@ -465,7 +505,7 @@ def bench_fixed_cost(spark, state: Path, broker, registry, stage: Stage, runs: i
     run_table(spark, config, config.tables[0], state)
     timed = []
     for _ in range(runs):
-        timed.append(stage.run(lambda: run_table(spark, config, config.tables[0], state)))
+        timed.append(stage.run(lambda config=config: run_table(spark, config, config.tables[0], state)))
         assert timed[-1]["result"].rows_written == records, timed[-1]["result"].describe()
     return {
         "records_per_batch": records,
@@ -483,15 +523,21 @@ def bench_one_for_python(spark, state: Path, records: int, broker, registry, sta
     record going through Python. Compared with the clean trades batches of the same size (`bench_shape`)."""
     topic = "bench_one_for_python"
     broker.create_topic(topic, PARTITIONS)
-    first, first_size = produce_avro_quickly(broker.bootstrap_servers, registry.url, topic, TRADES, trades(records // 2, seed=5))
+    first, first_size = produce_avro_quickly(
+        broker.bootstrap_servers, registry.url, topic, TRADES, trades(records // 2, seed=5)
+    )
     producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
     producer.produce(topic, value=b"not Avro in Confluent framing", partition=0)
     assert producer.flush(30) == 0
-    second, second_size = produce_avro_quickly(broker.bootstrap_servers, registry.url, topic, TRADES, trades(records - records // 2, seed=6))
+    second, second_size = produce_avro_quickly(
+        broker.bootstrap_servers, registry.url, topic, TRADES, trades(records - records // 2, seed=6)
+    )
     timed = []
     for run in range(runs + 1):  # run 0 warms this path up: reported apart
-        config = table_config(broker.bootstrap_servers, registry.url, topic, f"one_for_python_{run}", records + 1, "skip")
-        timed.append(stage.run(lambda: run_table(spark, config, config.tables[0], state)))
+        config = table_config(
+            broker.bootstrap_servers, registry.url, topic, f"one_for_python_{run}", records + 1, "skip"
+        )
+        timed.append(stage.run(lambda config=config: run_table(spark, config, config.tables[0], state)))
         result = timed[-1]["result"]
         assert result.rows_written == first + second and result.records_failed == 1, result.describe()
     warm_up = timed.pop(0)
@@ -514,8 +560,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds per shape, after one warm-up round")
     parser.add_argument("--memory-records", type=int, default=5_000_000)
     parser.add_argument("--fresh-rounds", type=int, default=3, help="rounds of fresh processes: icefloe and the sink")
-    parser.add_argument("--vs-sink", action="store_true", help="only the shapes and the comparison with the sink "
-                        "(no fixed cost, no memory): results in throughput_vs_sink.{json,md}")
+    parser.add_argument(
+        "--vs-sink",
+        action="store_true",
+        help="only the shapes and the comparison with the sink "
+        "(no fixed cost, no memory): results in throughput_vs_sink.{json,md}",
+    )
     parser.add_argument("--only-fresh", action="store_true", help="--vs-sink without the warm stages")
     args = parser.parse_args()
     args.vs_sink = args.vs_sink or args.only_fresh
@@ -545,11 +595,17 @@ def main() -> None:
                     topic = f"bench_{shape}"
                     broker.create_topic(topic, PARTITIONS)
                     schema, generate = SHAPES[shape]
-                    count, size = produce_avro_quickly(broker.bootstrap_servers, registry.url, topic, schema, generate(records))
+                    count, size = produce_avro_quickly(
+                        broker.bootstrap_servers, registry.url, topic, schema, generate(records)
+                    )
                     shapes.append({"shape": shape, "records": count, "avg_record_bytes": round(size / count, 1),
                                    "mib": round(size / 2**20, 1), "bytes": size, "stages": []})  # fmt: skip
                 else:
-                    shapes.append(bench_shape(spark, work / "state", shape, records, args.rounds, broker, registry, stage, cores, peaks))
+                    shapes.append(
+                        bench_shape(
+                            spark, work / "state", shape, records, args.rounds, broker, registry, stage, cores, peaks
+                        )
+                    )
                 if args.fresh_rounds:
                     shapes[-1]["fresh"] = bench_fresh(work, shape, shapes[-1]["records"], shapes[-1]["bytes"],
                                                       args.fresh_rounds, broker, registry, cores)  # fmt: skip
@@ -559,7 +615,9 @@ def main() -> None:
                     one_for_python = bench_one_for_python(spark, work / "state", args.records, broker, registry, stage,
                                                           args.rounds if args.vs_sink else 3)  # fmt: skip
             if args.memory_records and not args.vs_sink:
-                memory = bench_memory(spark, work / "state", args.memory_records, broker, registry, stage, peaks, jvm_pid)
+                memory = bench_memory(
+                    spark, work / "state", args.memory_records, broker, registry, stage, peaks, jvm_pid
+                )
             spark.stop()
         finally:
             registry.stop()
@@ -568,7 +626,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     report = {
         "machine": f"{platform.machine()} {platform.system()}, {cores} cores, shared: broker, registry, producer, "
-                   "Spark and other users' processes run on them",
+        "Spark and other users' processes run on them",
         "cores": cores,
         "load_avg_at_start": [round(x, 1) for x in load_before],
         "load_avg_at_end": [round(x, 1) for x in os.getloadavg()],

@@ -357,7 +357,9 @@ def throughput(
                                     runtime=modes[mode])  # fmt: skip
                     assert found["rows"] > 0, found
                     runs[mode].append(found)
-                print(f"{keys:,} keys round {round_}: " + ", ".join(f"{m} {r[-1]}" for m, r in runs.items()), flush=True)
+                print(
+                    f"{keys:,} keys round {round_}: " + ", ".join(f"{m} {r[-1]}" for m, r in runs.items()), flush=True
+                )
             sizes.append({"keys": keys, "changes": changes, "mib": round(size / 2**20, 1),
                           **{mode: summarize(found, changes, cores) for mode, found in runs.items()}})  # fmt: skip
             sizes[-1]["ratio_upsert_to_append"] = round(sizes[-1]["upsert"]["seconds"] and
@@ -434,7 +436,9 @@ def read_cost(spark, state: Path, table: IcebergTable) -> dict:
 
     scan = f"iceberg_scan('{table.metadata_location()}')"
     duck = timed("duckdb_scan_s", lambda: duckdb_connect().execute(query.format(scan=scan)).fetchone())
-    timed("duckdb_lookup_s", lambda: duckdb_connect().execute(f"SELECT * FROM {scan} WHERE account = '{key}'").fetchall())
+    timed(
+        "duckdb_lookup_s", lambda: duckdb_connect().execute(f"SELECT * FROM {scan} WHERE account = '{key}'").fetchall()
+    )
     loaded = pyiceberg_catalog(state).load_table(table.identifier)
     arrow = timed("pyiceberg_scan_s", lambda: loaded.scan(selected_fields=("account", "balance")).to_arrow())
     timed("pyiceberg_lookup_s", lambda: loaded.scan(row_filter=EqualTo("account", key)).to_arrow())
@@ -443,6 +447,7 @@ def read_cost(spark, state: Path, table: IcebergTable) -> dict:
     files = spark.sql(f"SELECT content, count(*) AS n FROM {table.full_name}.files GROUP BY content").collect()
     assert int(duck[0]) == arrow.num_rows == spark_rows[0], (duck, arrow.num_rows, spark_rows)
     return {**timings, "rows": int(duck[0]), "files": {str(r.content): r.n for r in files}}
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -467,8 +472,14 @@ def main() -> None:
     if not args.cost_only and not args.reads:
         load = [round(x, 1) for x in os.getloadavg()]
         try:
-            report = throughput(work, [args.keys, *([10 * args.keys] if args.large else [])], args.changes, args.rounds,
-                                args.profile, args.base)
+            report = throughput(
+                work,
+                [args.keys, *([10 * args.keys] if args.large else [])],
+                args.changes,
+                args.rounds,
+                args.profile,
+                args.base,
+            )
         finally:
             shutil.rmtree(work, ignore_errors=True)
         report.update(changes=args.changes, rounds=args.rounds, load_avg_at_start=load, base=str(args.base or ""),
@@ -539,23 +550,25 @@ def main() -> None:
 
 def render_cost(cost: dict, cores: int | None) -> str:
     best = cost["best_s"]
-    return "\n".join([
-        "# Upsert: the cost of the change order (review F2)",
-        "",
-        f"One batch of {cost['changes']:,} changes (half updates, half inserts; 5% deletes unless said) merged into a "
-        f"table of {cost['keys']:,} keys, merge-on-read, on a run branch and published, {cores} cores shared with "
-        f"other work; best of {cost['repeats']} (`bench/upsert.py --cost-only`).",
-        "",
-        "| variant | seconds |",
-        "|---|---:|",
-        f"| before F2 (timestamp order, unconditional MERGE) | {best['before']} |",
-        f"| now (clock per change, conditional MERGE, delete markers committed) | {best['now']} |",
-        f"| now, no deletes in the batch (no markers commit) | {best['now_without_deletes']} |",
-        "",
-        f"Now / before: x{cost['now_vs_before']}; the delete markers' commit: ~{cost['markers_commit_s']} s "
-        "(now minus now without deletes; the batches differ only in their deletes).",
-        "",
-    ])
+    return "\n".join(
+        [
+            "# Upsert: the cost of the change order (review F2)",
+            "",
+            f"One batch of {cost['changes']:,} changes (half updates, half inserts; 5% deletes unless said) merged into a "
+            f"table of {cost['keys']:,} keys, merge-on-read, on a run branch and published, {cores} cores shared with "
+            f"other work; best of {cost['repeats']} (`bench/upsert.py --cost-only`).",
+            "",
+            "| variant | seconds |",
+            "|---|---:|",
+            f"| before F2 (timestamp order, unconditional MERGE) | {best['before']} |",
+            f"| now (clock per change, conditional MERGE, delete markers committed) | {best['now']} |",
+            f"| now, no deletes in the batch (no markers commit) | {best['now_without_deletes']} |",
+            "",
+            f"Now / before: x{cost['now_vs_before']}; the delete markers' commit: ~{cost['markers_commit_s']} s "
+            "(now minus now without deletes; the batches differ only in their deletes).",
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":
