@@ -282,7 +282,7 @@ def profile_hooks(jvm: list[int]) -> tuple[dict[str, float], dict[str, float]]:
 
         setattr(owner, name, wrapper)
 
-    timed(read_paths.JvmBatch, "rows_with_status")
+    timed(read_paths.JvmBatch, "kept")
     timed(batch, "_apply_error_mode")
     timed(batch, "positioned")
     timed(batch, "commit_on_branch", "commit_on_branch (all of the write)")

@@ -169,7 +169,8 @@ def rows_on_both_paths(spark, config, value_fields=None) -> tuple:
     fields = value_fields or avro_value_fields(decoder.schema_str, table.topic)
     plan = read_plan(table, decoder, kafka_conf, fields)
     jvm = JvmBatch(spark, plan, path.avro, batch.ranges, 1)
-    jvm_frame, release_jvm = jvm.rows_with_status()
+    kept = jvm.kept()
+    jvm_frame, release_jvm = kept.with_python(), kept.release
     python_frame, release_python = materializer._read(spark, plan, batch)
     try:
         return path, jvm, rows_of(jvm_frame), rows_of(python_frame)

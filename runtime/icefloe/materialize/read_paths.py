@@ -134,32 +134,28 @@ class JvmBatch:
 
     def python_rows(self) -> tuple[DataFrame, Callable[[], None]]:
         """The records of these ranges whose JVM row is not exact, decoded by Python with the status columns (as
-        `rows_with_status` gives them), and the function that releases what it keeps on disk."""
-        batch_schema = StructType.fromJson(json.loads(self.plan.batch_schema_json))
-        frame = self._decoded()
-        rows = (
-            frame.where(~F.col(_EXACT))
-            .select(
-                *[F.unix_millis(c).alias(f"{c}_ms") if c == "kafka_timestamp" else F.col(c) for c in _KAFKA], "value"
-            )
-            .mapInArrow(partial(redecode_rows, self.plan), batch_schema)
-            .persist(StorageLevel.DISK_ONLY)
-        )
+        `KeptBatch.with_python` gives them), and the function that releases what it keeps on disk."""
+        rows = self.decoded_by_python(self._decoded().where(~F.col(_EXACT)))
 
         def release() -> None:
             rows.unpersist()
 
         return rows, release
 
+    def decoded_by_python(self, records: DataFrame) -> DataFrame:
+        """`records` (their Kafka columns and value bytes) decoded by Python with the status columns, kept on disk."""
+        batch_schema = StructType.fromJson(json.loads(self.plan.batch_schema_json))
+        return (
+            records.select(
+                *[F.unix_millis(c).alias(f"{c}_ms") if c == "kafka_timestamp" else F.col(c) for c in _KAFKA], "value"
+            )
+            .mapInArrow(partial(redecode_rows, self.plan), batch_schema)
+            .persist(StorageLevel.DISK_ONLY)
+        )
+
     def kept(self) -> KeptBatch:
         """Every record decoded once and kept on disk, with the status columns (`KeptBatch`)."""
         return KeptBatch(self)
-
-    def rows_with_status(self) -> tuple[DataFrame, Callable[[], None]]:
-        """Every record with the status columns (failed records with their error, as `executor_tasks.read_batches` emits
-        them), and the function that releases what it keeps on disk."""
-        kept = self.kept()
-        return kept.with_python(), kept.release
 
 
 class KeptBatch:
@@ -191,14 +187,7 @@ class KeptBatch:
     def with_python(self) -> DataFrame:
         """Every record with the status columns: the exact ones as the JVM decoded them, the others by Python."""
         exact_rows = self.kept.where(F.col(_EXACT)).select(*self.jvm._values(), *_KAFKA, *self.status)
-        self.for_python = (
-            self.kept.where(~F.col(_EXACT))
-            .select(
-                *[F.unix_millis(c).alias(f"{c}_ms") if c == "kafka_timestamp" else F.col(c) for c in _KAFKA], "value"
-            )
-            .mapInArrow(partial(redecode_rows, self.jvm.plan), self.batch_schema)
-            .persist(StorageLevel.DISK_ONLY)
-        )
+        self.for_python = self.jvm.decoded_by_python(self.kept.where(~F.col(_EXACT)))
         return exact_rows.select(*self.batch_schema.fieldNames()).unionByName(self.for_python)
 
     def release(self) -> None:
