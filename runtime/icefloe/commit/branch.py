@@ -45,7 +45,7 @@ class Branch:
     table: IcebergTable
     name: str
     checkpoint: Checkpoint
-    checkpointed: bool = False  # the branch's head carries the checkpoint
+    checkpointed: bool = False  # a snapshot on the branch carries the checkpoint
     written: list[int] = field(default_factory=list)  # the branch's head after each write: all must be published
     added: int = 0  # rows the last write added (its snapshot's `added-records`)
 
@@ -77,9 +77,8 @@ class Branch:
         the checkpoint, as `append` does: the publish then needs no empty append to carry it."""
         sql_with_properties(self.spark, statement, self.checkpoint.to_summary())
         summary = self.wrote()
-        # A write whose snapshot could not carry it (`sql_with_properties`) leaves it to the empty append: the
-        # branch's head, the snapshot the fast-forward publishes, always carries it.
-        self.checkpointed = self.checkpoint.carried_by(summary)
+        # A write whose snapshot could not carry it (`sql_with_properties`) leaves it to the empty append.
+        self.checkpointed |= self.checkpoint.carried_by(summary)
 
     def wrote(self) -> Mapping[str, str]:
         """Note the branch's head after a write (every writer calls this after each statement that commits);

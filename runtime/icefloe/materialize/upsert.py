@@ -73,10 +73,6 @@ NO_CLOCK = -(2**63) + 1  # a position without clock (no timestamp seen yet) is b
 # the first truncate's marker is merged (only change data truncates): a batch looks for the latest truncate (a query
 # of the markers) only where one may be. A markers table created before the property has none: looked up as before.
 TRUNCATES_PROPERTY = "icefloe.truncate-markers"
-# A reduced batch of at most this many changes is broadcast to the joins with the table (a copy on each executor,
-# built in the driver): the table is streamed past it, neither shuffled nor hashed. A larger batch is shuffled
-# with the table as before, keeping the driver's memory bounded.
-BROADCAST_CHANGES = 500_000
 _POSITION_FIELDS = [
     T.StructField(KAFKA_CLOCK, T.TimestampType()),
     T.StructField("kafka_partition", T.IntegerType()),
@@ -99,11 +95,6 @@ def _hash_joins(spark: SparkSession) -> Iterator[None]:
             spark.conf.unset(setting)
         else:
             spark.conf.set(setting, before)
-
-
-def _broadcast(frame: DataFrame, small: bool) -> DataFrame:
-    """`frame` hinted to be broadcast to its joins where the batch is `small` (`BROADCAST_CHANGES`)."""
-    return F.broadcast(frame) if small else frame
 
 
 def key_columns(key: tuple[str, ...] | None, value_fields: list[T.StructField], where: str) -> list[str]:
@@ -262,82 +253,52 @@ def merge_batch(
             markers = _commit_delete_markers(
                 changes, branch, struct, key_columns, run_timeout_s, truncate, has_deletes=deleting > 0
             )
-            if truncate is not None:  # before the lookup of present keys: the rows it removes are not present
-                _truncate(branch, truncate, sourced, soft_deletes)
-            # The batch's keys the table holds, found by streaming the table's key columns past the batch's keys
-            # (broadcast where the batch is small): the merges below then never shuffle or hash the table.
-            small = total <= BROADCAST_CHANGES
-            keys = [F.col(quoted(k)) for k in key_columns]
-            present = (
-                spark.table(branch.identifier)
-                .select(*keys)
-                .join(_broadcast(changes.select(*keys), small), key_columns, "left_semi")
-                .withColumn("icefloe_present", F.lit(True))
-            )
-            tagged = changes.join(present, key_columns, "left").persist()  # batch-sized: one row per change
-            inserting = F.lit(True) if soft_deletes else ~F.col(TOMBSTONE)  # `insert_when` before the markers
-            new_keys = tagged.where(F.col("icefloe_present").isNull() & inserting).count()  # none: no append
-            views = [f"icefloe_{name}_{branch.name}" for name in ("matched", "new", "new_markers")]
-            matched_view, new_view, markers_view = views
-            _broadcast(tagged.where("icefloe_present"), small).createOrReplaceTempView(matched_view)
-            new = tagged.where("icefloe_present IS NULL")
-            new.createOrReplaceTempView(new_view)
-            try:
-                # soft deletes: a delete of a key the table lacks (inserted and deleted in one batch) is a flagged
-                # row too
-                source, insert_when = new_view, "true" if soft_deletes else f"NOT s.{TOMBSTONE}"
-                if markers is not None:  # the key's marker, if any, beside each new key; the latest truncate's
-                    near = spark.table(markers).join(_broadcast(new.select(*keys), small), key_columns, "left_semi")
-                    near.createOrReplaceTempView(markers_view)
-                    on = " AND ".join(f"c.{quoted(k)} = m.{quoted(k)}" for k in key_columns)
-                    marker_source = f", m.{SOURCE_POSITION} AS icefloe_marker_source" if sourced else ""
-                    source = (
-                        f"(SELECT c.*, {_clock('m')} AS icefloe_marker_clock, "
-                        f"m.kafka_partition AS icefloe_marker_partition, m.kafka_offset AS icefloe_marker_offset"
-                        f"{marker_source} FROM {new_view} c LEFT JOIN {markers_view} m ON {on})"
-                    )
-                    marker: Position = (
-                        "s.icefloe_marker_clock",
-                        "s.icefloe_marker_partition",
-                        "s.icefloe_marker_offset",
-                    )
-                    marker = ("s.icefloe_marker_source", *marker) if sourced else marker
-                    after_marker = _after(_position("s", sourced), marker)
-                    if soft_deletes:  # the delete itself is the key's marker (committed first): at it is enough
-                        after_marker = f"NOT {_after(marker, _position('s', sourced))}"
-                    insert_when += f" AND (s.icefloe_marker_partition IS NULL OR {after_marker})"
-                    truncated = _truncate_marker(spark, branch.table, key_columns, sourced)
-                    if truncated is not None:  # changes older than the last truncate stay out
-                        insert_when += f" AND {_after(_position('s', sourced), _literal(truncated, sourced))}"
-                row = (_clock("t", fallback="kafka_timestamp"), "t.kafka_partition", "t.kafka_offset")
-                newer = _after(_position("s", sourced), (f"t.{SOURCE_POSITION}", *row) if sourced else row)
-                matches = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in key_columns)
-                updates = ", ".join(f"t.{quoted(c)} = {_updated(c, carried)}" for c in columns)
-                on_delete = "DELETE"
-                if soft_deletes and resolved:  # the row stays, flagged, with the values the key had before the delete
-                    on_delete = f"UPDATE SET {updates}"
-                elif soft_deletes:  # the row stays, flagged, and holds the delete's position
-                    kept = [
-                        c
-                        for c in columns
-                        if c in (*KAFKA_COLUMNS, KAFKA_CLOCK, SOURCE_POSITION, SOFT_DELETED, SOFT_DELETED_AT)
-                    ]
-                    on_delete = "UPDATE SET " + ", ".join(f"t.{quoted(c)} = s.{quoted(c)}" for c in kept)
-                if new_keys:  # the keys the table lacks, appended on the branch (published with the merge)
-                    inserted = spark.sql(f"SELECT * FROM {source} s WHERE {insert_when}")
-                    branch.append(inserted.select(*[F.col(quoted(c)) for c in columns]))
-                # Only matched clauses: an inner join, which Spark builds on the batch's side (a MERGE with a NOT
-                # MATCHED clause is a right outer join that builds on the table's). Its snapshot, the branch's head,
-                # carries the offsets as the append's does. The rows just appended are not in its source.
-                branch.sql(
-                    f"MERGE INTO {branch.identifier} t USING {matched_view} s ON {matches} "
-                    f"WHEN MATCHED AND s.{TOMBSTONE} AND {newer} THEN {on_delete} "
-                    f"WHEN MATCHED AND {newer} THEN UPDATE SET {updates}"
+            view = f"icefloe_changes_{branch.name}"
+            changes.createOrReplaceTempView(view)
+            # soft deletes: a delete of a key the table lacks (inserted and deleted in one batch) is a flagged row too
+            source, insert_when = view, "true" if soft_deletes else f"NOT s.{TOMBSTONE}"
+            if markers is not None:  # the key's marker, if any, beside each change; the latest truncate's
+                on = " AND ".join(f"c.{quoted(k)} = m.{quoted(k)}" for k in key_columns)
+                marker_source = f", m.{SOURCE_POSITION} AS icefloe_marker_source" if sourced else ""
+                source = (
+                    f"(SELECT c.*, {_clock('m')} AS icefloe_marker_clock, m.kafka_partition AS icefloe_marker_partition, "
+                    f"m.kafka_offset AS icefloe_marker_offset{marker_source} FROM {view} c LEFT JOIN {markers} m ON {on})"
                 )
-            finally:
-                for view in views:
-                    spark.catalog.dropTempView(view)
-                tagged.unpersist()
+                marker: Position = ("s.icefloe_marker_clock", "s.icefloe_marker_partition", "s.icefloe_marker_offset")
+                marker = ("s.icefloe_marker_source", *marker) if sourced else marker
+                after_marker = _after(_position("s", sourced), marker)
+                if soft_deletes:  # the delete itself is the key's marker (committed first): at it is enough
+                    after_marker = f"NOT {_after(marker, _position('s', sourced))}"
+                insert_when += f" AND (s.icefloe_marker_partition IS NULL OR {after_marker})"
+                truncated = _truncate_marker(spark, branch.table, key_columns, sourced)
+                if truncated is not None:  # changes older than the last truncate stay out
+                    insert_when += f" AND {_after(_position('s', sourced), _literal(truncated, sourced))}"
+            if truncate is not None:
+                _truncate(branch, truncate, sourced, soft_deletes)
+            row = (_clock("t", fallback="kafka_timestamp"), "t.kafka_partition", "t.kafka_offset")
+            newer = _after(_position("s", sourced), (f"t.{SOURCE_POSITION}", *row) if sourced else row)
+            matches = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in key_columns)
+            updates = ", ".join(f"t.{quoted(c)} = {_updated(c, carried)}" for c in columns)
+            names = ", ".join(quoted(c) for c in columns)
+            values = ", ".join(f"s.{quoted(c)}" for c in columns)
+            on_delete = "DELETE"
+            if soft_deletes and resolved:  # the row stays, flagged, with the values the key had before the delete
+                on_delete = f"UPDATE SET {updates}"
+            elif soft_deletes:  # the row stays, flagged, and holds the delete's position
+                kept = [
+                    c
+                    for c in columns
+                    if c in (*KAFKA_COLUMNS, KAFKA_CLOCK, SOURCE_POSITION, SOFT_DELETED, SOFT_DELETED_AT)
+                ]
+                on_delete = "UPDATE SET " + ", ".join(f"t.{quoted(c)} = s.{quoted(c)}" for c in kept)
+            if key_columns:
+                branch.sql(  # its snapshot carries the offsets: no empty append for them
+                    f"MERGE INTO {branch.identifier} t USING {source} s ON {matches} "
+                    f"WHEN MATCHED AND s.{TOMBSTONE} AND {newer} THEN {on_delete} "
+                    f"WHEN MATCHED AND {newer} THEN UPDATE SET {updates} "
+                    f"WHEN NOT MATCHED AND {insert_when} THEN INSERT ({names}) VALUES ({values})"
+                )
+            spark.catalog.dropTempView(view)
             return total
     finally:
         changes.unpersist()
