@@ -44,9 +44,6 @@ def spark_catalog_conf(catalog: CatalogSpec, state_dir: Path | None = None) -> d
             f"{prefix}.type": "jdbc",
             f"{prefix}.uri": f"jdbc:sqlite:{db_file}",
             f"{prefix}.jdbc.schema-version": "V1",
-            # Runs on one machine share the file: a commit that finds it locked waits up to 30 s for it, not the
-            # SQLite driver's 3 s, which a busy machine's other run can outlast (passed to the driver's connections).
-            f"{prefix}.jdbc.busy_timeout": "30000",
             f"{prefix}.warehouse": catalog.warehouse or warehouse.as_uri(),
         }
     elif catalog.type in ("rest", "s3tables"):
