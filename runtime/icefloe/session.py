@@ -8,6 +8,7 @@ from pathlib import Path
 
 from icefloe.spec import CatalogSpec
 from icefloe.table.catalog import spark_catalog_conf, spark_secret_conf
+from icefloe.table.local_catalog import release_read_lock
 
 SQLITE_JDBC_JAR = "/usr/share/java/sqlite-jdbc.jar"
 # A continuous run issues thousands of small queries: keep Spark's UI and listener bookkeeping bounded.
@@ -133,4 +134,6 @@ def spark_session(catalog: CatalogSpec, state_dir: Path, msk_iam: bool = False):
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    if catalog.type == "local":
+        release_read_lock(spark)
     return spark
