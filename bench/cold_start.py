@@ -74,7 +74,8 @@ def variant_env(name: str, archives: Path, extra: str = "") -> dict[str, str]:
     if archive:
         options += f" -XX:SharedArchiveFile={archives / (archive + '.jsa')}"
     # The JVM's own messages (CDS's at exit among them) to stderr: stdout carries the run's --json line.
-    env = {"SPARK_SUBMIT_OPTS": f"{JVM_LOG} {options} {extra}".strip()}
+    # No default archive (icefloe.class_sharing): each variant's options alone decide what the JVM maps.
+    env = {"SPARK_SUBMIT_OPTS": f"{JVM_LOG} {options} {extra}".strip(), "ICEFLOE_CDS_ARCHIVE": "off"}
     if class_path:
         env["PYSPARK_SUBMIT_ARGS"] = f"--driver-class-path {jar_class_path()} pyspark-shell"
     return env
@@ -175,7 +176,8 @@ def main() -> None:
     if args.small:
         from cold_start_small import bench_small
 
-        return bench_small(args.small, args.rounds, args.base_runtime, args.jvm, RESULTS)
+        name = "cold_start_small" if args.name == "cold_start" else args.name
+        return bench_small(args.small, args.rounds, args.base_runtime, args.jvm, RESULTS, name)
     from icefloe_dev.kafka_broker import KafkaBroker
     from icefloe_dev.processes import start_together
     from icefloe_dev.producer import produce_avro_quickly

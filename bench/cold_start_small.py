@@ -106,7 +106,7 @@ def spark_jobs(events: Path) -> list[dict]:
     return [jobs[key] for key in sorted(jobs)]
 
 
-def bench_small(records: int, rounds: int, base_runtime: str | None, jvm: str, results: Path) -> None:
+def bench_small(records: int, rounds: int, base_runtime: str | None, jvm: str, results: Path, result_name: str) -> None:
     from icefloe_dev.kafka_broker import KafkaBroker
     from icefloe_dev.processes import start_together
     from icefloe_dev.producer import produce_avro_quickly
@@ -153,9 +153,8 @@ def bench_small(records: int, rounds: int, base_runtime: str | None, jvm: str, r
         "load_avg_at_start": [round(x, 1) for x in load_before],
         "load_avg_at_end": [round(x, 1) for x in os.getloadavg()],
     }
-    name = "cold_start_small"
-    (results / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (results / f"{name}.md").write_text(markdown(report))
+    (results / f"{result_name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (results / f"{result_name}.md").write_text(markdown(report))
     print(markdown(report))
 
 

@@ -139,7 +139,8 @@ def registry(_services):
 def _local_spark(state_dir):
     from icefloe.session import spark_session
 
-    session = spark_session(CatalogSpec(), state_dir)
+    # It maps the class-data-sharing archive if one is there; the runs the tests start write it (class_sharing).
+    session = spark_session(CatalogSpec(), state_dir, write_class_archive=False)
     yield session
     session.stop()
 

@@ -6,46 +6,113 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
+from icefloe import class_sharing
+from icefloe.session import jvm_lib, local_jars
 from icefloe_dev import stock_trades
 from icefloe_dev.producer import produce_avro
 from support import by_position, read_pyiceberg
 
 ICEFLOE = [sys.executable, "-m", "icefloe.cli"]
+DEAD_PID = 4_194_304 + 1  # above Linux's highest pid_max: never a live process
 
 
 @pytest.mark.spark
 @pytest.mark.broker
-def test_the_first_run_writes_a_cds_archive_and_the_next_maps_icebergs_classes_from_it(
+def test_the_first_runs_write_one_cds_archive_by_default_and_the_next_maps_icebergs_classes_from_it(
     broker, registry, state_dir, topic, tmp_path
 ):
-    """ICEFLOE_CDS_ARCHIVE: the first `run --once` writes the archive as its JVM exits; the next one loads classes
-    from it, Iceberg's (a `spark.jars` jar) among them, and writes its batch as without it; --json stays parseable."""
+    """With no archive yet, two runs at once each have their JVM write one as it exits and move it into place: one
+    archive in jvm/cds, no half-written file left (nor a killed run's, nor another JDK's or jars' archive). The next
+    run loads its classes from it, Iceberg's among them, and writes its batch as without it; --json stays parseable."""
     broker.create_topic(topic, 2)
-    produce_avro(broker.bootstrap_servers, registry.url, topic, stock_trades.SCHEMA, stock_trades.trades(2000))
-    path = tmp_path / "Pulumi.cds.yaml"
-    path.write_text(yaml.safe_dump({"config": {
-        "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers,
-                                    "schemaRegistry": {"url": registry.url}}],
-        "icefloe:tables": [{"sourceCluster": "local", "topic": topic, "maxRecordsPerRun": 1000}],
-    }}))  # fmt: skip
-    archive, classes = tmp_path / "icefloe.jsa", tmp_path / "classes.log"
-    env = {**os.environ, "ICEFLOE_CDS_ARCHIVE": str(archive), "ICEFLOE_SPARK_MASTER": "local[2]"}
-    command = [*ICEFLOE, "run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir)]
+    produce_avro(broker.bootstrap_servers, registry.url, topic, stock_trades.SCHEMA, stock_trades.trades(3000))
+    lib = tmp_path / "jvm" / "lib"  # the real jars under a jvm/ of the test's own, so jvm/cds is the test's too
+    lib.mkdir(parents=True)
+    for folder in jvm_lib().iterdir():
+        (lib / folder.name).symlink_to(folder)
+    cds = tmp_path / "jvm" / "cds"
+    cds.mkdir()
+    killed, other = cds / f"icefloe-0123456789abcdef.jsa.{DEAD_PID}.tmp", cds / "icefloe-0123456789abcdef.jsa"
+    killed.write_bytes(b"a run killed while writing its archive")
+    other.write_bytes(b"an archive of other jars")
+    env = {key: value for key, value in os.environ.items() if key != class_sharing.ARCHIVE_ENV}
+    env |= {"ICEFLOE_JVM_LIB": str(lib), "ICEFLOE_SPARK_MASTER": "local[2]"}
 
-    first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert json.loads(first.stdout.strip().splitlines()[-1])["rows_written"] == 1000
-    assert archive.stat().st_size > 0
+    def command(table: str) -> list[str]:
+        path = tmp_path / f"Pulumi.{table}.yaml"
+        path.write_text(yaml.safe_dump({"config": {
+            "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers,
+                                        "schemaRegistry": {"url": registry.url}}],
+            "icefloe:tables": [{"sourceCluster": "local", "topic": topic, "table": table, "maxRecordsPerRun": 1000}],
+        }}))  # fmt: skip
+        # A state (catalog) of its own: the two runs at once share only the archive's folder
+        return [*ICEFLOE, "run", "--config", str(path), "--once", "--json", "--state-dir", str(state_dir / table)]
 
+    first = [
+        subprocess.Popen(command(t), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for t in "ab"
+    ]
+    for process in first:
+        out, err = process.communicate(timeout=600)
+        assert process.returncode == 0, "\n".join(line for line in err.splitlines() if "[cds]" not in line)[-3000:]
+        assert "[cds]" not in err  # the dump's many warnings (classes it skips) are not the run's business
+        assert json.loads(out.strip().splitlines()[-1])["rows_written"] == 1000
+    archives = list(cds.iterdir())
+    assert len(archives) == 1 and archives[0].suffix == ".jsa", archives
+    assert archives[0].stat().st_size > 10_000_000
+
+    classes = tmp_path / "classes.log"
     env["SPARK_SUBMIT_OPTS"] = f"{env.get('SPARK_SUBMIT_OPTS', '')} -Xlog:class+load=info:file={classes}"
-    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    second = subprocess.run(command("a"), env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
     assert json.loads(second.stdout.strip().splitlines()[-1])["rows_written"] == 1000
     iceberg = [line for line in classes.read_text().splitlines() if " org.apache.iceberg." in line]
     shared = [line for line in iceberg if "shared objects file" in line]
     assert iceberg and len(shared) > len(iceberg) / 2, (len(shared), len(iceberg))
-    assert len(by_position(read_pyiceberg(state_dir, f"local.{topic}"))) == 2000
+    assert list(cds.iterdir()) == archives
+    assert len(by_position(read_pyiceberg(state_dir / "a", "local.a"))) == 2000
+
+
+def test_the_default_archive_is_named_by_the_jdk_and_the_jars(tmp_path, monkeypatch):
+    """An archive is valid only for the JDK and the class path that wrote it: another jar (or the same one
+    rebuilt) names another archive, so a run never maps a stale one; `off` and an explicit file are honoured."""
+    monkeypatch.delenv(class_sharing.ARCHIVE_ENV, raising=False)
+    jars = local_jars()
+    name = class_sharing.archive_path(tmp_path, jars)
+    assert name is not None and name.parent == tmp_path and name.name.startswith("icefloe-")
+    assert class_sharing.archive_path(tmp_path, jars) == name
+    extra = tmp_path / "extra.jar"
+    extra.write_bytes(b"PK")
+    with_extra = class_sharing.archive_path(tmp_path, [*jars, str(extra)])
+    os.utime(extra, (1, 1))
+    assert len({name, with_extra, class_sharing.archive_path(tmp_path, [*jars, str(extra)])}) == 3
+    monkeypatch.setenv(class_sharing.ARCHIVE_ENV, "off")
+    assert class_sharing.archive_path(tmp_path, jars) is None
+    monkeypatch.setenv(class_sharing.ARCHIVE_ENV, str(tmp_path / "mine.jsa"))
+    assert class_sharing.archive_path(tmp_path, jars) == tmp_path / "mine.jsa"
+
+
+def test_a_session_that_must_not_write_an_archive_maps_one_only_where_it_exists(tmp_path):
+    archive, jars = tmp_path / "icefloe-x.jsa", ["a.jar"]
+    assert "spark.driver.extraJavaOptions" not in class_sharing.driver_settings(archive, jars, write=False)
+    archive.write_bytes(b"")
+    options = class_sharing.driver_settings(archive, jars, write=False)["spark.driver.extraJavaOptions"]
+    assert f"-XX:SharedArchiveFile={archive}" in options
+
+
+def test_publishing_an_archive_keeps_the_files_of_runs_still_writing_theirs(tmp_path, monkeypatch):
+    monkeypatch.delenv(class_sharing.ARCHIVE_ENV, raising=False)
+    archive = tmp_path / "icefloe-aaaa.jsa"
+    archive.write_bytes(b"")
+    writing = tmp_path / f"icefloe-aaaa.jsa.{os.getpid()}.tmp"
+    dead = tmp_path / f"icefloe-bbbb.jsa.{DEAD_PID}.tmp"
+    stale = tmp_path / "icefloe-bbbb.jsa"
+    unrelated = tmp_path / "notes.txt"
+    for path in (writing, dead, stale, unrelated):
+        path.write_bytes(b"")
+    class_sharing._remove_stale(archive)
+    assert sorted(p.name for p in Path(tmp_path).iterdir()) == sorted([archive.name, writing.name, unrelated.name])

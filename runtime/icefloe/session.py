@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from icefloe import class_sharing
 from icefloe.spec import CatalogSpec
 from icefloe.table.catalog import spark_catalog_conf, spark_secret_conf
 from icefloe.table.local_catalog import release_read_lock
@@ -67,26 +68,11 @@ def off_aws(catalog: CatalogSpec) -> bool:
     return catalog.endpoints is not None or loopback
 
 
-# The JVM's own messages to stderr, never stdout: a run's --json lines are on stdout, and the CDS dump at exit warns.
-JVM_LOG_TO_STDERR = "-Xlog:all=off:stdout -Xlog:all=warning:stderr"
-
-
-def class_data_sharing(archive: Path, jars: list[str]) -> dict[str, str]:
-    """Driver settings for an AppCDS archive (`ICEFLOE_CDS_ARCHIVE`): a run with no archive yet writes it as its JVM
-    exits, later runs map its classes instead of loading, parsing and verifying them again (a fresh run's cold
-    start: bench/results/cold_start.md). The jars go on the driver's class path as well, because AppCDS archives only
-    classes of the boot and app class path, not those `spark.jars` loads through a URLClassLoader. An archive that
-    no longer matches (another JDK, other jars) is ignored by the JVM with a warning: delete it to write a new one."""
-    use = f"-XX:SharedArchiveFile={archive}" if archive.exists() else f"-XX:ArchiveClassesAtExit={archive}"
-    return {
-        "spark.driver.extraClassPath": ":".join(jars),
-        "spark.driver.extraJavaOptions": f"{JVM_LOG_TO_STDERR} {use}",
-    }
-
-
-def spark_session(catalog: CatalogSpec, state_dir: Path, msk_iam: bool = False):
+def spark_session(catalog: CatalogSpec, state_dir: Path, msk_iam: bool = False, write_class_archive: bool = True):
     """A local session (2 cores here) for a local catalog or a Glue catalog off AWS; else the cluster's session.
-    `msk_iam`: a source cluster uses MSK IAM, so a local session loads the aws-msk-iam-auth jar."""
+    `msk_iam`: a source cluster uses MSK IAM, so a local session loads the aws-msk-iam-auth jar.
+    `write_class_archive`: with no class-data-sharing archive yet, this JVM writes one as it exits (class_sharing);
+    False for a session that lives long and ends late (the tests' own), where that would only delay its end."""
     from pyspark.sql import SparkSession
 
     conf = (
@@ -110,10 +96,11 @@ def spark_session(catalog: CatalogSpec, state_dir: Path, msk_iam: bool = False):
             # fetched a copy of each (121 MiB) from the driver's file server into its local directory at its first
             # task, in every fresh run (bench/results/cold_start_small.md).
             conf["spark.driver.extraClassPath"] = ":".join(jars)
+            archive = class_sharing.archive_path(jvm_lib().parent / "cds", jars)
+            if archive is not None:
+                conf |= class_sharing.driver_settings(archive, jars, write_class_archive)
         else:
             conf["spark.jars"] = ",".join(jars)
-        if os.environ.get("ICEFLOE_CDS_ARCHIVE"):
-            conf |= class_data_sharing(Path(os.environ["ICEFLOE_CDS_ARCHIVE"]), jars)
         conf |= {
             "spark.driver.bindAddress": "127.0.0.1",
             "spark.driver.host": "127.0.0.1",
