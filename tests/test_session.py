@@ -27,7 +27,7 @@ def test_the_first_runs_write_one_cds_archive_by_default_and_the_next_maps_icebe
     broker, registry, state_dir, topic, tmp_path
 ):
     """With no archive yet, two runs at once each have their JVM write one as it exits and move it into place: one
-    archive in jvm/cds, no half-written file left (nor a killed run's, nor another JDK's or jars' archive). The next
+    archive in jvm/cds, no half-written file left (nor a killed run's). The next
     run loads its classes from it, Iceberg's among them, and writes its batch as without it; --json stays parseable."""
     broker.create_topic(topic, 2)
     produce_avro(broker.bootstrap_servers, registry.url, topic, stock_trades.SCHEMA, stock_trades.trades(3000))
@@ -37,9 +37,8 @@ def test_the_first_runs_write_one_cds_archive_by_default_and_the_next_maps_icebe
         (lib / folder.name).symlink_to(folder)
     cds = tmp_path / "jvm" / "cds"
     cds.mkdir()
-    killed, other = cds / f"icefloe-0123456789abcdef.jsa.{DEAD_PID}.tmp", cds / "icefloe-0123456789abcdef.jsa"
+    killed = cds / f"icefloe-0123456789abcdef.jsa.{DEAD_PID}.tmp"
     killed.write_bytes(b"a run killed while writing its archive")
-    other.write_bytes(b"an archive of other jars")
     env = {key: value for key, value in os.environ.items() if key != class_sharing.ARCHIVE_ENV}
     env |= {"ICEFLOE_JVM_LIB": str(lib), "ICEFLOE_SPARK_MASTER": "local[2]"}
 
@@ -104,15 +103,17 @@ def test_a_session_that_must_not_write_an_archive_maps_one_only_where_it_exists(
     assert f"-XX:SharedArchiveFile={archive}" in options
 
 
-def test_publishing_an_archive_keeps_the_files_of_runs_still_writing_theirs(tmp_path, monkeypatch):
+def test_publishing_an_archive_removes_dead_runs_files_and_all_but_the_newest_archives(tmp_path, monkeypatch):
     monkeypatch.delenv(class_sharing.ARCHIVE_ENV, raising=False)
-    archive = tmp_path / "icefloe-aaaa.jsa"
-    archive.write_bytes(b"")
-    writing = tmp_path / f"icefloe-aaaa.jsa.{os.getpid()}.tmp"
-    dead = tmp_path / f"icefloe-bbbb.jsa.{DEAD_PID}.tmp"
-    stale = tmp_path / "icefloe-bbbb.jsa"
-    unrelated = tmp_path / "notes.txt"
-    for path in (writing, dead, stale, unrelated):
+    archives = [tmp_path / f"icefloe-{i}.jsa" for i in range(class_sharing.KEPT_ARCHIVES + 2)]
+    for age, path in enumerate(reversed(archives)):  # archives[0] the newest
         path.write_bytes(b"")
-    class_sharing._remove_stale(archive)
-    assert sorted(p.name for p in Path(tmp_path).iterdir()) == sorted([archive.name, writing.name, unrelated.name])
+        os.utime(path, (1000 + age, 1000 + age))
+    writing = tmp_path / f"icefloe-new.jsa.{os.getpid()}.tmp"
+    dead = tmp_path / f"icefloe-bbbb.jsa.{DEAD_PID}.tmp"
+    unrelated = tmp_path / "notes.txt"
+    for path in (writing, dead, unrelated):
+        path.write_bytes(b"")
+    class_sharing._remove_stale(archives[0])
+    kept = [path.name for path in archives[: class_sharing.KEPT_ARCHIVES]]
+    assert sorted(p.name for p in Path(tmp_path).iterdir()) == sorted([*kept, writing.name, unrelated.name])

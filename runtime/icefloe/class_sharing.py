@@ -5,7 +5,7 @@ A fresh small batch takes about a third less CPU and wall time with it (bench/re
 One archive per JDK and set of jars, by default in `jvm/cds/` beside the jars (`ICEFLOE_CDS_ARCHIVE`: a file of
 your choice, or `off`). The first run that finds none has its JVM write one as it exits, to a file of its own, and
 renames it into place once the JVM has exited cleanly: runs at the same time each write their own, a killed run
-leaves only its own file (removed by the next run that publishes one), and no run maps a half-written archive.
+leaves only its own file (removed by the next run that publishes one, with all but the newest few archives), and no run maps a half-written archive.
 A JVM that cannot use an archive (one from another JDK or other jars: the name's fingerprint changes with them)
 says so on stderr and runs without it."""
 
@@ -24,6 +24,7 @@ JVM_LOG_TO_STDERR = "-Xlog:all=off:stdout -Xlog:all=warning:stderr"
 # How long a run waits at its exit for its JVM to write the archive (a few seconds; 175 MiB on disk).
 DUMP_TIMEOUT_S = 600
 DEFAULT_PREFIX = "icefloe-"
+KEPT_ARCHIVES = 3
 
 
 def archive_path(default_dir: Path, class_path: list[str]) -> Path | None:
@@ -78,14 +79,17 @@ def _publish(pending: Path, archive: Path) -> None:
 
 
 def _remove_stale(archive: Path) -> None:
-    """The files of runs that died while writing an archive and, beside a default archive, those of other JDKs or
-    jars."""
-    family = f"{archive.name}.*.tmp" if os.environ.get(ARCHIVE_ENV) else f"{DEFAULT_PREFIX}*"
-    for other in archive.parent.glob(family):
-        pid = other.suffixes[-2].lstrip(".") if other.suffix == ".tmp" and len(other.suffixes) > 1 else ""
-        if other == archive or (pid.isdigit() and _alive(int(pid))):
-            continue  # this archive, or one another run is writing
-        other.unlink(missing_ok=True)
+    """The files of runs that died while writing an archive and, beside a default archive, all but the newest
+    `KEPT_ARCHIVES` archives (another JDK's or other jars'; runs with MSK IAM add a jar, so two may be in use)."""
+    family = f"{archive.name}.*.tmp" if os.environ.get(ARCHIVE_ENV) else f"{DEFAULT_PREFIX}*.tmp"
+    for pending in archive.parent.glob(family):
+        pid = pending.suffixes[-2].lstrip(".") if len(pending.suffixes) > 1 else ""
+        if not (pid.isdigit() and _alive(int(pid))):  # else another run is writing it
+            pending.unlink(missing_ok=True)
+    if not os.environ.get(ARCHIVE_ENV):
+        archives = sorted(archive.parent.glob(f"{DEFAULT_PREFIX}*.jsa"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in archives[KEPT_ARCHIVES:]:
+            old.unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:
