@@ -12,6 +12,7 @@ import re
 import shutil
 import time
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from icefloe.spec import CatalogSpec, IcefloeConfig, parse_config
 # The fixtures that start a process (JVM, broker, registry, moto server) or Spark: a test using none of them, and not
 # marked `process` (it starts one itself) or `bundle`, is marked `unit` (`pytest -m unit`, well under a minute).
 # `secured`: tests/source/test_secure_clusters.py's own broker (TLS, SASL).
-PROCESS_FIXTURES = {"_services", "broker", "registry", "spark", "moto_aws", "secured"}
+PROCESS_FIXTURES = {"_services", "broker", "registry", "spark", "run_in_worker", "moto_aws", "secured"}
 
 # The modules that take minutes (runs in their own processes, a platform of their own), longest first, from the
 # `--durations` of full runs. `-n 2 --dist loadfile` hands out whole modules in collection order (see
@@ -154,19 +155,43 @@ def rest_catalog_server(state_dir):
         yield server
 
 
-def _catalog_session(local_spark, catalog: dict):
-    """A session of the same local Spark whose `icefloe` catalog is `catalog` (a stack file's `icefloe:catalog`):
-    catalogs are per session."""
+def _catalog_session(local_spark, catalog: dict | CatalogSpec, state_dir: Path | None = None):
+    """A session of the same local Spark whose `icefloe` catalog is `catalog` (a stack file's `icefloe:catalog`;
+    `state_dir`: a local catalog's): catalogs are per session."""
     from icefloe.table.catalog import CATALOG, spark_catalog_conf
 
     session = local_spark.newSession()
     prefix = f"spark.sql.catalog.{CATALOG}"
     for key in [k for k, _ in session.sparkContext.getConf().getAll() if k.startswith(prefix + ".")]:
         session.conf.unset(key)  # the JDBC catalog's settings
-    for key, value in spark_catalog_conf(CatalogSpec.model_validate(catalog)).items():
+    for key, value in spark_catalog_conf(CatalogSpec.model_validate(catalog), state_dir).items():
         if key.startswith(prefix):
             session.conf.set(key, value)
     return session
+
+
+@contextmanager
+def _made_active(session, local_spark, aws: bool):
+    """`session` the JVM's active and default session (Iceberg's actions and procedures use the active one), the
+    worker's local session again after. `aws`: a Glue catalog on the moto server, whose credentials the JVM's AWS SDK
+    takes as system properties (the JVM started before the moto server)."""
+    jvm = session._jvm
+    jvm_session = jvm.org.apache.spark.sql.SparkSession
+    jvm_session.setActiveSession(session._jsparkSession)
+    jvm_session.setDefaultSession(session._jsparkSession)
+    if aws:
+        from icefloe_dev.moto_server import ACCESS_KEY_ID, SECRET_ACCESS_KEY
+
+        jvm.java.lang.System.setProperty("aws.accessKeyId", ACCESS_KEY_ID)
+        jvm.java.lang.System.setProperty("aws.secretAccessKey", SECRET_ACCESS_KEY)
+    try:
+        yield session
+    finally:
+        if aws:
+            jvm.java.lang.System.clearProperty("aws.accessKeyId")
+            jvm.java.lang.System.clearProperty("aws.secretAccessKey")
+        jvm_session.setActiveSession(local_spark._jsparkSession)
+        jvm_session.setDefaultSession(local_spark._jsparkSession)
 
 
 @pytest.fixture(scope="session")
@@ -214,23 +239,31 @@ def spark(request, _local_spark):
         yield _local_spark
         return
     session = request.getfixturevalue(f"_{kind}_spark")
-    jvm = session._jvm
-    jvm_session = jvm.org.apache.spark.sql.SparkSession
-    jvm_session.setActiveSession(session._jsparkSession)
-    jvm_session.setDefaultSession(session._jsparkSession)
-    if kind == "glue":  # the JVM started before the moto server: its AWS SDK takes credentials as system properties
-        from icefloe_dev.moto_server import ACCESS_KEY_ID, SECRET_ACCESS_KEY
-
-        jvm.java.lang.System.setProperty("aws.accessKeyId", ACCESS_KEY_ID)
-        jvm.java.lang.System.setProperty("aws.secretAccessKey", SECRET_ACCESS_KEY)
-    try:
+    with _made_active(session, _local_spark, aws=kind == "glue"):
         yield session
-    finally:
-        if kind == "glue":
-            jvm.java.lang.System.clearProperty("aws.accessKeyId")
-            jvm.java.lang.System.clearProperty("aws.secretAccessKey")
-        jvm_session.setActiveSession(_local_spark._jsparkSession)
-        jvm_session.setDefaultSession(_local_spark._jsparkSession)
+
+
+@pytest.fixture
+def run_in_worker(_local_spark):
+    """What `icefloe run --once --config PATH --state-dir DIR` runs (each table's batch, then its maintenance when
+    due, its heartbeat: `runner._attempt`), in the worker's warm Spark, through the stack file's catalog. For a batch
+    whose process is not what the test checks (e.g. one that only makes the table the test's runs then race on): a
+    fresh run's cold JVM costs about 23 CPU-s, a batch in the warm one about 2. Returns the tables' results; fails
+    where the command would exit non-zero (a table failed, or is waiting)."""
+    from icefloe.operate.runner import Outcome, _attempt
+    from icefloe.spec import load_config
+
+    def run(config_path: Path, state_dir: Path) -> list:
+        config = load_config(str(config_path))
+        session = _catalog_session(_local_spark, config.catalog, state_dir)
+        results: list = []
+        with _made_active(session, _local_spark, aws=config.catalog.type == "glue"):
+            for table in config.select(None):
+                outcome, why, _ = _attempt(session, config, table, state_dir, results.append, metrics=False)
+                assert outcome in (Outcome.OK, Outcome.YIELDED), f"{config.identifier(table)}: {why}"
+        return results
+
+    return run
 
 
 @pytest.fixture

@@ -181,7 +181,9 @@ def test_glue_catalog_on_moto_materializes_and_pyiceberg_reads_it_back(broker, r
 
 
 @pytest.mark.broker
-def test_two_runs_publishing_at_once_on_glue_keep_every_reported_commit(broker, registry, moto_aws, topic, tmp_path):
+def test_two_runs_publishing_at_once_on_glue_keep_every_reported_commit(
+    broker, registry, moto_aws, topic, tmp_path, run_in_worker
+):
     """Two `icefloe run` processes of one Glue table (nothing serializes them, as two EMR job runs) plan from the
     same snapshot and reach their publish step together: each is stopped (SIGSTOP) as it logs that step, the server
     holds the table's next two `UpdateTable` requests until both have arrived, and both runs go on. Glue refuses the
@@ -199,7 +201,7 @@ def test_two_runs_publishing_at_once_on_glue_keep_every_reported_commit(broker, 
     everything = stack(tmp_path / "Pulumi.all.yaml", table={"topic": topic})
     smaller = stack(tmp_path / "Pulumi.smaller.yaml", table={"topic": topic, "maxRecordsPerRun": 60})
     env = glue_env(moto_aws) | {"ICEFLOE_SPARK_MASTER": "local[1]"}
-    run_once(first_batch, tmp_path / "state", env)  # the table exists, with a snapshot both runs plan from
+    run_in_worker(first_batch, tmp_path / "state")  # the table exists, with a snapshot both runs plan from
 
     identifier = f"local.{topic}"
     command = [*ICEFLOE, "run", "--once", "--json", "--state-dir", str(tmp_path / "state")]
@@ -233,7 +235,9 @@ def held_updates(server, identifier: str) -> list[str]:
 
 
 @pytest.mark.broker
-def test_two_runs_evolving_the_schema_at_once_on_glue_both_finish(broker, registry, moto_aws, topic, tmp_path):
+def test_two_runs_evolving_the_schema_at_once_on_glue_both_finish(
+    broker, registry, moto_aws, topic, tmp_path, run_in_worker
+):
     """A new schema version reaches two runs of one Glue table at once: both add its column. The server holds the
     table's next two `UpdateTable` requests (both runs' first commit: the schema change) until both arrive; Glue
     refuses the second as stale and Iceberg does not retry a schema change, so that run fails its attempt with
@@ -247,7 +251,7 @@ def test_two_runs_evolving_the_schema_at_once_on_glue_both_finish(broker, regist
         tmp_path / "Pulumi.evolve.yaml", broker, registry, moto_aws, f"s3://{bucket}/warehouse", {"topic": topic}
     )
     env = glue_env(moto_aws) | {"ICEFLOE_SPARK_MASTER": "local[1]"}
-    run_once(config, tmp_path / "state", env)
+    run_in_worker(config, tmp_path / "state")  # the table, at the older schema
     newer = json.loads(orders.ORDER_SCHEMA)
     newer["fields"].append({"name": "coupon", "type": ["null", "string"], "default": None})
     serialize = avro_serializer(registry.url, topic, json.dumps(newer))
@@ -277,7 +281,9 @@ def test_two_runs_evolving_the_schema_at_once_on_glue_both_finish(broker, regist
 
 
 @pytest.mark.broker
-def test_two_maintains_at_once_on_glue_one_maintains_the_other_skips(broker, registry, moto_aws, topic, tmp_path):
+def test_two_maintains_at_once_on_glue_one_maintains_the_other_skips(
+    broker, registry, moto_aws, topic, tmp_path, run_in_worker
+):
     """Two `icefloe maintain` of one Glue table started together (as two scheduled runs finding maintenance due at
     once). The server holds the table's next two `UpdateTable` requests (each process's first commit) until both
     arrive: one wins, Glue refuses the other as stale. Both must exit 0: one maintains, the other finds the table's
@@ -290,9 +296,9 @@ def test_two_maintains_at_once_on_glue_one_maintains_the_other_skips(broker, reg
     table = {"topic": topic, "maintenance": {"enabled": False}}
     config = glue_stack(tmp_path / "Pulumi.maint.yaml", broker, registry, moto_aws, f"s3://{bucket}/warehouse", table)
     env = glue_env(moto_aws) | {"ICEFLOE_SPARK_MASTER": "local[1]"}
-    run_once(config, tmp_path / "state", env)
+    run_in_worker(config, tmp_path / "state")
     produced |= set(orders.produce_orders(broker, registry, topic, range(60, 120), random.Random(9)))
-    run_once(config, tmp_path / "state", env)  # two batches: two small files per partition for compaction to rewrite
+    run_in_worker(config, tmp_path / "state")  # two batches: two small files per partition for compaction to rewrite
 
     identifier = f"local.{topic}"
     moto_aws.gate_updates(identifier, 2)
