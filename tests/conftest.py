@@ -159,14 +159,18 @@ def _catalog_session(local_spark, catalog: dict | CatalogSpec, state_dir: Path |
     """A session of the same local Spark whose `icefloe` catalog is `catalog` (a stack file's `icefloe:catalog`;
     `state_dir`: a local catalog's): catalogs are per session."""
     from icefloe.table.catalog import CATALOG, spark_catalog_conf
+    from icefloe.table.local_catalog import release_read_lock
 
     session = local_spark.newSession()
     prefix = f"spark.sql.catalog.{CATALOG}"
     for key in [k for k, _ in session.sparkContext.getConf().getAll() if k.startswith(prefix + ".")]:
         session.conf.unset(key)  # the JDBC catalog's settings
-    for key, value in spark_catalog_conf(CatalogSpec.model_validate(catalog), state_dir).items():
+    spec = CatalogSpec.model_validate(catalog)
+    for key, value in spark_catalog_conf(spec, state_dir).items():
         if key.startswith(prefix):
             session.conf.set(key, value)
+    if spec.type == "local":  # as a run's session does: else it holds the file's read lock for the worker's life
+        release_read_lock(session)
     return session
 
 
