@@ -77,6 +77,24 @@ def pytest_collection_finish(session) -> None:
     gc.freeze()
 
 
+# Each module's time in this run (its tests' set-up, call and tear-down summed; under xdist the controller gets every
+# worker's reports), printed at the end, longest first: where the suite's time goes, and what LONG_MODULES should list.
+MODULE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report) -> None:
+    module = report.nodeid.split("::", 1)[0]
+    MODULE_SECONDS[module] = MODULE_SECONDS.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    longest = sorted(MODULE_SECONDS.items(), key=lambda item: -item[1])[:25]
+    if longest:
+        terminalreporter.write_sep("=", f"slowest {len(longest)} modules (set-up, call and tear-down summed)")
+        for module, seconds in longest:
+            terminalreporter.write_line(f"{seconds:9.1f}s {module}")
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects on the markers
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
