@@ -16,8 +16,8 @@ JDBC_CATALOG = "org.apache.iceberg.jdbc.JdbcCatalog"
 
 
 def release_read_lock(spark) -> None:
-    """Open the session's `icefloe` catalog, if it is a JDBC catalog on SQLite, and replace its pooled connections
-    (the one that ran the schema check holds the leaked statement) with new ones. Call it before the session's
+    """Open the session's `icefloe` catalog and, if it is a JDBC catalog (the local one: SQLite), replace its pooled
+    connections (the one that ran the schema check holds the leaked statement) with new ones. Call it before the session's
     catalog is in use by other threads: the pool is changed without its lock."""
     jvm = spark._jvm
     catalog = spark._jsparkSession.sessionState().catalogManager().catalog(CATALOG).icebergCatalog()
@@ -37,8 +37,6 @@ def release_read_lock(spark) -> None:
         declared("org.apache.iceberg.jdbc.JdbcClientPool").getDeclaredMethod("reconnect", parameter_types)
     )
     for connection in list(clients.toArray()):
-        if not str(connection.getMetaData().getURL()).startswith("jdbc:sqlite:"):
-            continue
         arguments = gateway.new_array(jvm.java.lang.Object, 1)
         arguments[0] = connection
         fresh = reconnect.invoke(pool, arguments)  # closes the connection (finalizing its statements), opens anew
