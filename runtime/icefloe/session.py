@@ -20,6 +20,10 @@ BOUNDED_BOOKKEEPING = {
     "spark.ui.retainedTasks": "1000",
     "spark.ui.dagGraph.retainedRootRDDs": "20",
 }
+# A batch kept on disk while the error mode and the writer read it (read_paths.KeptBatch, the Python path's read) is
+# read back once or twice, right away: the columnar cache's encodings (dictionaries, run lengths), whose statistics
+# cost 7-10% of an upsert batch's CPU (a JFR profile, bench/cdc.py), save nothing worth that.
+BATCH_CACHE = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
 
 # Data source options Spark shows as *********(redacted) in plans and the UI: its default (URLs) and the Kafka
 # source's inline TLS material (`source.spark_kafka.tls_options`); SASL's JAAS line holds `password`, which Spark's
@@ -79,6 +83,7 @@ def spark_session(catalog: CatalogSpec, state_dir: Path, msk_iam: bool = False, 
         spark_catalog_conf(catalog, state_dir)
         | spark_secret_conf(catalog)
         | BOUNDED_BOOKKEEPING
+        | BATCH_CACHE
         | REDACTED_OPTIONS
         | {"spark.redaction.regex": REDACTION_REGEX}
     )

@@ -91,7 +91,8 @@ class Events:
             self.lsn += 10
             lsn = self.lsn
         source = {"connector": "postgresql", "ts_ms": 1_700_000_000_000 + lsn, "lsn": lsn,
-                  "sequence": json.dumps([str(self.last_commit), str(lsn)]) if sequence else None}  # fmt: skip
+                  "sequence": sequence if isinstance(sequence, str) else  # as given, else the usual form or none
+                              json.dumps([str(self.last_commit), str(lsn)]) if sequence else None}  # fmt: skip
         value = {"before": before, "after": after, "source": source, "op": op, "ts_ms": 1_700_000_000_000}
         encoded = self.value(value, SerializationContext(self.topic, MessageField.VALUE))
         return {"key": self.encode_key(key), "value": encoded, "headers": headers, "partition": partition}
@@ -194,6 +195,9 @@ def test_jvm_path_equals_python_path_row_for_row(
         events.event("c", {"id": 30}, after=events.row(30, "far", born=10**8)),  # bad: a date past 9999
         events.event("c", {"id": 31}, after=events.row(31, "no-day", zoned="2023-02-29T00:00:00Z")),  # bad
         events.event("c", {"id": 32}, after=events.row(32, "zone", zoned="2023-02-01T00:00:00+01:00")),  # Python's
+        # sequences of other forms Debezium's JSON allows: blanks, a null lastCommitLsn or lsn
+        events.upsert("u", 1, "spaced", sequence='[ "5" , null ]', partition=1),
+        events.upsert("u", 8, "null-last", sequence=f'[null,"{events.lsn + 15}"]', partition=0),
     ]
     produce(broker.bootstrap_servers, topic, first)
     jvm, python, results = both_paths(spark, make_config, state_dir, monkeypatch, topic, errors="skip")
@@ -205,8 +209,8 @@ def test_jvm_path_equals_python_path_row_for_row(
     assert (by_id[2]["notes"], by_id[2]["blob"], by_id[70]["notes"]) == ("n", b"b", "n")
     assert by_id[1]["at"] == dt.datetime(1970, 1, 1) - dt.timedelta(milliseconds=1_000_000_123)
     assert read_duckdb(results[0].metadata_location, "count(*) AS n")[0]["n"] == len(python)
-    # 20 change events; the primary-key change's c, the four bad events and the zoned time not in Z go to Python
-    assert exact_events(spark, make_config, broker, topic) == 14
+    # 22 change events; the primary-key change's c, the four bad events and the zoned time not in Z go to Python
+    assert exact_events(spark, make_config, broker, topic) == 16
 
     # Replays of older positions (a connector restart) change nothing; a truncate (Python) empties the table;
     # newer events after it apply.

@@ -41,12 +41,13 @@ from icefloe.formats.registry import envelope_of, format_of
 from icefloe.materialize.python_tasks import KAFKA_TIMESTAMP_MS, ReadPlan, redecode_rows
 from icefloe.source.kafka import OffsetRange
 from icefloe.source.spark_kafka import read_ranges
+from icefloe.table.iceberg import quoted
 
 log = logging.getLogger(__name__)
 JVM, PYTHON = "jvm", "python"
 # A kept row whose record the JVM could not decode exactly: its values are not set until Python decodes it.
 PENDING = "icefloe_pending"
-_STRUCT, _EXACT = "icefloe_value", "icefloe_exact"
+_STRUCT, _EXACT, _RAW = "icefloe_value", "icefloe_exact", "icefloe_raw_value"
 _KAFKA = list(KAFKA_COLUMNS)
 
 
@@ -170,24 +171,32 @@ class KeptBatch:
         self.jvm = jvm
         self.batch_schema = StructType.fromJson(json.loads(jvm.plan.batch_schema_json))
         frame = jvm._decoded()
+        # The table's values are kept, not the decoded struct: an envelope's (before, after, source, the key) is
+        # several times the row, and every read of the batch (the error mode's pass, the writer's) would deserialize
+        # it and build the values again.
         self.kept = frame.select(
-            *[c for c in frame.columns if c != "value"],
+            *jvm._values(),
+            *_KAFKA,
             F.col("value").isNull().alias(TOMBSTONE),
-            F.when(~F.col(_EXACT), F.col("value")).alias("value"),  # only what Python decodes keeps its bytes
+            F.when(~F.col(_EXACT), F.col("value")).alias(_RAW),  # only what Python decodes keeps its bytes
+            _EXACT,
         ).persist(StorageLevel.DISK_ONLY)
         self.status = [F.col(TOMBSTONE)] + [
             F.lit(None).cast(self.batch_schema[name].dataType).alias(name)
             for name in (ERROR_CLASS, ERROR_MESSAGE, RAW_VALUE, SCHEMA_ID)
         ]
-        self.rows = self.kept.select(*jvm._values(), *_KAFKA, *self.status, (~F.col(_EXACT)).alias(PENDING)).select(
+        values = [F.col(quoted(name)) for name in jvm.plan.value_fields]
+        self.rows = self.kept.select(*values, *_KAFKA, *self.status, (~F.col(_EXACT)).alias(PENDING)).select(
             *self.batch_schema.fieldNames(), PENDING
         )
+        self.values = values
         self.for_python: DataFrame | None = None
 
     def with_python(self) -> DataFrame:
         """Every record with the status columns: the exact ones as the JVM decoded them, the others by Python."""
-        exact_rows = self.kept.where(F.col(_EXACT)).select(*self.jvm._values(), *_KAFKA, *self.status)
-        self.for_python = self.jvm.decoded_by_python(self.kept.where(~F.col(_EXACT)))
+        exact_rows = self.kept.where(F.col(_EXACT)).select(*self.values, *_KAFKA, *self.status)
+        records = self.kept.where(~F.col(_EXACT)).select(*_KAFKA, F.col(_RAW).alias("value"))
+        self.for_python = self.jvm.decoded_by_python(records)
         return exact_rows.select(*self.batch_schema.fieldNames()).unionByName(self.for_python)
 
     def release(self) -> None:

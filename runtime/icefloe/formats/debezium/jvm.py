@@ -46,6 +46,7 @@ _PLAIN = {"int": T.IntegerType(), "long": T.LongType(), "float": T.FloatType(), 
 _DAYS = (-719162, 2932896)  # 0001-01-01 and 9999-12-31 as days since 1970
 _ZONED = r"^(?!0000)[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-2][0-9]:[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?Z$"
 _SEQUENCE = r'^\[\s*(?:null|"([0-9]{1,18})")\s*,\s*(?:null|"([0-9]{1,18})")\s*\]$'
+_SEQUENCE_NOISE = '[]" \t\n\x0b\x0c\r'  # what `_SEQUENCE` allows around the two numbers (`\s` is these)
 _VALUE, _KEY = "v", "k"
 
 
@@ -120,12 +121,12 @@ class DebeziumJvmPlan:
             else:
                 image = F.when(op != "d", image)
             columns[column.name] = image
-        unchanged = [
-            F.when((op != "d") & (F.col(f"{after}.`{c.name}`") == self._placeholder(c)), F.lit(c.name))
+        unchanged = [  # each column's name where the change left it unchanged (the placeholder), else nothing
+            F.when((op != "d") & (F.col(f"{after}.`{c.name}`") == self._placeholder(c)), F.array(F.lit(c.name)))
             for c in self.columns
             if c.placeholder
         ]
-        listed = F.filter(F.array(*unchanged), lambda n: n.isNotNull()) if unchanged else None
+        listed = _concat_arrays(unchanged) if unchanged else None
         micros, _ = self._change_micros(env)
         columns.update(
             {
@@ -211,12 +212,15 @@ class DebeziumJvmPlan:
         return (F.col(f"{source}.connector") == "postgresql") & (F.col(f"{source}.lsn") >= 0) & parsed
 
     def _position(self, source: str) -> Column:
-        """`envelope.position` of a PostgreSQL source: 1, lastCommitLsn and lsn as 8-byte big-endian numbers."""
+        """`envelope.position` of a PostgreSQL source: 1, lastCommitLsn and lsn as 8-byte big-endian numbers.
+        The sequence's form is `_position_exact`'s regular expression: once it holds, `[`, `]`, quotes and blanks
+        removed leave `first,second`, each digits or `null` (string functions: a regex per record costs)."""
         sequence, lsn = F.col(f"{source}.sequence"), F.col(f"{source}.lsn")
         given = sequence.isNotNull() & (sequence != "")
-        first, second = (F.regexp_extract(sequence, _SEQUENCE, group) for group in (1, 2))
-        last = F.when(given & (first != ""), first.cast("bigint")).otherwise(F.lit(0).cast("bigint"))
-        current = F.when(given & (second != ""), second.cast("bigint")).otherwise(lsn)
+        pair = F.translate(sequence, _SEQUENCE_NOISE, "")
+        first, second = F.substring_index(pair, ",", 1), F.substring_index(pair, ",", -1)
+        last = F.when(given & (first != "null"), first.cast("bigint")).otherwise(F.lit(0).cast("bigint"))
+        current = F.when(given & (second != "null"), second.cast("bigint")).otherwise(lsn)
         return F.concat(F.lit(bytearray(b"\x01")), _u64(last), _u64(current))
 
 
@@ -229,7 +233,13 @@ def _micros(path: str, unit: int) -> str:
 
 
 def _u64(number: Column) -> Column:
-    return F.unhex(F.lpad(F.hex(number), 16, "0"))
+    """A non-negative long as 8 big-endian bytes (Spark's cast of a long to binary)."""
+    return number.cast("bigint").cast("binary")
+
+
+def _concat_arrays(arrays: list[Column]) -> Column:
+    """The arrays (null ones skipped) as one, in codegen (a lambda's `filter` is interpreted per row)."""
+    return F.concat(*[F.coalesce(a, F.array().cast("array<string>")) for a in arrays])
 
 
 def plan_debezium(spark: SparkSession, spec: DecoderSpec) -> DebeziumJvmPlan | str:
