@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import time
@@ -113,12 +114,15 @@ def deployment(broker, registry, moto_aws, tmp_path_factory):
             broker.create_topic(topic, 3)
     with SparkCluster(root / "spark", workers=2, cores=1, env=moto_aws.aws_env()) as cluster:
         yield Deployment(stack, cluster)
+    # The artifacts' copies, the bundle's unpacked one with them (about 550 MB), not kept for the session's end.
+    shutil.rmtree(root / "artifacts", ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
 def _copies_removed(deployment):
-    """A job copies the bundle and the jars into its driver's and each executor's directory (about 1.2 GB a job):
-    removed after each test, or the module's jobs fill the disk the session's broker writes to."""
+    """A job copies the bundle and the jars into its driver's and each executor's directory (about 1.2 GB a job;
+    the drivers' ./deps is one copy for the module, `unpack_archive`): removed after each test, or the module's jobs
+    fill the disk the session's broker writes to."""
     yield
     deployment.remove_copies()
 
@@ -249,8 +253,9 @@ def kill_an_executor_running_a_task(
     reported by then), and the executor is killed; else it is let go on and the watch goes on."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and run.process.poll() is None:
-        pids = cluster.executor_pids()
-        for executor in [e["id"] for e in executors(ui_port) if e["id"] in pids and e["activeTasks"] > 0]:
+        busy = [e["id"] for e in executors(ui_port) if e["activeTasks"] > 0]
+        pids = cluster.executor_pids() if busy else {}  # /proc read only once a task runs: the executors start slowly
+        for executor in [e for e in busy if e in pids]:
             os.kill(pids[executor], signal.SIGSTOP)
             time.sleep(1.0)
             if any(e["id"] == executor and e["activeTasks"] > 0 for e in executors(ui_port)):

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from icefloe.table.catalog import EMR_ICEBERG_JAR
-from icefloe_dev.spark_cluster import LOCAL_JOB_SIZE, emr_job_submit, parse_submit_parameters
+from icefloe_dev.spark_cluster import (
+    LOCAL_JOB_SIZE,
+    SubmittedJob,
+    emr_job_submit,
+    parse_submit_parameters,
+    unpack_archive,
+)
 
 pytest.importorskip("pulumi")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "Pulumi.example.yaml"
@@ -58,3 +64,18 @@ def test_the_submit_keeps_the_emr_job_but_for_master_paths_endpoints_and_size(tm
     # The driver's environment: what EMR gives its driver container (driverEnv), here the driver process's.
     assert job.env["PYTHONPATH"] == "./deps" and job.env["PYSPARK_PYTHON"] == emr["spark.executorEnv.PYSPARK_PYTHON"]
     assert job.env["PYSPARK_DRIVER_PYTHON"] == emr["spark.emr-serverless.driverEnv.PYSPARK_DRIVER_PYTHON"]
+
+
+def test_the_archive_is_unpacked_once_for_all_the_drivers_and_a_job_removes_only_its_own_copies(tmp_path):
+    archive = tmp_path / "deps.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        (tmp_path / "marker.py").write_text("")
+        tar.add(tmp_path / "marker.py", arcname="./marker.py")
+
+    first, second = unpack_archive(archive, tmp_path / "driver-1"), unpack_archive(archive, tmp_path / "driver-2")
+
+    assert first.resolve() == second.resolve() and (second / "marker.py").exists()
+    (tmp_path / "driver-1" / "spark-local" / "copy").mkdir(parents=True)
+    SubmittedJob([], {}, tmp_path / "driver-1", {}).remove_copies()
+    assert not first.exists() and not (tmp_path / "driver-1" / "spark-local").exists()
+    assert (second / "marker.py").exists()  # the other driver's bundle is still there
