@@ -60,8 +60,10 @@ def pytest_configure(config) -> None:
     # environment; the cluster tests' jobs leave Spark settings out, as deployed) compiles with C1 only and collects
     # with the serial collector. A test's driver lives seconds to minutes on small data, where C2's compilations and
     # G1's threads cost more CPU than they save: about half the CPU time of a short Iceberg job here, on 2 cores shared
-    # by two workers. What Spark computes is unchanged.
-    os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+    # by two workers. What Spark computes is unchanged. They also start with ANSI SQL on, as Spark 4 and a cluster's
+    # spark-defaults may: the runtime pins the semantics its expressions are written for (session.SQL_SEMANTICS), and
+    # a session that lost the pin fails the suite (a mirror table's position: a long cast to binary, refused by ANSI).
+    os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Dspark.sql.ansi.enabled=true")
     # pytest-xdist's loadfile would hand out the modules with the most tests first (its default --loadscope-reorder):
     # the long modules, which have few tests, came last, and one worker ran them alone for many minutes. Collection
     # order instead, which pytest_collection_modifyitems starts with LONG_MODULES.
