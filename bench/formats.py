@@ -4,6 +4,7 @@ The `trades` shape of bench/throughput.py (stock trades with a ~160-character me
 them) is produced N times per format, each to its own topic (4 partitions, lz4 batches), the records identical:
   avro         Avro in Confluent framing (the registry's schema), read on the JVM path
   json         JSON text, the table's columns given inline (`schema`), `event_time` an ISO-8601 string
+  json-spaced  the same JSON as Python's `json.dumps` writes it by default (a space after `,` and `:`)
   json-schema  the same JSON in Confluent framing, its JSON Schema in the registry (draft 7, every field required)
   schemaless   the `json` topic's bytes again, the table's columns inferred per batch (no `schema`)
   protobuf     Protobuf in Confluent framing (the registry's .proto, `event_time` a google.protobuf.Timestamp)
@@ -43,7 +44,7 @@ from icefloe_dev.protos import compile_protos, message_class
 from icefloe_dev.schema_registry import SchemaRegistry
 
 RESULTS = Path(__file__).parent / "results"
-FORMATS = ("avro", "json", "json-schema", "schemaless", "protobuf")
+FORMATS = ("avro", "json", "json-spaced", "json-schema", "schemaless", "protobuf")
 # The trades' columns as an inline schema: what the Avro schema maps to (the enum a string, timestamp-millis an
 # instant), every field required as in Avro.
 INLINE_SCHEMA = {
@@ -82,10 +83,10 @@ def produce_raw(bootstrap: str, topic: str, records) -> tuple[int, int]:
     return count, size
 
 
-def json_trades(count: int):
+def json_trades(count: int, separators: tuple[str, str] = (",", ":")):
     """The trades as compact JSON text, `event_time` ISO-8601 with milliseconds (as stock_trades.as_json)."""
     for key, value in trades(count):
-        yield key, json.dumps(stock_trades.as_json(value), separators=(",", ":")).encode()
+        yield key, json.dumps(stock_trades.as_json(value), separators=separators).encode()
 
 
 def protobuf_trades(registry_url: str, topic: str, count: int):
@@ -113,6 +114,8 @@ def produce_all(bootstrap: str, registry_url: str, records: int) -> dict[str, di
             count, size = produce_avro_quickly(bootstrap, registry_url, topic, TRADES, trades(records))
         elif name == "json":
             count, size = produce_raw(bootstrap, topic, json_trades(records))
+        elif name == "json-spaced":
+            count, size = produce_raw(bootstrap, topic, json_trades(records, (", ", ": ")))
         elif name == "protobuf":
             count, size = produce_raw(bootstrap, topic, protobuf_trades(registry_url, topic, records))
         else:
@@ -130,7 +133,8 @@ def table_config(bootstrap: str, registry_url: str, name: str, topic: str, table
     spec = {"sourceCluster": "bench", "topic": topic, "table": table, "maxRecordsPerRun": max_records}
     if name in ("json", "schemaless"):
         spec["format"] = "json"
-    if name == "json":
+    if name in ("json", "json-spaced"):
+        spec["format"] = "json"
         spec["schema"] = INLINE_SCHEMA
     if name in ("json-schema", "protobuf"):
         spec["format"] = name

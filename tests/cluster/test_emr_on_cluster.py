@@ -42,8 +42,8 @@ EMR_PYTHON = "/usr/bin/python3.11"  # EmrSpec's default `python`: here the syste
 DATABASE = "local"  # the source cluster's name
 TOPICS = {
     "orders": "cluster_orders",  # Avro: the JVM read path
-    "accounts": "cluster_accounts",  # JSON upsert: the Python read path
-    "payments": "cluster_payments",  # JSON with bad records to the DLQ
+    "accounts": "cluster_accounts",  # JSON upsert: the JVM read path (from_json)
+    "payments": "cluster_payments",  # JSON with bad records to the DLQ: the Python read path (decimal, binary columns)
     "executor_kill": "cluster_executor_kill",
     "driver_kill": "cluster_driver_kill",
 }
@@ -193,7 +193,7 @@ def test_append_table_on_the_jvm_path(deployment, broker, registry, moto_aws):
     orders.assert_rows_match(duck, produced, topic)
 
 
-def test_upsert_table_on_the_python_path(deployment, broker, moto_aws):
+def test_json_upsert_table_on_the_jvm_path(deployment, broker, moto_aws):
     topic = TOPICS["accounts"]
     sent = changes(random.Random(31), keys=40, count=300)
     produce(broker.bootstrap_servers, topic, sent)
@@ -201,7 +201,7 @@ def test_upsert_table_on_the_python_path(deployment, broker, moto_aws):
     results, log = submit_and_wait(deployment.submit(identifier(topic)))
 
     assert [r["status"] for r in results] == ["committed"], log[-3000:]
-    assert "read path python" in log, log[-3000:]
+    assert "read path jvm" in log, log[-3000:]
     rows, duck = read_back(moto_aws, identifier(topic))
     assert table_state(rows) == expected_state(sent)
     assert table_state(duck) == expected_state(sent)
@@ -217,6 +217,7 @@ def test_bad_records_go_to_the_dead_letter_table(deployment, broker, moto_aws):
     results, log = submit_and_wait(deployment.submit(identifier(topic)))
 
     assert [(r["status"], r["records_failed"]) for r in results] == [("committed", len(bads))], log[-3000:]
+    assert "read path python" in log, log[-3000:]
     rows, duck = read_back(moto_aws, identifier(topic))
     assert set(by_position(rows)) == set(goods) and set(by_position(duck)) == set(goods)
     dead, dead_duck = read_back(moto_aws, identifier(topic) + "_dlq")

@@ -22,7 +22,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from icefloe.errors import ConfigError
 from icefloe.formats.avro import jvm as avro_jvm
 from icefloe.formats.avro.mapping import avro_value_fields
-from icefloe.formats.base import DecoderSpec
+from icefloe.formats.base import DecoderSpec, ValueRules
 from icefloe.formats.columns import batch_struct, table_struct
 from icefloe.formats.registry import decoder_spec
 from icefloe.materialize import batch as materializer
@@ -140,14 +140,16 @@ def _as_bytes(value):
     return value.encode() if isinstance(value, str) else value
 
 
-def read_plan(table, decoder, kafka_conf, value_fields) -> ReadPlan:
+def read_plan(table, decoder, kafka_conf, value_fields, rules: ValueRules | None = None) -> ReadPlan:
     struct_ = table_struct(value_fields)
+    rules = rules or ValueRules()
     return ReadPlan(
         kafka_conf=kafka_conf,
         decoder=decoder,
         batch_schema_json=batch_struct(struct_).json(),
         value_fields=tuple(f.name for f in value_fields),
-        strict=False,
+        strict=rules.strict,
+        required=rules.required,
         needs_key=table.mode == "upsert" and not table.key,
         max_record_bytes=table.max_record_bytes,
     )
@@ -157,9 +159,10 @@ def rows_of(frame) -> dict:
     return {(row.kafka_partition, row.kafka_offset): row.asDict(recursive=True) for row in frame.collect()}
 
 
-def rows_on_both_paths(spark, config, value_fields=None) -> tuple:
+def rows_on_both_paths(spark, config, value_fields=None, rules: ValueRules | None = None) -> tuple:
     """Every record of the first table's topic read by the JVM path and by the Python path: (read path, the JVM
-    batch, JVM rows, Python rows), rows keyed by (partition, offset). Value fields default to the Avro mapping."""
+    batch, JVM rows, Python rows), rows keyed by (partition, offset). Value fields default to the Avro mapping, the
+    converter's rules to Avro's."""
     table = config.tables[0]
     cluster = config.cluster(table.source_cluster)
     kafka_conf, decoder = client_config(cluster), decoder_spec(table, cluster)
@@ -167,7 +170,7 @@ def rows_on_both_paths(spark, config, value_fields=None) -> tuple:
     planned = plan_ranges(kafka_conf, table.topic, {}, "earliest", None)
     batch = materializer.Batch(planned.ranges, planned.next_offsets)
     fields = value_fields or avro_value_fields(decoder.schema_str, table.topic)
-    plan = read_plan(table, decoder, kafka_conf, fields)
+    plan = read_plan(table, decoder, kafka_conf, fields, rules)
     jvm = JvmBatch(spark, plan, path.avro, batch.ranges, 1)
     kept = jvm.kept()
     jvm_frame, release_jvm = kept.with_python(), kept.release
@@ -419,10 +422,12 @@ def test_older_records_resolve_to_the_evolved_schema_and_logical_type_changes_go
     ]
 
 
-def test_json_tables_stay_on_python_and_the_path_is_reported(spark, broker, state_dir, topic, make_config, caplog):
+def test_schemaless_json_tables_stay_on_python_and_the_path_is_reported(
+    spark, broker, state_dir, topic, make_config, caplog
+):
     broker.create_topic(topic, 1)
     produce(broker.bootstrap_servers, topic, [{"value": b'{"id": 1}'}])
-    config = make_config({"topic": topic, "format": "json", "schema": {"fields": [{"name": "id", "type": "long"}]}})
+    config = make_config({"topic": topic, "format": "json"})
     with caplog.at_level(logging.INFO, logger="icefloe.materialize.batch"):
         result = run_table(spark, config, config.tables[0], state_dir)
     assert result.read_path == PYTHON and result.as_dict()["read_path"] == PYTHON

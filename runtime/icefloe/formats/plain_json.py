@@ -1,20 +1,20 @@
 """`format: json`: JSON objects, with an inline `schema` (its columns, `optional: false` enforced) or schemaless
-(the columns inferred per batch, `schemaless_json`). Read on the Python path: the inline checks (strict types,
-`optional: false`, ints given as 1.0, ISO strings and epoch numbers for timestamps, base64 binary) have no exact
-`from_json` equivalent."""
+(the columns inferred per batch, `schemaless_json`). An inline table reads on the JVM path where `json_jvm` covers
+its types (each record proven to decode as in Python, else decoded by Python); schemaless JSON reads on Python."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from pyspark.sql import SparkSession
-from pyspark.sql.types import StructField
+from pyspark.sql.types import StructField, StructType
 
-from icefloe.formats import schemaless_json
+from icefloe.formats import json_jvm, schemaless_json
 from icefloe.formats.base import BATCH, INLINE, BatchContext, Decoder, DecoderSpec, ValueRules
 from icefloe.formats.decoding import confluent_conf
 from icefloe.formats.inline import inline_value_fields, required_paths
 from icefloe.formats.json import json_object, parse_json
+from icefloe.formats.json_jvm import JsonJvmCodec
 from icefloe.spec import SourceCluster, TableSpec
 
 
@@ -22,8 +22,13 @@ class Json:
     name = "json"
 
     def resolve(self, table: TableSpec, cluster: SourceCluster, keys: dict) -> DecoderSpec:
-        schema_from = INLINE if table.inline_schema is not None else BATCH
-        return DecoderSpec(self.name, schema_from, table.topic, registry_conf=confluent_conf(cluster), **keys)
+        if table.inline_schema is None:  # schemaless: the columns come from each batch (`for_batch`)
+            return DecoderSpec(self.name, BATCH, table.topic, registry_conf=confluent_conf(cluster), **keys)
+        columns = StructType(inline_value_fields(table.inline_schema))
+        schema = json_jvm.inline_schema_str(columns, required_paths(table.inline_schema))
+        return DecoderSpec(
+            self.name, INLINE, table.topic, schema_str=schema, registry_conf=confluent_conf(cluster), **keys
+        )
 
     def value_fields(self, spec: DecoderSpec, table: TableSpec, identifier: str) -> list[StructField] | None:
         if spec.schema_from == BATCH:  # schemaless: the columns come from each batch
@@ -45,8 +50,10 @@ class Json:
         required = required_paths(table.inline_schema) if spec.schema_from == INLINE else frozenset()
         return ValueRules(strict=True, required=required)
 
-    def jvm_codec(self, spark: SparkSession, spec: DecoderSpec) -> str:
-        return "JSON values are checked against the table's types in Python"
+    def jvm_codec(self, spark: SparkSession, spec: DecoderSpec) -> JsonJvmCodec | str:
+        if spec.schema_from == BATCH:
+            return "schemaless JSON: the batch's records give the columns, in Python"
+        return json_jvm.codec_for(spec.schema)
 
     def decoder(self, spec: DecoderSpec) -> Decoder:
         if spec.schema_from == BATCH:  # shaped for the types inferred for the batch

@@ -8,10 +8,9 @@
 The path is chosen per table by its envelope or else its format (`jvm_codec`: a codec, or why the values stay on
 Python) and logged. Debezium Avro mirror tables take the JVM path where formats.debezium.jvm covers their columns;
 an envelope's codec builds the change columns too. Avro tables (a Confluent-compatible or AWS Glue registry, or an inline
-schema) and raw or string tables (raw_format) take the JVM path. JSON and JSON Schema tables (also through Glue) stay
-on Python: their inline checks (strict types, `optional: false`, ints given as 1.0, ISO strings and epoch numbers for
-timestamps, base64 binary) have no exact `from_json` equivalent. An Avro table whose schema Avro Java refuses stays
-on Python too.
+schema), raw or string tables (formats.raw) and inline JSON tables whose types formats.json_jvm covers take the JVM
+path. Schemaless JSON, JSON Schema (validated per record) and Protobuf stay on Python, as does an Avro table whose
+schema Avro Java refuses.
 
 Two ways to write a JVM batch:
   - `exact_rows`: every record decoded in the JVM, streamed from Kafka to the writer with nothing held; the number of

@@ -1,0 +1,172 @@
+"""Inline-schema JSON values decoded in the JVM: `from_json` to the table's columns, and a proof per record that the
+Python decoder would give the same row, else the record goes to Python (as Avro's `formats.avro.jvm` does).
+
+The proof is a round trip: a record is *exact* when its bytes equal Spark's own re-encoding of the decoded row
+(`to_json`, nulls written, UTF-8), or differ from it only in whitespace between tokens. Spark's JSON parser is lenient
+where the Python decoder is strict (a number read into a string column as its text, `1.0` into an int, single
+quotes, `NaN`, leading zeros, duplicate keys, trailing bytes, invalid UTF-8 replaced), and every one of those changes
+the re-encoding's tokens: such a record is not exact and Python gives its value or its exact error. What survives is
+JSON with the table's fields in order, every field present, numbers and strings as Jackson writes them: what
+Jackson-based producers (Kafka Connect's JsonConverter, Spring's JsonSerializer) write, and Python's `json.dumps` with
+`ensure_ascii=False`. A record written otherwise (another key order, `\\u00e9` escapes, a missing optional field,
+`1e2`) decodes on Python: correct, at the Python path's speed.
+
+Beyond the round trip:
+  - doubles must be finite: Spark reads the strings "NaN" and "Infinity" into a double and writes them back quoted;
+  - timestamps and dates are read as text and converted here, only in the shapes both decoders read alike:
+    `yyyy-MM-ddTHH:mm:ss[.SSS|.SSSSSS]` then `Z` or `+00:00` for `timestamptz` and nothing for `timestamp`, and
+    `yyyy-MM-dd` for `date` (years 0001-9999; a date Spark cannot build, such as February 30, is not exact);
+  - fields declared `optional: false` must not be null (where their enclosing struct is not).
+Types the JVM path leaves to Python (the table stays on the Python path, `codec_for`): float (Python rounds a
+decimal text to a double, then to a float; Java rounds once), decimal (Python's JSON parser reads a float first),
+binary (base64 text) and map (duplicate keys).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import cast
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+_READ = {"mode": "PERMISSIVE", "allowNonNumericNumbers": "false"}
+_WRITE = {"ignoreNullFields": "false"}
+_LEAVES = (T.StringType, T.IntegerType, T.LongType, T.DoubleType, T.BooleanType)
+_TEMPORAL = (T.TimestampType, T.TimestampNTZType, T.DateType)
+_DAY = "(?!0000)[0-9]{4}-[0-9]{2}-[0-9]{2}"
+_TIME = "T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\\\.[0-9]{3}|\\\\.[0-9]{6})?"
+_SHAPES = {  # the text a temporal value must have (SQL regular expressions) and the cast that reads it
+    "timestamp": (f"^{_DAY}{_TIME}(Z|\\\\+00:00)$", "TIMESTAMP"),
+    "timestamp_ntz": (f"^{_DAY}{_TIME}$", "TIMESTAMP_NTZ"),
+    "date": (f"^{_DAY}$", "DATE"),
+}
+
+
+def codec_for(schema_str: str) -> JsonJvmCodec | str:
+    """The codec of an inline JSON table (`schema_str`: `inline_schema_str`'s), or why its values stay on Python."""
+    described = json.loads(schema_str)
+    struct = T.StructType.fromJson(described["columns"])
+    unsupported = _unsupported(struct, "")
+    if unsupported:
+        return f"JSON values are checked in Python: the JVM path does not read {unsupported}"
+    return JsonJvmCodec(struct, frozenset(described["required"]))
+
+
+def inline_schema_str(struct: T.StructType, required: frozenset[str]) -> str:
+    """An inline JSON table's columns and its `optional: false` paths, as `DecoderSpec.schema_str` holds them."""
+    return json.dumps({"columns": struct.jsonValue(), "required": sorted(required)})
+
+
+def _unsupported(dtype: T.DataType, path: str) -> str | None:
+    if isinstance(dtype, T.StructType):
+        return next((found for f in dtype.fields if (found := _unsupported(f.dataType, f"{path}.{f.name}"))), None)
+    if isinstance(dtype, T.ArrayType):
+        return _unsupported(dtype.elementType, f"{path}[]")
+    if isinstance(dtype, _LEAVES + _TEMPORAL):
+        return None
+    return f"{path.lstrip('.')} ({dtype.simpleString()})"
+
+
+def _as_text(dtype: T.DataType) -> T.DataType:
+    """The schema `from_json` reads with: temporal values as their text."""
+    if isinstance(dtype, T.StructType):
+        return T.StructType([T.StructField(f.name, _as_text(f.dataType), True) for f in dtype.fields])
+    if isinstance(dtype, T.ArrayType):
+        return T.ArrayType(_as_text(dtype.elementType), True)
+    return T.StringType() if isinstance(dtype, _TEMPORAL) else dtype
+
+
+def _compact(text: Column) -> Column:
+    """The text without JSON's whitespace: between tokens it means nothing, and inside a string both sides have
+    the same (the decoded string, written again), so only a difference in tokens remains."""
+    return F.regexp_replace(text, r"[ \t\n\r]", "")
+
+
+def _name(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _shape(dtype: T.DataType) -> tuple[str, str]:
+    return _SHAPES[dtype.typeName()]
+
+
+def _checks(sql: str, dtype: T.DataType, depth: int = 0) -> list[str]:
+    """SQL conditions, beyond the round trip, for a non-null or null value `sql` of `dtype` to decode as in Python."""
+    if isinstance(dtype, T.StructType):
+        inner = [c for f in dtype.fields for c in _checks(f"{sql}.{_name(f.name)}", f.dataType, depth)]
+        return [f"({sql} IS NULL OR ({' AND '.join(inner)}))"] if inner else []
+    if isinstance(dtype, T.ArrayType):
+        element = f"e{depth}"
+        inner = _checks(element, dtype.elementType, depth + 1)
+        return [f"({sql} IS NULL OR forall({sql}, {element} -> {' AND '.join(inner)}))"] if inner else []
+    if isinstance(dtype, T.DoubleType):
+        return [f"({sql} IS NULL OR NOT (isnan({sql}) OR abs({sql}) = double('Infinity')))"]
+    if isinstance(dtype, _TEMPORAL):
+        pattern, cast = _shape(dtype)
+        return [f"({sql} IS NULL OR ({sql} RLIKE '{pattern}' AND try_cast({sql} AS {cast}) IS NOT NULL))"]
+    return []
+
+
+def _converted(sql: str, dtype: T.DataType, depth: int = 0) -> str | None:
+    """SQL for the table's value of `sql` (text read where the table holds a time), or None where it is as read."""
+    if isinstance(dtype, T.StructType):
+        parts = [(f, _converted(f"{sql}.{_name(f.name)}", f.dataType, depth)) for f in dtype.fields]
+        if all(done is None for _, done in parts):
+            return None
+        fields = ", ".join(f"'{f.name}', {done or f'{sql}.{_name(f.name)}'}" for f, done in parts)
+        return f"CASE WHEN {sql} IS NULL THEN NULL ELSE named_struct({fields}) END"
+    if isinstance(dtype, T.ArrayType):
+        element = f"e{depth}"
+        done = _converted(element, dtype.elementType, depth + 1)
+        return None if done is None else f"transform({sql}, {element} -> {done})"
+    if isinstance(dtype, _TEMPORAL):
+        return f"CAST({sql} AS {_shape(dtype)[1]})"
+    return None
+
+
+@dataclass(frozen=True)
+class JsonJvmCodec:
+    """How the JVM path reads an inline JSON table's values (formats.base.JvmCodec)."""
+
+    struct: T.StructType  # the table's value columns
+    required: frozenset[str]  # dotted paths of the fields declared `optional: false`
+
+    @property
+    def reason(self) -> str:
+        return "Kafka source, from_json, each record checked against its re-encoding"
+
+    def decoded(self, value: Column) -> Column:
+        return F.from_json(value.cast("string"), cast(T.StructType, _as_text(self.struct)), _READ)
+
+    def exact(self, value: Column, struct: str) -> Column:
+        row = f"{_name(struct)}"
+        checks = [c for f in self.struct.fields for c in _checks(f"{row}.{_name(f.name)}", f.dataType)]
+        checks += [self._present(row, path) for path in sorted(self.required)]
+        encoded = F.to_json(F.col(struct), _WRITE)
+        text = value.cast("string")
+        # As written, or differing only in JSON's whitespace (Python's `json.dumps` puts a space after `,` and `:`);
+        # a value that is not UTF-8 is caught by its bytes, since the cast to text replaces what is invalid.
+        same = (F.encode(encoded, "UTF-8") == value) | (
+            (F.encode(text, "UTF-8") == value) & (_compact(encoded) == _compact(text))
+        )
+        return same & F.expr(" AND ".join(checks)) if checks else same
+
+    @staticmethod
+    def _present(row: str, path: str) -> str:
+        """A required field is not null wherever its enclosing struct is not (Python checks a struct's fields only
+        when the struct is there)."""
+        names = path.split(".")
+        parents = [f"{row}." + ".".join(_name(n) for n in names[:i]) for i in range(1, len(names))]
+        field = f"{row}." + ".".join(_name(n) for n in names)
+        return "(" + " OR ".join([*(f"{p} IS NULL" for p in parents), f"{field} IS NOT NULL"]) + ")"
+
+    def value_columns(self, struct: str) -> dict[str, Column]:
+        columns = {}
+        for f in self.struct.fields:
+            sql = f"{_name(struct)}.{_name(f.name)}"
+            done = _converted(sql, f.dataType)
+            columns[f.name] = F.expr(done) if done is not None else F.col(struct)[f.name]
+        return columns
