@@ -2,14 +2,14 @@
 Python decoder would give the same row, else the record goes to Python (as Avro's `formats.avro.jvm` does).
 
 The proof is a round trip: a record is *exact* when its bytes equal Spark's own re-encoding of the decoded row
-(`to_json`, nulls written, UTF-8), or differ from it only in whitespace between tokens. Spark's JSON parser is lenient
-where the Python decoder is strict (a number read into a string column as its text, `1.0` into an int, single
-quotes, `NaN`, leading zeros, duplicate keys, trailing bytes, invalid UTF-8 replaced), and every one of those changes
-the re-encoding's tokens: such a record is not exact and Python gives its value or its exact error. What survives is
-JSON with the table's fields in order, every field present, numbers and strings as Jackson writes them: what
-Jackson-based producers (Kafka Connect's JsonConverter, Spring's JsonSerializer) write, and Python's `json.dumps` with
-`ensure_ascii=False`. A record written otherwise (another key order, `\\u00e9` escapes, a missing optional field,
-`1e2`) decodes on Python: correct, at the Python path's speed.
+(`to_json`, UTF-8), with null fields written or left out, whitespace between tokens aside. Spark's JSON parser is
+lenient where the Python decoder is strict (a number read into a string column as its text, `1.0` into an int,
+single quotes, `NaN`, leading zeros, duplicate keys, trailing bytes, invalid UTF-8 replaced), and every one of those
+changes the re-encoding's tokens: such a record is not exact and Python gives its value or its exact error. What survives is
+JSON with the table's fields in order, null fields all written or all left out, numbers and strings as Jackson
+writes them: what Jackson-based producers (Kafka Connect's JsonConverter, Spring's JsonSerializer) write, and
+Python's `json.dumps` with `ensure_ascii=False`. A record written otherwise (another key order, some null fields
+written and others left out, `\\u00e9` escapes, `1e2`) decodes on Python: correct, at the Python path's speed.
 
 Beyond the round trip:
   - doubles must be finite: Spark reads the strings "NaN" and "Infinity" into a double and writes them back quoted;
@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 _READ = {"mode": "PERMISSIVE", "allowNonNumericNumbers": "false"}
-_WRITE = {"ignoreNullFields": "false"}
+_NULLS_WRITTEN, _NULLS_LEFT_OUT = {"ignoreNullFields": "false"}, {"ignoreNullFields": "true"}
 _LEAVES = (T.StringType, T.IntegerType, T.LongType, T.DoubleType, T.BooleanType)
 _TEMPORAL = (T.TimestampType, T.TimestampNTZType, T.DateType)
 _DAY = "(?!0000)[0-9]{4}-[0-9]{2}-[0-9]{2}"
@@ -145,12 +145,16 @@ class JsonJvmCodec:
         row = f"{_name(struct)}"
         checks = [c for f in self.struct.fields for c in _checks(f"{row}.{_name(f.name)}", f.dataType)]
         checks += [self._present(row, path) for path in sorted(self.required)]
-        encoded = F.to_json(F.col(struct), _WRITE)
+        row = F.col(struct)
+        with_nulls, without_nulls = F.to_json(row, _NULLS_WRITTEN), F.to_json(row, _NULLS_LEFT_OUT)
         text = value.cast("string")
-        # As written, or differing only in JSON's whitespace (Python's `json.dumps` puts a space after `,` and `:`);
-        # a value that is not UTF-8 is caught by its bytes, since the cast to text replaces what is invalid.
-        same = (F.encode(encoded, "UTF-8") == value) | (
-            (F.encode(text, "UTF-8") == value) & (_compact(encoded) == _compact(text))
+        # As written (checked first: the cheapest), or differing only in JSON's whitespace (Python's `json.dumps` puts
+        # a space after `,` and `:`), with null fields written or left out (Jackson's NON_NULL, JavaScript's
+        # undefined). A value that is not UTF-8 is caught by its bytes: the cast to text replaces what is invalid.
+        compact = _compact(text)
+        same = (F.encode(with_nulls, "UTF-8") == value) | (
+            (F.encode(text, "UTF-8") == value)
+            & ((_compact(with_nulls) == compact) | (_compact(without_nulls) == compact))
         )
         return same & F.expr(" AND ".join(checks)) if checks else same
 
