@@ -142,9 +142,9 @@ class JsonJvmCodec:
         return F.from_json(value.cast("string"), cast(T.StructType, _as_text(self.struct)), _READ)
 
     def exact(self, value: Column, struct: str) -> Column:
-        row = f"{_name(struct)}"
-        checks = [c for f in self.struct.fields for c in _checks(f"{row}.{_name(f.name)}", f.dataType)]
-        checks += [self._present(row, path) for path in sorted(self.required)]
+        sql = _name(struct)
+        checks = [c for f in self.struct.fields for c in _checks(f"{sql}.{_name(f.name)}", f.dataType)]
+        checks += [self._present(sql, path) for path in sorted(self.required)]
         row = F.col(struct)
         with_nulls, without_nulls = F.to_json(row, _NULLS_WRITTEN), F.to_json(row, _NULLS_LEFT_OUT)
         text = value.cast("string")
