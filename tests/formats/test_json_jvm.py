@@ -157,7 +157,7 @@ def cases(rng: random.Random) -> tuple[list[bytes], list[bytes]]:
     return exact, for_python
 
 
-def test_every_row_of_the_jvm_path_is_the_python_paths_row(spark, broker, topic, make_config):
+def test_every_json_row_of_the_jvm_path_is_the_python_paths_row(spark, broker, topic, make_config):
     broker.create_topic(topic, 2)
     exact, for_python = cases(random.Random(11))
     values = [*exact, *for_python, None]
