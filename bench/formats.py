@@ -131,10 +131,9 @@ def produce_all(bootstrap: str, registry_url: str, records: int) -> dict[str, di
 
 def table_config(bootstrap: str, registry_url: str, name: str, topic: str, table: str, max_records: int):
     spec = {"sourceCluster": "bench", "topic": topic, "table": table, "maxRecordsPerRun": max_records}
-    if name in ("json", "schemaless"):
+    if name in ("json", "json-spaced", "schemaless"):
         spec["format"] = "json"
     if name in ("json", "json-spaced"):
-        spec["format"] = "json"
         spec["schema"] = INLINE_SCHEMA
     if name in ("json-schema", "protobuf"):
         spec["format"] = name

@@ -540,8 +540,8 @@ def main() -> None:
         f"# Upsert: reads after {args.batches} upsert batches of {args.changes:,} changes on {args.keys:,} keys, "
         f"format v{args.format_version}",
         "",
-        f"Full scan + aggregate, and a point lookup by key (seconds, the median of {READ_REPEATS} reads); load average at start "
-        f"{report['load_avg_at_start']}, at end {report['load_avg_at_end']} ({report['cores']} cores, shared).",
+        f"Full scan + aggregate, and a point lookup by key (seconds, the median of {READ_REPEATS} reads); load "
+        f"average at start {report['load_avg_at_start']}, at end {report['load_avg_at_end']} ({report['cores']} cores, shared).",
         "",
         "| table | rows | data/delete files | DuckDB scan | DuckDB lookup | pyiceberg scan | pyiceberg lookup | Spark scan | Spark lookup |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|",

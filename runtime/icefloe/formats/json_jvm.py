@@ -5,8 +5,8 @@ The proof is a round trip: a record is *exact* when its bytes equal Spark's own 
 (`to_json`, UTF-8), with null fields written or left out, whitespace between tokens aside. Spark's JSON parser is
 lenient where the Python decoder is strict (a number read into a string column as its text, `1.0` into an int,
 single quotes, `NaN`, leading zeros, duplicate keys, trailing bytes, invalid UTF-8 replaced), and every one of those
-changes the re-encoding's tokens: such a record is not exact and Python gives its value or its exact error. What survives is
-JSON with the table's fields in order, null fields all written or all left out, numbers and strings as Jackson
+changes the re-encoding's tokens: such a record is not exact and Python gives its value or its exact error. What
+survives is JSON with the table's fields in order, null fields all written or all left out, numbers and strings as Jackson
 writes them: what Jackson-based producers (Kafka Connect's JsonConverter, Spring's JsonSerializer) write, and
 Python's `json.dumps` with `ensure_ascii=False`. A record written otherwise (another key order, some null fields
 written and others left out, `\\u00e9` escapes, `1e2`) decodes on Python: correct, at the Python path's speed.
@@ -151,10 +151,8 @@ class JsonJvmCodec:
         # As written (checked first: the cheapest), or differing only in JSON's whitespace (Python's `json.dumps` puts
         # a space after `,` and `:`), with null fields written or left out (Jackson's NON_NULL, JavaScript's
         # undefined). A value that is not UTF-8 is caught by its bytes: the cast to text replaces what is invalid.
-        compact = _compact(text)
         same = (F.encode(with_nulls, "UTF-8") == value) | (
-            (F.encode(text, "UTF-8") == value)
-            & ((_compact(with_nulls) == compact) | (_compact(without_nulls) == compact))
+            (F.encode(text, "UTF-8") == value) & _compact(text).isin(_compact(with_nulls), _compact(without_nulls))
         )
         return same & F.expr(" AND ".join(checks)) if checks else same
 

@@ -14,7 +14,6 @@ from icefloe.formats.base import BATCH, INLINE, BatchContext, Decoder, DecoderSp
 from icefloe.formats.decoding import confluent_conf
 from icefloe.formats.inline import inline_value_fields, required_paths
 from icefloe.formats.json import json_object, parse_json
-from icefloe.formats.json_jvm import JsonJvmCodec
 from icefloe.spec import SourceCluster, TableSpec
 
 
@@ -50,7 +49,7 @@ class Json:
         required = required_paths(table.inline_schema) if spec.schema_from == INLINE else frozenset()
         return ValueRules(strict=True, required=required)
 
-    def jvm_codec(self, spark: SparkSession, spec: DecoderSpec) -> JsonJvmCodec | str:
+    def jvm_codec(self, spark: SparkSession, spec: DecoderSpec) -> json_jvm.JsonJvmCodec | str:
         if spec.schema_from == BATCH:
             return "schemaless JSON: the batch's records give the columns, in Python"
         return json_jvm.codec_for(spec.schema)
