@@ -16,7 +16,13 @@ Beyond the round trip:
   - timestamps and dates are read as text and converted here, only in the shapes both decoders read alike:
     `yyyy-MM-ddTHH:mm:ss[.SSS|.SSSSSS]` then `Z` or `+00:00` for `timestamptz` and nothing for `timestamp`, and
     `yyyy-MM-dd` for `date` (years 0001-9999; a date Spark cannot build, such as February 30, is not exact);
-  - fields declared `optional: false` must not be null (where their enclosing struct is not).
+  - where a value may be null or missing is the decoder's (`Presence`, checked where the enclosing struct is not
+    null): an inline field declared `optional: false` is neither; a JSON Schema property is null only if its type
+    allows null, and missing only if it is not `required`. The round trip tells which the record did: a record
+    equal to the re-encoding with every null written wrote its nulls, one equal to the re-encoding without them
+    left them out;
+  - a string with `enum` members must be one of them.
+A codec may read a framed payload (`frame`: JSON Schema's magic byte and schema id): other records go to Python.
 Types the JVM path leaves to Python (the table stays on the Python path, `codec_for`): float (Python rounds a
 decimal text to a double, then to a float; Java rounds once), decimal (Python's JSON parser reads a float first),
 binary (base64 text) and map (duplicate keys).
@@ -45,14 +51,41 @@ _SHAPES = {  # the text a temporal value must have (SQL regular expressions) and
 }
 
 
+@dataclass(frozen=True)
+class Presence:
+    """Where the decoder takes a value as null or missing, and what else it requires of it: one per field (a
+    struct's `fields`, a list's `element`); the default takes anything the table's type holds."""
+
+    null: bool = True  # the value may be written as JSON null (a list element: may be null)
+    missing: bool = True  # the field may be left out of its object
+    fields: tuple[tuple[str, Presence], ...] = ()  # a struct's fields, by name
+    element: Presence | None = None  # a list's element
+    members: tuple[str, ...] | None = None  # a string's `enum`: the only values it may hold
+
+
 def codec_for(schema_str: str) -> JsonJvmCodec | str:
     """The codec of an inline JSON table (`schema_str`: `inline_schema_str`'s), or why its values stay on Python."""
     described = json.loads(schema_str)
     struct = T.StructType.fromJson(described["columns"])
-    unsupported = _unsupported(struct, "")
+    unsupported = unsupported_type(struct)
     if unsupported:
         return f"JSON values are checked in Python: the JVM path does not read {unsupported}"
-    return JsonJvmCodec(struct, frozenset(described["required"]))
+    return JsonJvmCodec(struct, _inline_presence(struct, frozenset(described["required"]), ""))
+
+
+def _inline_presence(struct: T.StructType, required: frozenset[str], prefix: str) -> Presence:
+    """An inline table's rules: a field declared `optional: false` is neither null nor missing (list elements and
+    their fields are not checked, as in Python)."""
+    fields = []
+    for f in struct.fields:
+        optional = f"{prefix}{f.name}" not in required
+        nested = (
+            _inline_presence(f.dataType, required, f"{prefix}{f.name}.")
+            if isinstance(f.dataType, T.StructType)
+            else Presence()
+        )
+        fields.append((f.name, Presence(optional, optional, nested.fields)))
+    return Presence(fields=tuple(fields))
 
 
 def inline_schema_str(struct: T.StructType, required: frozenset[str]) -> str:
@@ -60,11 +93,12 @@ def inline_schema_str(struct: T.StructType, required: frozenset[str]) -> str:
     return json.dumps({"columns": struct.jsonValue(), "required": sorted(required)})
 
 
-def _unsupported(dtype: T.DataType, path: str) -> str | None:
+def unsupported_type(dtype: T.DataType, path: str = "") -> str | None:
+    """The first column (path and type) the JVM path does not read, or None."""
     if isinstance(dtype, T.StructType):
-        return next((found for f in dtype.fields if (found := _unsupported(f.dataType, f"{path}.{f.name}"))), None)
+        return next((found for f in dtype.fields if (found := unsupported_type(f.dataType, f"{path}.{f.name}"))), None)
     if isinstance(dtype, T.ArrayType):
-        return _unsupported(dtype.elementType, f"{path}[]")
+        return unsupported_type(dtype.elementType, f"{path}[]")
     if isinstance(dtype, _LEAVES + _TEMPORAL):
         return None
     return f"{path.lstrip('.')} ({dtype.simpleString()})"
@@ -127,43 +161,82 @@ def _converted(sql: str, dtype: T.DataType, depth: int = 0) -> str | None:
     return None
 
 
+def _literal(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _allowed(sql: str, rule: Presence, nulls_written: bool, depth: int = 0) -> list[str]:
+    """SQL conditions for a non-null value `sql` to meet `rule` in a record that wrote every null field
+    (`nulls_written`) or left every one out: a null field was written as null, or missing, accordingly."""
+    conditions = []
+    if rule.members is not None:
+        conditions.append(f"{sql} IN ({', '.join(_literal(m) for m in rule.members)})")
+    for name, inner in rule.fields:
+        value = f"{sql}.{_name(name)}"
+        if not (inner.null if nulls_written else inner.missing):
+            conditions.append(f"{value} IS NOT NULL")
+        nested = _allowed(value, inner, nulls_written, depth)
+        if nested:
+            conditions.append(f"({value} IS NULL OR ({' AND '.join(nested)}))")
+    if rule.element is not None:  # a null element is written as null either way
+        element = f"e{depth}"
+        nested = _allowed(element, rule.element, nulls_written, depth + 1)
+        each = [] if rule.element.null else [f"{element} IS NOT NULL"]
+        each += [f"({element} IS NULL OR ({' AND '.join(nested)}))"] if nested else []
+        if each:
+            conditions.append(f"({sql} IS NULL OR forall({sql}, {element} -> {' AND '.join(each)}))")
+    return conditions
+
+
+def _all(conditions: list[str]) -> Column:
+    return F.expr(" AND ".join(conditions)) if conditions else F.lit(True)
+
+
 @dataclass(frozen=True)
 class JsonJvmCodec:
-    """How the JVM path reads an inline JSON table's values (formats.base.JvmCodec)."""
+    """How the JVM path reads a JSON table's values (formats.base.JvmCodec)."""
 
     struct: T.StructType  # the table's value columns
-    required: frozenset[str]  # dotted paths of the fields declared `optional: false`
+    rules: Presence  # where the decoder takes a null or a missing field, and `enum` members
+    frame: bytes = b""  # the bytes before the JSON (JSON Schema: magic byte and schema id); other records: Python
+    source: str = "inline schema"  # what the read path's log line names
 
     @property
     def reason(self) -> str:
-        return "Kafka source, from_json, each record checked against its re-encoding"
+        return f"Kafka source, from_json ({self.source}), each record checked against its re-encoding"
+
+    def _framed(self, value: Column) -> Column:
+        size = len(self.frame)
+        return (F.length(value) >= size) & (value.substr(1, size) == F.lit(bytearray(self.frame)))
+
+    def _payload(self, value: Column) -> Column:
+        return value.substr(len(self.frame) + 1, 2**31 - 1) if self.frame else value
 
     def decoded(self, value: Column) -> Column:
-        return F.from_json(value.cast("string"), cast(T.StructType, _as_text(self.struct)), _READ)
+        schema = cast(T.StructType, _as_text(self.struct))
+        decoded = F.from_json(self._payload(value).cast("string"), schema, _READ)
+        return F.when(self._framed(value), decoded) if self.frame else decoded
 
     def exact(self, value: Column, struct: str) -> Column:
-        sql = _name(struct)
-        checks = [c for f in self.struct.fields for c in _checks(f"{sql}.{_name(f.name)}", f.dataType)]
-        checks += [self._present(sql, path) for path in sorted(self.required)]
+        sql, payload = _name(struct), self._payload(value)
+        checks = _all([c for f in self.struct.fields for c in _checks(f"{sql}.{_name(f.name)}", f.dataType)])
         row = F.col(struct)
         with_nulls, without_nulls = F.to_json(row, _NULLS_WRITTEN), F.to_json(row, _NULLS_LEFT_OUT)
-        text = value.cast("string")
+        text = payload.cast("string")
+        written, left_out = _allowed(sql, self.rules, True), _allowed(sql, self.rules, False)
         # As written (checked first: the cheapest), or differing only in JSON's whitespace (Python's `json.dumps` puts
         # a space after `,` and `:`), with null fields written or left out (Jackson's NON_NULL, JavaScript's
         # undefined). A value that is not UTF-8 is caught by its bytes: the cast to text replaces what is invalid.
-        same = (F.encode(with_nulls, "UTF-8") == value) | (
-            (F.encode(text, "UTF-8") == value) & _compact(text).isin(_compact(with_nulls), _compact(without_nulls))
-        )
-        return same & F.expr(" AND ".join(checks)) if checks else same
-
-    @staticmethod
-    def _present(row: str, path: str) -> str:
-        """A required field is not null wherever its enclosing struct is not (Python checks a struct's fields only
-        when the struct is there)."""
-        names = path.split(".")
-        parents = [f"{row}." + ".".join(_name(n) for n in names[:i]) for i in range(1, len(names))]
-        field = f"{row}." + ".".join(_name(n) for n in names)
-        return "(" + " OR ".join([*(f"{p} IS NULL" for p in parents), f"{field} IS NOT NULL"]) + ")"
+        as_written = F.encode(with_nulls, "UTF-8") == payload
+        utf8, compact = F.encode(text, "UTF-8") == payload, _compact(text)
+        if written == left_out:  # the rules do not depend on how nulls were written: compare once
+            same = (as_written | (utf8 & compact.isin(_compact(with_nulls), _compact(without_nulls)))) & _all(written)
+        else:
+            nulls_written = as_written | (utf8 & (compact == _compact(with_nulls)))
+            nulls_left_out = utf8 & (compact == _compact(without_nulls))
+            same = (nulls_written & _all(written)) | (nulls_left_out & _all(left_out))
+        same = same & checks
+        return self._framed(value) & same if self.frame else same
 
     def value_columns(self, struct: str) -> dict[str, Column]:
         columns = {}

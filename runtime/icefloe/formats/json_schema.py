@@ -28,9 +28,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from icefloe.errors import BadRecord, ConfigError
-from icefloe.formats import decoding, glue_framed
+from icefloe.formats import decoding, glue_framed, json_schema_jvm
 from icefloe.formats.base import CONFLUENT, GLUE, Decoder, DecoderSpec, ValueRules
 from icefloe.formats.json import parse_json
+from icefloe.formats.json_jvm import JsonJvmCodec
 from icefloe.formats.json_schema_quick import quick_check
 from icefloe.registries import confluent
 from icefloe.spec import SourceCluster, TableSpec
@@ -162,6 +163,18 @@ def _table_shape(bundle_json: str, subject: str) -> tuple:
 def value_fields(bundle_json: str, subject: str) -> list[T.StructField]:
     """The table columns for a resolved JSON schema (`resolve_schema`)."""
     return list(_spark_type(_table_shape(bundle_json, subject)).fields)  # type: ignore[attr-defined]  # a table's shape is an object: a StructType
+
+
+def _json_text_path(shape: tuple, path: str) -> str | None:
+    """The first value of `shape` kept as its JSON text (a free-form schema), or None."""
+    kind = shape[0]
+    if kind == "json":
+        return path
+    if kind in ("list", "map"):
+        return _json_text_path(shape[1], f"{path}[]" if kind == "list" else f"{path}{{}}")
+    if kind == "struct":
+        return next((found for name, sub in shape[1] if (found := _json_text_path(sub, f"{path}.{name}"))), None)
+    return None
 
 
 def _json_text(value: Any) -> str:
@@ -332,8 +345,8 @@ def record_validator(bundle: dict, what: str = "the schema") -> RecordValidator:
 
 class JsonSchemaFormat:
     """`format: json-schema`: through a Confluent-compatible registry (the subject's latest version, references
-    resolved) or the AWS Glue Schema Registry; read on the Python path, each record validated against its writer's
-    schema."""
+    resolved) or the AWS Glue Schema Registry; each record validated against its writer's schema, on the JVM path
+    where `json_schema_jvm` covers the schema and the record's writer is the table's schema, else in Python."""
 
     name = "json-schema"
 
@@ -342,9 +355,8 @@ class JsonSchemaFormat:
             return decoding.glue_spec(table, cluster, keys)
 
         def build(client, latest, registry: dict[str, str]) -> DecoderSpec:
-            return DecoderSpec(
-                self.name, CONFLUENT, table.topic, resolve_schema(client, latest.schema), registry, **keys
-            )
+            schema = resolve_schema(client, latest.schema)
+            return DecoderSpec(self.name, CONFLUENT, table.topic, schema, registry, schema_id=latest.schema_id, **keys)
 
         return decoding.registry_spec(table, cluster, keys, "JSON", build)
 
@@ -362,8 +374,14 @@ class JsonSchemaFormat:
     def rules(self, spec: DecoderSpec, table: TableSpec) -> ValueRules:
         return ValueRules(strict=True, framed=spec.schema_from == CONFLUENT)
 
-    def jvm_codec(self, spark: SparkSession, spec: DecoderSpec) -> str:
-        return "JSON Schema values are validated against their writer's schema in Python"
+    def jvm_codec(self, spark: SparkSession, spec: DecoderSpec) -> JsonJvmCodec | str:
+        if spec.schema_from == GLUE:
+            return "JSON Schema values from the AWS Glue Schema Registry are validated in Python"
+        shape = _table_shape(spec.schema, f"subject {spec.topic}-value")
+        as_text = _json_text_path(shape, "value")
+        if as_text:  # Python writes the value's JSON text; the JVM reads a string's text
+            return f"JSON Schema values are validated in Python: {as_text} is kept as its JSON text"
+        return json_schema_jvm.codec_for(spec, _spark_type(shape))
 
     def decoder(self, spec: DecoderSpec) -> Decoder:
         if spec.schema_from == GLUE:
