@@ -98,14 +98,22 @@ def test_json_schema_nullable_forms_and_fallbacks():
     }
 
 
+RANGED = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}
+
+
 @pytest.mark.parametrize(
-    ("format", "why"), [("protobuf", "no spark-protobuf for Spark 3.5"), ("json-schema", "validated")]
+    ("format", "schema", "why"),
+    [
+        ("protobuf", None, "no spark-protobuf for Spark 3.5"),
+        ("json-schema", RANGED, "validated in Python: value.n: the JVM path does not check minimum"),
+    ],
 )
-def test_registry_formats_take_the_python_path_and_say_why(format, why):
+def test_registry_formats_take_the_python_path_and_say_why(format, schema, why):
     from icefloe.formats.base import DecoderSpec
     from icefloe.materialize.read_paths import PYTHON, choose_read_path
 
-    path = choose_read_path(None, DecoderSpec(format, "confluent", "t"))  # no JVM needed to decide
+    bundle = schema and json.dumps({"schema": schema, "references": {}})
+    path = choose_read_path(None, DecoderSpec(format, "confluent", "t", bundle, schema_id=1))  # no JVM needed
     assert path.name == PYTHON and why in path.reason
 
 

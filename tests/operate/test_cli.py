@@ -289,8 +289,8 @@ def test_the_demo_shows_protobuf_and_json_schema_topics_end_to_end(
 ):
     """`icefloe demo --format protobuf|json-schema` as a user runs it, on the session's broker, registry and Spark
     (they stand in for the ones the demo starts: the session starts them with the demo's own `local_services`): every
-    trade in the table with its values, read on the Python path; the second run commits nothing; DuckDB's sums per
-    symbol printed."""
+    trade in the table with its values, read on the Python path (Protobuf) or the JVM path (JSON Schema); the second
+    run commits nothing; DuckDB's sums per symbol printed."""
 
     @contextmanager
     def running(demo_state):
@@ -322,7 +322,8 @@ def test_the_demo_shows_protobuf_and_json_schema_topics_end_to_end(
             )
         out = capsys.readouterr().out
         assert code == 0, out
-        assert "read path python" in caplog.text and "second run: " in out and "nothing committed" in out
+        read_path = "read path python" if format == "protobuf" else "read path jvm"
+        assert read_path in caplog.text and "second run: " in out and "nothing committed" in out
         identifier = out.split("rows in ")[1].split(":")[0]
         assert f"rows in {identifier}: {records}\n" in out
         printed = {

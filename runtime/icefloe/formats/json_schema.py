@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
@@ -381,7 +381,7 @@ class JsonSchemaFormat:
         as_text = _json_text_path(shape, "value")
         if as_text:  # Python writes the value's JSON text; the JVM reads a string's text
             return f"JSON Schema values are validated in Python: {as_text} is kept as its JSON text"
-        return json_schema_jvm.codec_for(spec, _spark_type(shape))
+        return json_schema_jvm.codec_for(spec, cast(T.StructType, _spark_type(shape)))  # a table shape is a struct
 
     def decoder(self, spec: DecoderSpec) -> Decoder:
         if spec.schema_from == GLUE:

@@ -169,6 +169,7 @@ class KeptBatch:
     def __init__(self, jvm: JvmBatch):
         self.jvm = jvm
         self.batch_schema = StructType.fromJson(json.loads(jvm.plan.batch_schema_json))
+        self._columns = [F.col(quoted(name)) for name in self.batch_schema.fieldNames()]  # any character in a name
         frame = jvm._decoded()
         # The table's values are kept, not the decoded struct: an envelope's (before, after, source, the key) is
         # several times the row, and every read of the batch (the error mode's pass, the writer's) would deserialize
@@ -186,7 +187,7 @@ class KeptBatch:
         ]
         values = [F.col(quoted(name)) for name in jvm.plan.value_fields]
         self.rows = self.kept.select(*values, *_KAFKA, *self.status, (~F.col(_EXACT)).alias(PENDING)).select(
-            *self.batch_schema.fieldNames(), PENDING
+            *self._columns, PENDING
         )
         self.values = values
         self.for_python: DataFrame | None = None
@@ -196,7 +197,7 @@ class KeptBatch:
         exact_rows = self.kept.where(F.col(_EXACT)).select(*self.values, *_KAFKA, *self.status)
         records = self.kept.where(~F.col(_EXACT)).select(*_KAFKA, F.col(_RAW).alias("value"))
         self.for_python = self.jvm.decoded_by_python(records)
-        return exact_rows.select(*self.batch_schema.fieldNames()).unionByName(self.for_python)
+        return exact_rows.select(*self._columns).unionByName(self.for_python)
 
     def release(self) -> None:
         if self.for_python is not None:
