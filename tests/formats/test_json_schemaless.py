@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 from pyspark.sql import types as T
 
+from icefloe.formats import schemaless_json
+from icefloe.formats.base import BATCH, BatchContext, DecoderSpec
+from icefloe.formats.json_jvm import schemaless_codec
+from icefloe.formats.plain_json import JSON
+from icefloe.formats.registry import decoder_spec
 from icefloe.formats.schemaless_json import decoder, infer, signature, spark_type, unified, unify, value_struct
+from icefloe.materialize.batch import Batch
+from icefloe.materialize.read_paths import JVM, PYTHON, choose_read_path
 from icefloe.operate.runner import run_table
+from icefloe.source.kafka import OffsetRange, client_config
 from support import by_position, produce, read_duckdb, read_pyiceberg
+from test_jvm_path import rows_on_both_paths
 
 
 def inferred(*values) -> T.DataType:
@@ -142,7 +152,7 @@ def test_schemaless_json_end_to_end_over_two_batches(spark, broker, state_dir, t
     table = config.tables[0]
 
     result = run_table(spark, config, table, state_dir)
-    assert result.rows_written == 4 and result.records_failed == 0 and result.read_path == "python"
+    assert result.rows_written == 4 and result.records_failed == 0 and result.read_path == "jvm"
     rows = sorted(read_pyiceberg(state_dir, result.identifier), key=lambda r: (r["id"] is None, r["id"]))
     values = [{k: v for k, v in r.items() if not k.startswith("kafka_")} for r in rows]
     # The tombstone's null list of structs reads back as [] (pyiceberg and DuckDB; Spark's frame holds null):
@@ -245,3 +255,116 @@ def _table(state_dir, identifier):
     from icefloe_dev.readers import pyiceberg_catalog
 
     return pyiceberg_catalog(state_dir).load_table(identifier)
+
+
+def struct(**columns) -> T.StructType:
+    return T.StructType([T.StructField(name, dtype, True) for name, dtype in columns.items()])
+
+
+COLUMNS = struct(
+    id=T.LongType(),
+    name=T.StringType(),
+    score=T.IntegerType(),
+    ratio=T.DoubleType(),
+    ok=T.BooleanType(),
+    tags=T.ArrayType(T.StringType()),
+    address=struct(city=T.StringType(), zip=T.IntegerType()),
+    items=T.ArrayType(struct(sku=T.StringType(), qty=T.IntegerType())),
+    mixed=T.StringType(),
+)
+FITTING = [  # every key a column, each value of its column's type: exact on the JVM, written compactly
+    {"id": 1, "name": "ann", "score": 1, "ratio": 0.5, "ok": True, "tags": ["a"], "address": {"city": "Oslo",
+     "zip": 1}, "items": [{"sku": "x", "qty": 1}], "mixed": "m"},
+    {"id": 2, "name": None, "score": None, "ratio": -1250.0, "ok": None, "tags": [], "address": None, "items": [],
+     "mixed": None},
+    {"id": 3, "name": "ñ 🧊", "ratio": 0.125},  # keys left out: Python leaves them null too
+    {"id": 4, "items": [{"sku": "y"}, None]},
+]  # fmt: skip
+NOT_FITTING = [  # Python decodes these (their value, or their error naming the field)
+    {"id": 5, "mixed": 5},  # a number in a string column: its JSON text
+    {"id": 6, "mixed": {"k": [1, None]}},
+    {"id": 7, "ratio": 3},  # an integer in a double column (Spark writes 3.0)
+    {"id": 13, "ratio": 1e-05},  # a double Python writes otherwise than Java (1.0E-5)
+    {"id": 8, "fresh": 1},  # a key without a column
+    {"id": 9, "score": 2**40},  # beyond the int column
+    {"id": 2.5},  # a fraction in a long column
+    {"id": 10, "ok": "yes"},
+    {"id": 11, "address": [1]},
+    {"name": "no id", "id": 12},  # another key order
+]
+
+
+def compact(value) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@pytest.fixture
+def columns_spec(topic, make_config):
+    """A schemaless table's config, and its decoder spec as `for_batch` gives it for COLUMNS."""
+    config = make_config({"topic": topic, "format": "json", "errors": "skip"})
+    table = config.tables[0]
+    return config, replace(decoder_spec(table, config.cluster(table.source_cluster)), schema_str=COLUMNS.json())
+
+
+def test_schemaless_rows_of_the_jvm_path_are_the_python_paths_rows(spark, broker, topic, columns_spec):
+    config, spec = columns_spec
+    broker.create_topic(topic, 2)
+    values = [compact(r) for r in FITTING] + [json.dumps(r, ensure_ascii=False).encode() for r in FITTING]
+    values += [compact(r) for r in NOT_FITTING] + [b"[1]", b"{", None]
+    produce(broker.bootstrap_servers, topic, [{"value": v, "partition": i % 2} for i, v in enumerate(values)])
+    table = config.tables[0]
+
+    path, jvm, jvm_rows, python_rows = rows_on_both_paths(
+        spark, config, list(COLUMNS.fields), JSON.rules(spec, table), spec
+    )
+
+    assert path.name == JVM, path.reason
+    assert len(python_rows) == len(values)
+    assert sum(r["icefloe_error_class"] is not None for r in python_rows.values()) >= 7
+    for position, expected in python_rows.items():
+        assert jvm_rows[position] == expected, position
+    written_rows, observation = jvm.exact_rows("probe")
+    written_rows.write.format("noop").mode("overwrite").save()
+    assert (observation.get["rows"], observation.get["for_python"]) == (len(values), len(NOT_FITTING) + 2)
+
+
+def test_schemaless_columns_the_jvm_does_not_read_keep_the_table_on_python():
+    found = schemaless_codec(struct(id=T.LongType(), at=struct(when=T.TimestampType())))
+    assert isinstance(found, str) and "at.when (timestamp) in schemaless JSON" in found
+    spec = DecoderSpec("json", BATCH, "t", struct(id=T.LongType(), m=T.MapType(T.StringType(), T.LongType())).json())
+    assert choose_read_path(None, spec).name == PYTHON
+
+
+def test_only_records_the_columns_do_not_explain_are_inferred_in_python(
+    spark, broker, topic, columns_spec, monkeypatch
+):
+    config, spec = columns_spec
+    broker.create_topic(topic, 2)
+    fitting = [compact(r) for r in FITTING]
+    partition_1 = fitting[:2] + [compact({"id": 20, "fresh": 1})] + fitting[2:] + [compact({"id": 21, "ratio": 3})]
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [{"value": v, "partition": 0} for v in fitting + [None]] + [{"value": v, "partition": 1} for v in partition_1],
+    )
+    batch = Batch([OffsetRange(topic, 0, 0, 5), OffsetRange(topic, 1, 0, 6)], {0: 5, 1: 6})
+    table_fields = [*COLUMNS.fields, T.StructField("kafka_offset", T.LongType())]
+    context = BatchContext(client_config(config.cluster("local")), batch.tasks(), 1_000_000, table_fields)
+    codec = schemaless_codec(COLUMNS)
+
+    assert schemaless_json.unexplained_ranges(spark, codec, context) == [OffsetRange(topic, 1, 2, 6)]
+
+    inferred_over = []
+    real = schemaless_json.infer_batch
+    monkeypatch.setattr(
+        schemaless_json,
+        "infer_batch",
+        lambda s, conf, ranges, limit: inferred_over.append(ranges) or real(s, conf, ranges, limit),
+    )
+    new_spec, fields = JSON.for_batch(spark, spec, context)
+    assert inferred_over == [[OffsetRange(topic, 1, 2, 6)]]
+    assert [f.name for f in fields] == [*COLUMNS.fieldNames(), "fresh"] and fields[3].dataType == T.DoubleType()
+
+    explained = BatchContext(context.kafka_conf, [OffsetRange(topic, 0, 0, 5)], 1_000_000, table_fields)
+    inferred_over.clear()
+    assert JSON.for_batch(spark, spec, explained)[1] == list(COLUMNS.fields) and inferred_over == []

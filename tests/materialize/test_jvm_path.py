@@ -159,13 +159,13 @@ def rows_of(frame) -> dict:
     return {(row.kafka_partition, row.kafka_offset): row.asDict(recursive=True) for row in frame.collect()}
 
 
-def rows_on_both_paths(spark, config, value_fields=None, rules: ValueRules | None = None) -> tuple:
+def rows_on_both_paths(spark, config, value_fields=None, rules: ValueRules | None = None, decoder=None) -> tuple:
     """Every record of the first table's topic read by the JVM path and by the Python path: (read path, the JVM
     batch, JVM rows, Python rows), rows keyed by (partition, offset). Value fields default to the Avro mapping, the
-    converter's rules to Avro's."""
+    converter's rules to Avro's, the decoder spec to the table's."""
     table = config.tables[0]
     cluster = config.cluster(table.source_cluster)
-    kafka_conf, decoder = client_config(cluster), decoder_spec(table, cluster)
+    kafka_conf, decoder = client_config(cluster), decoder or decoder_spec(table, cluster)
     path = choose_read_path(spark, decoder)
     planned = plan_ranges(kafka_conf, table.topic, {}, "earliest", None)
     batch = materializer.Batch(planned.ranges, planned.next_offsets)

@@ -73,6 +73,23 @@ def codec_for(schema_str: str) -> JsonJvmCodec | str:
     return JsonJvmCodec(struct, _inline_presence(struct, frozenset(described["required"]), ""))
 
 
+def schemaless_codec(struct: T.StructType) -> JsonJvmCodec | str:
+    """The codec of schemaless JSON read with columns `struct` (the table's, evolved by the batch), or why its values
+    stay on Python. The schemaless decoder takes any value as null or missing and reads no time from text."""
+    unsupported = unsupported_type(struct) or _first_temporal(struct, "")
+    if unsupported:
+        return f"JSON values are checked in Python: the JVM path does not read {unsupported} in schemaless JSON"
+    return JsonJvmCodec(struct, Presence(), source="the table's columns")
+
+
+def _first_temporal(dtype: T.DataType, path: str) -> str | None:
+    if isinstance(dtype, T.StructType):
+        return next((found for f in dtype.fields if (found := _first_temporal(f.dataType, f"{path}.{f.name}"))), None)
+    if isinstance(dtype, T.ArrayType):
+        return _first_temporal(dtype.elementType, f"{path}[]")
+    return f"{path.lstrip('.')} ({dtype.simpleString()})" if isinstance(dtype, _TEMPORAL) else None
+
+
 def _inline_presence(struct: T.StructType, required: frozenset[str], prefix: str) -> Presence:
     """An inline table's rules: a field declared `optional: false` is neither null nor missing (list elements and
     their fields are not checked, as in Python)."""

@@ -1,9 +1,11 @@
 """`format: json`: JSON objects, with an inline `schema` (its columns, `optional: false` enforced) or schemaless
-(the columns inferred per batch, `schemaless_json`). An inline table reads on the JVM path where `json_jvm` covers
-its types (each record proven to decode as in Python, else decoded by Python); schemaless JSON reads on Python."""
+(the columns inferred per batch, `schemaless_json`). Both read on the JVM path where `json_jvm` covers the
+columns' types (each record proven to decode as in Python, else decoded by Python)."""
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import replace
 
 from pyspark.sql import SparkSession
@@ -15,6 +17,8 @@ from icefloe.formats.decoding import confluent_conf
 from icefloe.formats.inline import inline_value_fields, required_paths
 from icefloe.formats.json import json_object, parse_json
 from icefloe.spec import SourceCluster, TableSpec
+
+log = logging.getLogger(__name__)
 
 
 class Json:
@@ -37,8 +41,21 @@ class Json:
     def for_batch(
         self, spark: SparkSession, spec: DecoderSpec, batch: BatchContext
     ) -> tuple[DecoderSpec, list[StructField]]:
-        """The batch's types inferred from its records, merged into the table's columns."""
-        inferred = schemaless_json.infer_batch(spark, batch.kafka_conf, batch.tasks, batch.max_record_bytes)
+        """The batch's types inferred from its records, merged into the table's columns: only the records the
+        table's columns do not explain are inferred (`schemaless_json.unexplained_ranges`)."""
+        current = schemaless_json.value_struct(batch.table_fields, "null")
+        codec = json_jvm.schemaless_codec(current) if current.fields else None
+        ranges = batch.tasks
+        if isinstance(codec, json_jvm.JsonJvmCodec):
+            ranges = schemaless_json.unexplained_ranges(spark, codec, batch)
+            log.info(
+                "%s: %s of the batch's records to infer in Python, the table's columns explain the others",
+                batch.where or spec.topic,
+                f"{sum(r.count for r in ranges):,} (at most)" if ranges else "none",
+            )
+        inferred = (
+            schemaless_json.infer_batch(spark, batch.kafka_conf, ranges, batch.max_record_bytes) if ranges else "null"
+        )
         values = schemaless_json.value_struct(batch.table_fields, inferred)
         return replace(spec, schema_str=values.json()), list(values.fields)
 
@@ -50,8 +67,8 @@ class Json:
         return ValueRules(strict=True, required=required)
 
     def jvm_codec(self, spark: SparkSession, spec: DecoderSpec) -> json_jvm.JsonJvmCodec | str:
-        if spec.schema_from == BATCH:
-            return "schemaless JSON: the batch's records give the columns, in Python"
+        if spec.schema_from == BATCH:  # the columns the batch's records gave (`for_batch`)
+            return json_jvm.schemaless_codec(StructType.fromJson(json.loads(spec.schema)))
         return json_jvm.codec_for(spec.schema)
 
     def decoder(self, spec: DecoderSpec) -> Decoder:

@@ -1,8 +1,13 @@
 """Schemaless JSON (`format: json` without `schema`): the table's columns inferred from the records of each batch.
 
-Before a batch is read, its planned records are read once to infer their types (one Spark task per range, each
-gives the types it saw; the driver unifies them); the table then evolves (`IcebergTable.evolve`) and the batch is
-read and converted against the evolved table as an inline-schema JSON table would be.
+Before a batch is read, the types of its planned records are inferred (one Spark task per range, each gives the
+types it saw; the driver unifies them); the table then evolves (`IcebergTable.evolve`) and the batch is read and
+converted against the evolved table as an inline-schema JSON table would be: on the JVM path (`json_jvm`, each
+record proven by its re-encoding) where the columns' types allow, else in Python. Only records the table's current
+columns do not already explain are inferred in Python: a JVM pass first finds them (`unexplained_ranges`: a
+record `json_jvm` decodes exactly with the current columns has every key a column, each value of its column's
+type, so it adds and widens nothing), and the ranges holding them are inferred; a table with no columns yet has
+all of its first batch inferred.
 
 Within a batch (docs/formats.md, "Schemaless JSON"):
   - each key of the top-level object is a column, in first-seen order; nested objects are structs (keys merged),
@@ -285,3 +290,32 @@ def infer_batch(spark, kafka_conf: dict, tasks: list, max_record_bytes: int) -> 
     )
     kinds = frame.mapInArrow(partial(infer_ranges, kafka_conf, max_record_bytes), "type string").collect()
     return reduce(unify, (json.loads(row.type) for row in kinds), "null")
+
+
+def unexplained_ranges(spark, codec, batch) -> list:
+    """The ranges (one per partition, from the first to the last such record) holding every record of the batch
+    (`BatchContext`) that `codec` (`json_jvm.schemaless_codec` of the table's current columns) does not decode
+    exactly: only those can add or widen a column. Tombstones and records over the size limit are not inferred."""
+    from pyspark.sql import functions as F
+
+    from icefloe.source.kafka import OffsetRange
+    from icefloe.source.spark_kafka import read_ranges
+
+    spans: dict[int, OffsetRange] = {}
+    for task in batch.tasks:  # a partition's tasks are contiguous
+        span = spans.get(task.partition)
+        spans[task.partition] = task if span is None else OffsetRange(task.topic, task.partition, span.start, task.end)
+    value = F.col("value")
+    frame = read_ranges(spark, batch.kafka_conf, list(spans.values()), len(batch.tasks))
+    frame = frame.select("kafka_partition", "kafka_offset", value, codec.decoded(value).alias("decoded"))
+    explained = value.isNull() | (F.length(value) > batch.max_record_bytes) | codec.exact(value, "decoded")
+    bounds = (
+        frame.where(~F.coalesce(explained, F.lit(False)))
+        .groupBy("kafka_partition")
+        .agg(F.min("kafka_offset").alias("first"), F.max("kafka_offset").alias("last"))
+        .collect()
+    )
+    topic = batch.tasks[0].topic
+    return [
+        OffsetRange(topic, r["kafka_partition"], r["first"], r["last"] + 1) for r in sorted(bounds, key=lambda r: r[0])
+    ]
