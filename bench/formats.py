@@ -6,7 +6,10 @@ them) is produced N times per format, each to its own topic (4 partitions, lz4 b
   json         JSON text, the table's columns given inline (`schema`), `event_time` an ISO-8601 string
   json-spaced  the same JSON as Python's `json.dumps` writes it by default (a space after `,` and `:`)
   json-schema  the same JSON in Confluent framing, its JSON Schema in the registry (draft 7, every field required)
-  schemaless   the `json` topic's bytes again, the table's columns inferred per batch (no `schema`)
+  schemaless   the `json` topic's bytes again, the table's columns inferred per batch (no `schema`), into a new
+               table: its first batch, every record's types inferred in Python
+  schemaless-known  the same, into a table whose columns an earlier batch (its first SEED_RECORDS records, not
+               timed) already set: the batch's records are checked against them on the JVM, none inferred in Python
   protobuf     Protobuf in Confluent framing (the registry's .proto, `event_time` a google.protobuf.Timestamp)
 Then, in one warm SparkSession (`local[*]`), R rounds interleave the formats (so load from other users hits every
 format alike), each `run_table` into a fresh Iceberg table after a warm-up round per format that is reported apart.
@@ -44,7 +47,8 @@ from icefloe_dev.protos import compile_protos, message_class
 from icefloe_dev.schema_registry import SchemaRegistry
 
 RESULTS = Path(__file__).parent / "results"
-FORMATS = ("avro", "json", "json-spaced", "json-schema", "schemaless", "protobuf")
+FORMATS = ("avro", "json", "json-spaced", "json-schema", "schemaless", "schemaless-known", "protobuf")
+SEED_RECORDS = 1_000  # schemaless-known: the records of the untimed batch that sets the table's columns
 # The trades' columns as an inline schema: what the Avro schema maps to (the enum a string, timestamp-millis an
 # instant), every field required as in Avro.
 INLINE_SCHEMA = {
@@ -105,7 +109,7 @@ def produce_all(bootstrap: str, registry_url: str, records: int) -> dict[str, di
     """Each format's topic with the same records: {format: {topic, records, bytes, produce_s}}."""
     produced = {}
     for name in FORMATS:
-        if name == "schemaless":  # the json topic's bytes, read without a schema
+        if name in ("schemaless", "schemaless-known"):  # the json topic's bytes, read without a schema
             produced[name] = {**produced["json"], "produce_s": 0.0}
             continue
         topic = f"formats_{name.replace('-', '_')}"
@@ -131,7 +135,7 @@ def produce_all(bootstrap: str, registry_url: str, records: int) -> dict[str, di
 
 def table_config(bootstrap: str, registry_url: str, name: str, topic: str, table: str, max_records: int):
     spec = {"sourceCluster": "bench", "topic": topic, "table": table, "maxRecordsPerRun": max_records}
-    if name in ("json", "json-spaced", "schemaless"):
+    if name in ("json", "json-spaced", "schemaless", "schemaless-known"):
         spec["format"] = "json"
     if name in ("json", "json-spaced"):
         spec["schema"] = INLINE_SCHEMA
@@ -144,6 +148,12 @@ def table_config(bootstrap: str, registry_url: str, name: str, topic: str, table
 
 
 def summary(name: str, runs: list[dict], topic: dict, cores: int) -> dict:
+    if runs[0]["records"] != topic["records"]:  # schemaless-known: the records after the seed (sizes are uniform)
+        topic = {
+            **topic,
+            "records": runs[0]["records"],
+            "bytes": topic["bytes"] * runs[0]["records"] / topic["records"],
+        }
     seconds = statistics.median(r["seconds"] for r in runs)
     spark_cpu = statistics.median(r["spark_cpu_s"] for r in runs)
     mib = topic["bytes"] / 2**20
@@ -181,7 +191,7 @@ def main() -> None:
         start_together(broker, registry)
         try:
             for name in FORMATS:
-                if name != "schemaless":
+                if not name.startswith("schemaless"):
                     broker.create_topic(f"formats_{name.replace('-', '_')}", PARTITIONS)
             produced = produce_all(broker.bootstrap_servers, registry.url, args.records)
             config = table_config(broker.bootstrap_servers, registry.url, "avro", "none", "none", 1)
@@ -196,10 +206,17 @@ def main() -> None:
                     config = table_config(
                         broker.bootstrap_servers, registry.url, name, topic["topic"], table, args.records
                     )
+                    seeded = 0
+                    if name == "schemaless-known":  # an earlier batch sets the table's columns (not timed)
+                        seed = table_config(
+                            broker.bootstrap_servers, registry.url, name, topic["topic"], table, SEED_RECORDS
+                        )
+                        seeded = run_table(spark, seed, seed.tables[0], work / "state").rows_written
                     run = stage.run(lambda config=config: run_table(spark, config, config.tables[0], work / "state"))
                     result = run["result"]
-                    assert result.rows_written == topic["records"] and result.records_failed == 0, result.describe()
-                    runs[name].append({**run, "read_path": result.read_path})
+                    rows = topic["records"] - seeded
+                    assert result.rows_written == rows and result.records_failed == 0, result.describe()
+                    runs[name].append({**run, "read_path": result.read_path, "records": rows})
                 print(f"round {round_}/{args.rounds}: " + ", ".join(f"{k} {v[-1]['seconds']:.1f} s" for k, v in runs.items()), flush=True)  # fmt: skip
             spark.stop()
         finally:

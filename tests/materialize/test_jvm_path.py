@@ -422,16 +422,17 @@ def test_older_records_resolve_to_the_evolved_schema_and_logical_type_changes_go
     ]
 
 
-def test_schemaless_json_tables_stay_on_python_and_the_path_is_reported(
+def test_a_json_table_with_a_float_column_stays_on_python_and_the_path_is_reported(
     spark, broker, state_dir, topic, make_config, caplog
 ):
     broker.create_topic(topic, 1)
-    produce(broker.bootstrap_servers, topic, [{"value": b'{"id": 1}'}])
-    config = make_config({"topic": topic, "format": "json"})
+    produce(broker.bootstrap_servers, topic, [{"value": b'{"id": 1, "x": 0.5}'}])
+    schema = {"fields": [{"name": "id", "type": "long"}, {"name": "x", "type": "float"}]}
+    config = make_config({"topic": topic, "format": "json", "schema": schema})
     with caplog.at_level(logging.INFO, logger="icefloe.materialize.batch"):
         result = run_table(spark, config, config.tables[0], state_dir)
     assert result.read_path == PYTHON and result.as_dict()["read_path"] == PYTHON
-    assert any("read path python" in r.getMessage() for r in caplog.records)
+    assert any("read path python" in r.getMessage() and "x (float)" in r.getMessage() for r in caplog.records)
 
 
 def test_aborted_transactions_never_reach_the_table_on_the_jvm_path(

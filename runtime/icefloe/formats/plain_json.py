@@ -68,6 +68,8 @@ class Json:
 
     def jvm_codec(self, spark: SparkSession, spec: DecoderSpec) -> json_jvm.JsonJvmCodec | str:
         if spec.schema_from == BATCH:  # the columns the batch's records gave (`for_batch`)
+            if spec.schema_str is None:
+                return "schemaless JSON: the batch's records give the columns (not inferred yet)"
             return json_jvm.schemaless_codec(StructType.fromJson(json.loads(spec.schema)))
         return json_jvm.codec_for(spec.schema)
 
