@@ -195,6 +195,7 @@ def test_jvm_path_equals_python_path_row_for_row(
         events.event("c", {"id": 30}, after=events.row(30, "far", born=10**8)),  # bad: a date past 9999
         events.event("c", {"id": 31}, after=events.row(31, "no-day", zoned="2023-02-29T00:00:00Z")),  # bad
         events.event("c", {"id": 32}, after=events.row(32, "zone", zoned="2023-02-01T00:00:00+01:00")),  # Python's
+        events.event("c", {"id": 33}, after=events.row(33, "break", zoned="2023-02-01T00:00:00Z\n")),  # bad
         # sequences of other forms Debezium's JSON allows: blanks, a null lastCommitLsn or lsn
         events.upsert("u", 1, "spaced", sequence='[ "5" , null ]', partition=1),
         events.upsert("u", 8, "null-last", sequence=f'[null,"{events.lsn + 15}"]', partition=0),
@@ -202,14 +203,14 @@ def test_jvm_path_equals_python_path_row_for_row(
     produce(broker.bootstrap_servers, topic, first)
     jvm, python, results = both_paths(spark, make_config, state_dir, monkeypatch, topic, errors="skip")
     assert [r.read_path for r in results] == ["jvm", "python"]
-    assert [r.records_failed for r in results] == [4, 4]
+    assert [r.records_failed for r in results] == [5, 5]
     assert jvm == python
     assert {r["id"] for r in jvm} == {1, 2, 4, 5, 6, 8, 20, 32, 70}
     by_id = {r["id"]: r for r in jvm}
     assert (by_id[2]["notes"], by_id[2]["blob"], by_id[70]["notes"]) == ("n", b"b", "n")
     assert by_id[1]["at"] == dt.datetime(1970, 1, 1) - dt.timedelta(milliseconds=1_000_000_123)
     assert read_duckdb(results[0].metadata_location, "count(*) AS n")[0]["n"] == len(python)
-    # 22 change events; the primary-key change's c, the four bad events and the zoned time not in Z go to Python
+    # 23 change events; the primary-key change's c, the five bad events and the zoned time not in Z go to Python
     assert exact_events(spark, make_config, broker, topic) == 16
 
     # Replays of older positions (a connector restart) change nothing; a truncate (Python) empties the table;

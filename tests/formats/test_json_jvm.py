@@ -132,6 +132,9 @@ def cases(rng: random.Random) -> tuple[list[bytes], list[bytes]]:
         written(base, count=2**31),
         written(base, id=2**63),
         written(base, day="2026-02-30"),
+        written(base, day="2026-01-01\n"),  # a final line break: Java's `$` matches before it, Python refuses it
+        written(base, at="2026-01-01T10:00:00Z\n"),
+        written(base, local="2026-01-01T10:00:00\n"),
         written(base, day="0000-01-01"),
         written(base, at="0000-01-01T00:00:00Z"),
         written(base, id=None),  # a required field null

@@ -106,6 +106,7 @@ MUTATIONS = [
     ("uppercase uuid", {"ref": "ABCDEF00-0000-0000-0000-000000000000"}),
     ("uuid without dashes", {"ref": "abcdef00000000000000000000000000"}),
     ("not a uuid", {"ref": "nope"}),
+    ("uuid and a line break", {"ref": "abcdef00-0000-0000-0000-000000000000\n"}),  # Java's `$` matches before it
     ("timestamp overflowing micros", {"at": 2**62}),
     ("timestamp after 9999", {"at": 253402300800000}),
     ("timestamp before year 1", {"at_us": -62135596800000001}),

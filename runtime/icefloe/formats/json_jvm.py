@@ -44,10 +44,13 @@ _LEAVES = (T.StringType, T.IntegerType, T.LongType, T.DoubleType, T.BooleanType)
 _TEMPORAL = (T.TimestampType, T.TimestampNTZType, T.DateType)
 _DAY = "(?!0000)[0-9]{4}-[0-9]{2}-[0-9]{2}"
 _TIME = "T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\\\.[0-9]{3}|\\\\.[0-9]{6})?"
+# The end of the text is the regex `\z` (escaped for SQL): Java's `$` also matches before a final line break, which
+# Spark's cast then trims, where Python refuses "2026-01-01\n".
+_END = "\\\\z"
 _SHAPES = {  # the text a temporal value must have (SQL regular expressions) and the cast that reads it
-    "timestamp": (f"^{_DAY}{_TIME}(Z|\\\\+00:00)$", "TIMESTAMP"),
-    "timestamp_ntz": (f"^{_DAY}{_TIME}$", "TIMESTAMP_NTZ"),
-    "date": (f"^{_DAY}$", "DATE"),
+    "timestamp": (f"^{_DAY}{_TIME}(Z|\\\\+00:00){_END}", "TIMESTAMP"),
+    "timestamp_ntz": (f"^{_DAY}{_TIME}{_END}", "TIMESTAMP_NTZ"),
+    "date": (f"^{_DAY}{_END}", "DATE"),
 }
 
 

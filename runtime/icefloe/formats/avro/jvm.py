@@ -63,7 +63,9 @@ _RANGES = {
     "time-millis": "0 AND 86399999",
     "time-micros": "0 AND 86399999999",
 }
-_UUID = "'^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'"
+# The regex `\z` (escaped for SQL), the very end: Java's `$` also matches before a final line break, which Python's UUID
+# refuses
+_UUID = "'^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\\\\z'"
 _UUID_GROUPS = ((1, 8), (9, 4), (13, 4), (17, 4), (21, 12))
 
 

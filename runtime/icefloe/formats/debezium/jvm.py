@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 _PLAIN = {"int": T.IntegerType(), "long": T.LongType(), "float": T.FloatType(), "double": T.DoubleType(),
           "boolean": T.BooleanType(), "string": T.StringType(), "bytes": T.BinaryType()}  # fmt: skip
 _DAYS = (-719162, 2932896)  # 0001-01-01 and 9999-12-31 as days since 1970
-_ZONED = r"^(?!0000)[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-2][0-9]:[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?Z$"
+# `\z`, the very end: Java's `$` also matches before a final line break, which Python's parser refuses
+_ZONED = r"^(?!0000)[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-2][0-9]:[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?Z\z"
 _SEQUENCE = r'^\[\s*(?:null|"([0-9]{1,18})")\s*,\s*(?:null|"([0-9]{1,18})")\s*\]$'
 _SEQUENCE_NOISE = '[]" \t\n\x0b\x0c\r'  # what `_SEQUENCE` allows around the two numbers (`\s` is these)
 _VALUE, _KEY = "v", "k"
