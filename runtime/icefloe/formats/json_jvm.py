@@ -21,7 +21,7 @@ Beyond the round trip:
     allows null, and missing only if it is not `required`. The round trip tells which the record did: a record
     equal to the re-encoding with every null written wrote its nulls, one equal to the re-encoding without them
     left them out;
-  - a string with `enum` members must be one of them.
+  - a string with `enum` members must be one of them, one with a `pattern` (JSON Schema's `format: uuid`) match it.
 A codec may read a framed payload (`frame`: JSON Schema's magic byte and schema id): other records go to Python.
 Types the JVM path leaves to Python (the table stays on the Python path, `codec_for`): float (Python rounds a
 decimal text to a double, then to a float; Java rounds once), decimal (Python's JSON parser reads a float first),
@@ -64,6 +64,7 @@ class Presence:
     fields: tuple[tuple[str, Presence], ...] = ()  # a struct's fields, by name
     element: Presence | None = None  # a list's element
     members: tuple[str, ...] | None = None  # a string's `enum`: the only values it may hold
+    pattern: str | None = None  # a regular expression a string must match (SQL text: `\\` for a backslash)
 
 
 def codec_for(schema_str: str) -> JsonJvmCodec | str:
@@ -191,6 +192,8 @@ def _allowed(sql: str, rule: Presence, nulls_written: bool, depth: int = 0) -> l
     conditions = []
     if rule.members is not None:
         conditions.append(f"{sql} IN ({', '.join(_literal(m) for m in rule.members)})")
+    if rule.pattern is not None:
+        conditions.append(f"{sql} RLIKE '{rule.pattern}'")
     for name, inner in rule.fields:
         value = f"{sql}.{_name(name)}"
         if not (inner.null if nulls_written else inner.missing):

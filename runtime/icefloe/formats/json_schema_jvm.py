@@ -9,7 +9,8 @@ record, on Python, which validates it against its writer's schema as before):
   - `properties` and `required` (a missing property is valid only where it is not required), `additionalProperties`
     absent or false (the round trip refuses a property the table has no column for);
   - `items` given one schema; `enum` of strings (the value one of them, null refused);
-  - `format` `date-time` and `date` on a string: `json_jvm` accepts only text every checker of the format accepts;
+  - `format` `date-time`, `date` and `uuid` on a string: `json_jvm` accepts only text every checker of the format
+    accepts;
   - `$ref` to a path of the schema's own document (`#/...`), alone in its object; `oneOf`/`anyOf` of
     `{"type": "null"}` and one schema that does not itself allow null (a nullable property, as generators write it).
 Keywords `jsonschema` does not know for the schema's draft are annotations (`title`, `description`, `$defs`...).
@@ -42,6 +43,9 @@ _COVERED = {
 }
 _TYPES = {"string", "integer", "number", "boolean", "object", "array", "null"}
 _FORMATS = {"date-time", "date"}  # the shapes `json_jvm` checks for timestamp and date columns
+# Formats of a string column, as a regular expression (SQL text) of text every checker of the format accepts:
+# jsonschema's `uuid` is Python's UUID() of the text with dashes at 8, 13, 18 and 23.
+_PATTERNS = {"uuid": "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\\\\z"}
 
 
 class _NotCovered(Exception):
@@ -98,8 +102,8 @@ class _Rules:
             kind in (None, "string") and isinstance(members, list) and all(isinstance(m, str) for m in members)
         ):
             raise _NotCovered(f"{path}: the JVM path checks an enum of strings only")
-        if "format" in used and not (node["format"] in _FORMATS and kind == "string"):
-            raise _NotCovered(f"{path}: the JVM path checks format date-time and date of a string only")
+        if "format" in used and not (node["format"] in {*_FORMATS, *_PATTERNS} and kind == "string"):
+            raise _NotCovered(f"{path}: the JVM path checks format date-time, date and uuid of a string only")
         if used & {"properties", "required", "additionalProperties"} and kind not in (None, "object"):
             raise _NotCovered(f"{path}: object keywords on a {kind}")
         element = None
@@ -112,6 +116,7 @@ class _Rules:
             fields=self._fields(node, used, path, seen),
             element=element,
             members=None if members is None else tuple(members),
+            pattern=_PATTERNS.get(node["format"]) if "format" in used else None,
         )
 
     def _fields(self, node: dict, used: set[str], path: str, seen: tuple[str, ...]) -> tuple[tuple[str, Presence], ...]:
