@@ -14,11 +14,10 @@ from pyspark.sql.types import StructType
 from icefloe.formats.inline import inline_value_fields
 from icefloe.formats.json_jvm import codec_for, inline_schema_str
 from icefloe.formats.registry import decoder_spec, format_of
-from icefloe.materialize.read_paths import JVM, PYTHON, choose_read_path
-from icefloe.operate.runner import run_table
+from icefloe.materialize.read_paths import PYTHON, choose_read_path
 from icefloe.spec import InlineSchema
-from support import produce, read_pyiceberg
-from test_jvm_path import rows_on_both_paths
+from support import produce
+from test_jvm_path import check_rows_on_both_paths, run_on_the_jvm_path
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -175,17 +174,8 @@ def test_every_json_row_of_the_jvm_path_is_the_python_paths_row(spark, broker, t
     json_format = format_of(decoder)
     fields = json_format.value_fields(decoder, table, "t")
 
-    path, jvm, jvm_rows, python_rows = rows_on_both_paths(spark, config, fields, json_format.rules(decoder, table))
-
-    assert path.name == JVM, path.reason
-    assert len(python_rows) == len(values)
-    failed = sum(r["icefloe_error_class"] is not None for r in python_rows.values())
-    assert failed >= 25, "the bad records fail on Python"
-    for position, expected in python_rows.items():
-        assert jvm_rows[position] == expected, position
-    written_rows, observation = jvm.exact_rows("probe")
-    written_rows.write.format("noop").mode("overwrite").save()
-    assert (observation.get["rows"], observation.get["for_python"]) == (len(values), len(for_python))
+    rules = json_format.rules(decoder, table)
+    check_rows_on_both_paths(spark, config, fields, rules, records=len(values), failed=25, for_python=len(for_python))
 
 
 @pytest.mark.parametrize(
@@ -219,13 +209,7 @@ def test_the_read_path_is_reported_and_the_table_holds_what_python_would_give(
         [{"value": canonical(r) if i % 10 else json.dumps(r).encode()} for i, r in enumerate(records)],
     )
     config = make_config({"topic": topic, "format": "json", "schema": SCHEMA})
-    assert choose_read_path(spark, decoder_spec(config.tables[0], config.cluster("local"))).name == JVM
-
-    result = run_table(spark, config, config.tables[0], state_dir)
-
-    assert result.read_path == JVM and result.rows_written == len(records), result.describe()
-    rows = sorted(read_pyiceberg(state_dir, config.identifier(config.tables[0])), key=lambda r: r["id"])
-    assert [r["id"] for r in rows] == list(range(40))
+    _, rows = run_on_the_jvm_path(spark, config, state_dir, len(records))
     for row, sent in zip(rows, records, strict=True):
         assert row["name"] == sent["name"] and row["price"] == sent["price"] and row["tags"] == sent["tags"]
         at = sent["at"] and dt.datetime.fromisoformat(sent["at"].replace("Z", "+00:00"))

@@ -19,10 +19,9 @@ from icefloe.formats.base import CONFLUENT, DecoderSpec
 from icefloe.formats.json_schema import JSON_SCHEMA
 from icefloe.formats.json_schema_jvm import codec_for
 from icefloe.formats.registry import decoder_spec, format_of
-from icefloe.materialize.read_paths import JVM, PYTHON, choose_read_path
-from icefloe.operate.runner import run_table
-from support import produce, read_duckdb, read_pyiceberg
-from test_jvm_path import rows_on_both_paths
+from icefloe.materialize.read_paths import PYTHON, choose_read_path
+from support import produce, read_duckdb
+from test_jvm_path import check_rows_on_both_paths, run_on_the_jvm_path
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -180,17 +179,8 @@ def test_every_json_schema_row_of_the_jvm_path_is_the_python_paths_row(spark, br
     schema_format = format_of(decoder)
     fields = schema_format.value_fields(decoder, table, "t")
 
-    path, jvm, jvm_rows, python_rows = rows_on_both_paths(spark, config, fields, schema_format.rules(decoder, table))
-
-    assert path.name == JVM, path.reason
-    assert len(python_rows) == len(values)
-    failed = sum(r["icefloe_error_class"] is not None for r in python_rows.values())
-    assert failed >= 31, "the bad records fail on Python"
-    for position, expected in python_rows.items():
-        assert jvm_rows[position] == expected, position
-    written_rows, observation = jvm.exact_rows("probe")
-    written_rows.write.format("noop").mode("overwrite").save()
-    assert (observation.get["rows"], observation.get["for_python"]) == (len(values), len(for_python) + len(not_jvm))
+    rules, left_to_python = schema_format.rules(decoder, table), len(for_python) + len(not_jvm)
+    check_rows_on_both_paths(spark, config, fields, rules, records=len(values), failed=31, for_python=left_to_python)
 
 
 def spec_of(schema: dict, schema_id: int | None = 1, references: dict | None = None) -> DecoderSpec:
@@ -249,13 +239,7 @@ def test_a_json_schema_table_reads_on_the_jvm_path_into_the_rows_python_would_gi
     values = [framed(other_id if i % 10 == 0 else table_id, compact(r)) for i, r in enumerate(records)]
     produce(broker.bootstrap_servers, topic, [{"value": v} for v in values])
     config = make_config({"topic": topic, "format": "json-schema"})
-    assert choose_read_path(spark, decoder_spec(config.tables[0], config.cluster("local"))).name == JVM
-
-    result = run_table(spark, config, config.tables[0], state_dir)
-
-    assert result.read_path == JVM and result.rows_written == len(records), result.describe()
-    rows = sorted(read_pyiceberg(state_dir, config.identifier(config.tables[0])), key=lambda r: r["id"])
-    assert [r["id"] for r in rows] == list(range(40))
+    result, rows = run_on_the_jvm_path(spark, config, state_dir, len(records))
     for row, sent in zip(rows, records, strict=True):
         assert (row["name"], row["side"], row["tags"]) == (sent["name"], sent["side"], sent["tags"])
         assert row["at"] == dt.datetime.fromisoformat(sent["at"].replace("Z", "+00:00"))

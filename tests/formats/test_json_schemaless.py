@@ -17,11 +17,11 @@ from icefloe.formats.plain_json import JSON
 from icefloe.formats.registry import decoder_spec
 from icefloe.formats.schemaless_json import decoder, infer, signature, spark_type, unified, unify, value_struct
 from icefloe.materialize.batch import Batch
-from icefloe.materialize.read_paths import JVM, PYTHON, choose_read_path
+from icefloe.materialize.read_paths import PYTHON, choose_read_path
 from icefloe.operate.runner import run_table
 from icefloe.source.kafka import OffsetRange, client_config
 from support import by_position, produce, read_duckdb, read_pyiceberg
-from test_jvm_path import rows_on_both_paths
+from test_jvm_path import check_rows_on_both_paths
 
 
 def inferred(*values) -> T.DataType:
@@ -314,18 +314,17 @@ def test_schemaless_rows_of_the_jvm_path_are_the_python_paths_rows(spark, broker
     produce(broker.bootstrap_servers, topic, [{"value": v, "partition": i % 2} for i, v in enumerate(values)])
     table = config.tables[0]
 
-    path, jvm, jvm_rows, python_rows = rows_on_both_paths(
-        spark, config, list(COLUMNS.fields), JSON.rules(spec, table), spec
+    rules = JSON.rules(spec, table)
+    check_rows_on_both_paths(
+        spark,
+        config,
+        list(COLUMNS.fields),
+        rules,
+        records=len(values),
+        failed=7,
+        for_python=len(NOT_FITTING) + 2,
+        decoder=spec,
     )
-
-    assert path.name == JVM, path.reason
-    assert len(python_rows) == len(values)
-    assert sum(r["icefloe_error_class"] is not None for r in python_rows.values()) >= 7
-    for position, expected in python_rows.items():
-        assert jvm_rows[position] == expected, position
-    written_rows, observation = jvm.exact_rows("probe")
-    written_rows.write.format("noop").mode("overwrite").save()
-    assert (observation.get["rows"], observation.get["for_python"]) == (len(values), len(NOT_FITTING) + 2)
 
 
 def test_schemaless_columns_the_jvm_does_not_read_keep_the_table_on_python():

@@ -183,6 +183,34 @@ def rows_on_both_paths(spark, config, value_fields=None, rules: ValueRules | Non
         release_python()
 
 
+def check_rows_on_both_paths(
+    spark, config, value_fields, rules, *, records: int, failed: int, for_python: int, decoder=None
+) -> None:
+    """`rows_on_both_paths` for a table on the JVM path: every one of the topic's `records` gets the Python path's
+    row on the JVM path, at least `failed` of them fail on Python, and exactly `for_python` are left to Python."""
+    path, jvm, jvm_rows, python_rows = rows_on_both_paths(spark, config, value_fields, rules, decoder)
+    assert path.name == JVM, path.reason
+    assert len(python_rows) == records
+    assert sum(r["icefloe_error_class"] is not None for r in python_rows.values()) >= failed, "bad ones fail on Python"
+    for position, expected in python_rows.items():
+        assert jvm_rows[position] == expected, position
+    written_rows, observation = jvm.exact_rows("probe")
+    written_rows.write.format("noop").mode("overwrite").save()
+    assert (observation.get["rows"], observation.get["for_python"]) == (records, for_python)
+
+
+def run_on_the_jvm_path(spark, config, state_dir, records: int) -> tuple:
+    """The first table run once, on the JVM path (chosen and reported), its `records` records (ids 0 to
+    `records` - 1) all written: (the result, the table's rows by id, from pyiceberg)."""
+    table = config.tables[0]
+    assert choose_read_path(spark, decoder_spec(table, config.cluster(table.source_cluster))).name == JVM
+    result = run_table(spark, config, table, state_dir)
+    assert result.read_path == JVM and result.rows_written == records, result.describe()
+    rows = sorted(read_pyiceberg(state_dir, config.identifier(table)), key=lambda r: r["id"])
+    assert [r["id"] for r in rows] == list(range(records))
+    return result, rows
+
+
 KAFKA_POSITION = ("kafka_partition", "kafka_offset")
 
 
