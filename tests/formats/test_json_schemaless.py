@@ -367,3 +367,31 @@ def test_only_records_the_columns_do_not_explain_are_inferred_in_python(
     explained = BatchContext(context.kafka_conf, [OffsetRange(topic, 0, 0, 5)], 1_000_000, table_fields)
     inferred_over.clear()
     assert JSON.for_batch(spark, spec, explained)[1] == list(COLUMNS.fields) and inferred_over == []
+
+
+def test_a_kafka_timestamp_spark_cannot_read_sends_a_known_tables_batch_to_python(
+    spark, broker, state_dir, topic, make_config
+):
+    """A table with columns meets a record whose Kafka timestamp overflows Spark's Kafka source (nanoseconds where
+    Kafka wants milliseconds): the JVM pass that finds the records to infer cannot read it either, so Python infers
+    them all, and the batch is read on the Python path, the record a bad record as there."""
+    broker.create_topic(topic, 1, config={"message.timestamp.after.max.ms": str(2**63 - 1)})
+    config = make_config({"topic": topic, "format": "json", "errors": "skip"})
+    produce(broker.bootstrap_servers, topic, [{"value": compact({"id": 1, "name": "a"})}])
+    assert run_table(spark, config, config.tables[0], state_dir).rows_written == 1
+    nanoseconds = 1_700_000_000_000_000_000
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [
+            {"value": compact({"id": 2, "name": "b"})},
+            {"value": compact({"id": 3, "name": "c", "fresh": 1}), "timestamp": nanoseconds},
+            {"value": compact({"id": 4, "name": "d"})},
+        ],
+    )
+
+    result = run_table(spark, config, config.tables[0], state_dir)
+
+    assert (result.read_path, result.rows_written, result.records_failed) == ("python", 2, 1), result.describe()
+    rows = read_pyiceberg(state_dir, result.identifier)
+    assert sorted(r["id"] for r in rows) == [1, 2, 4]

@@ -16,6 +16,7 @@ from icefloe.formats.base import BATCH, INLINE, BatchContext, Decoder, DecoderSp
 from icefloe.formats.decoding import confluent_conf
 from icefloe.formats.inline import inline_value_fields, required_paths
 from icefloe.formats.json import json_object, parse_json
+from icefloe.source.spark_kafka import kafka_timestamp_overflow
 from icefloe.spec import SourceCluster, TableSpec
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,12 @@ class Json:
         codec = json_jvm.schemaless_codec(current) if current.fields else None
         ranges = batch.tasks
         if isinstance(codec, json_jvm.JsonJvmCodec):
-            ranges = schemaless_json.unexplained_ranges(spark, codec, batch)
+            try:
+                ranges = schemaless_json.unexplained_ranges(spark, codec, batch)
+            except Exception as error:  # a Kafka timestamp Spark cannot read: the batch goes to Python whole
+                if not kafka_timestamp_overflow(error):
+                    raise
+                ranges = batch.tasks
             log.info(
                 "%s: %s of the batch's records to infer in Python, the table's columns explain the others",
                 batch.where or spec.topic,
