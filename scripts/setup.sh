@@ -2,7 +2,7 @@
 # Sets up a fresh machine for icefloe: Java and the SQLite JDBC driver (Debian), the pinned JVM parts from Maven
 # (jvm/pom.xml: Iceberg, Spark's Kafka source and Avro, the Apache Kafka broker, Apicurio Registry) into the
 # git-ignored jvm/lib/, the test-only ones (jvm/test-pom.xml: the AWS Glue Schema Registry's Java serde, and its module
-# test-rest-catalog-pom.xml: Apache Iceberg's REST catalog server) into jvm/test-lib/, the change-data test platform
+# test-rest-catalog-pom.xml: Apache Iceberg's REST catalog server) into jvm/test-lib/, icefloe's own jar (jvm/src), the change-data test platform
 # (PostgreSQL and MariaDB from Debian; Kafka Connect, Debezium and Apicurio's converter from jvm/cdc/*.xml into jvm/cdc-lib/), a
 # virtualenv, and the project with every extra. Safe to run again.
 set -euo pipefail
@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=()
 [ -f /usr/share/java/sqlite-jdbc.jar ] || APT_PACKAGES+=(libxerial-sqlite-jdbc-java)
-command -v java >/dev/null || APT_PACKAGES+=(openjdk-17-jre-headless)
+# The JDK: javac builds icefloe's own jar (jvm/src) below.
+command -v java >/dev/null && command -v javac >/dev/null || APT_PACKAGES+=(openjdk-17-jdk-headless)
 command -v mvn >/dev/null || APT_PACKAGES+=(maven)
 # The cluster tests' job Python (EMR's default `python` path), which must see none of the project's packages.
 [ -x /usr/bin/python3.11 ] || APT_PACKAGES+=(python3.11)
@@ -88,4 +89,14 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 echo "setup: installing icefloe and its dependencies into .venv"
 .venv/bin/python -m pip install -q -e ".[dev]"
+
+# icefloe's own JVM functions (jvm/src: the JVM read path's Protobuf decoder), compiled against the Spark pip just
+# installed and put beside the pinned jars in jvm/lib/spark/, which local runs take whole and every job ships
+# (icefloe_infra.jars). Java 8 bytecode, fixed entry times: the same sources make the same jar on any machine.
+echo "setup: building jvm/lib/spark/icefloe-jvm.jar from jvm/src"
+SPARK_JARS="$(.venv/bin/python -c 'import pathlib, pyspark; print(pathlib.Path(pyspark.__file__).parent / "jars")')"
+CLASSES="$(mktemp -d)"
+javac --release 8 -nowarn -d "$CLASSES" -cp "$SPARK_JARS/*" $(find jvm/src -name '*.java' | sort)
+jar --create --file jvm/lib/spark/icefloe-jvm.jar --date 2026-01-01T00:00:00Z -C "$CLASSES" .
+rm -rf "$CLASSES"
 echo "setup: done"

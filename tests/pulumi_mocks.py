@@ -12,6 +12,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from icefloe.session import ICEFLOE_JAR
 from icefloe_infra.dry_run import (
     ACCOUNT_ID,
     PROJECT_FILE,
@@ -44,12 +45,13 @@ __all__ = [
 
 
 def fake_jar_dir(root: Path | None = None, content: bytes = b"") -> Path:
-    """A directory with one small file per jar jvm/pom.xml pins for Spark, named as Maven names them."""
+    """A directory with one small file per jar jvm/pom.xml pins for Spark, named as Maven names them, and
+    icefloe's own."""
     root = root or Path(tempfile.gettempdir()) / "icefloe-fake-jars"
     root.mkdir(parents=True, exist_ok=True)
-    for jar in pinned_spark_jars():
-        path = root / jar.file_name
-        body = b"stand-in for " + jar.file_name.encode() + b"\n" + content
+    for name in [*(jar.file_name for jar in pinned_spark_jars()), ICEFLOE_JAR]:
+        path = root / name
+        body = b"stand-in for " + name.encode() + b"\n" + content
         if not path.exists() or path.read_bytes() != body:
             path.write_bytes(body)
     return root

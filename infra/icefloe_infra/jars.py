@@ -3,7 +3,8 @@
 jvm/pom.xml is the one list: `scripts/setup.sh` has Maven copy its `spark-jars` items into jvm/lib/spark/, which
 local runs hand to Spark whole (`icefloe.session.local_jars`), and the Pulumi program uploads the same files, less
 the ones below, next to the runtime bundle and names them in the job's `spark.jars`. So a version bump in the pom
-reaches local runs and EMR jobs alike, and cannot drift between them.
+reaches local runs and EMR jobs alike, and cannot drift between them. icefloe's own jar (`ICEFLOE_JAR`, built by
+setup.sh from jvm/src into the same folder) goes with every job too.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from icefloe.errors import ConfigError
+from icefloe.session import ICEFLOE_JAR
 
 POM = Path(__file__).resolve().parents[2] / "jvm" / "pom.xml"
 SPARK_JARS_EXECUTION = "spark-jars"  # the pom's execution whose items go to jvm/lib/spark/
@@ -70,18 +72,19 @@ def pinned_spark_jars(pom: Path = POM) -> list[PinnedJar]:
 
 
 def job_jars(lib_dir: Path, pom: Path = POM, msk_iam: bool = False) -> dict[str, Path]:
-    """{artifactId: file} to ship with each job, from the directory setup.sh filled (jvm/lib/spark/), in pom order;
-    the MSK IAM jar only when `msk_iam` (a source cluster uses AWS_MSK_IAM)."""
+    """{artifactId: file} to ship with each job, from the directory setup.sh filled (jvm/lib/spark/): icefloe's own
+    jar, then the pinned ones in pom order; the MSK IAM jar only when `msk_iam` (a source cluster uses AWS_MSK_IAM)."""
     pinned = pinned_spark_jars(pom)
     stale = (EMR_PROVIDED | ONLY_FOR_MSK_IAM) - {jar.coordinate for jar in pinned}
     if stale:  # a renamed artifact would otherwise be shipped twice, or an exclusion silently do nothing
         raise ConfigError(f"{pom}: {', '.join(sorted(stale))} is listed in jars.py but not pinned")
     skipped = EMR_PROVIDED | (frozenset() if msk_iam else ONLY_FOR_MSK_IAM)
-    shipped = {jar.artifact: lib_dir / jar.file_name for jar in pinned if jar.coordinate not in skipped}
+    shipped = {ICEFLOE_JAR.removesuffix(".jar"): lib_dir / ICEFLOE_JAR}
+    shipped |= {jar.artifact: lib_dir / jar.file_name for jar in pinned if jar.coordinate not in skipped}
     missing = [path.name for path in shipped.values() if not path.is_file()]
     if missing:
         raise ConfigError(
             f"the jobs' jars are missing from {lib_dir}: {', '.join(missing)}; run scripts/setup.sh "
-            "(Maven fetches what jvm/pom.xml pins)"
+            "(Maven fetches what jvm/pom.xml pins, javac builds the icefloe jar)"
         )
     return shipped

@@ -102,18 +102,18 @@ RANGED = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0
 
 
 @pytest.mark.parametrize(
-    ("format", "schema", "why"),
+    ("format", "registry", "schema", "why"),
     [
-        ("protobuf", None, "no spark-protobuf for Spark 3.5"),
-        ("json-schema", RANGED, "validated in Python: value.n: the JVM path does not check minimum"),
+        ("protobuf", "glue", None, "from the AWS Glue Schema Registry are decoded in Python"),
+        ("json-schema", "confluent", RANGED, "validated in Python: value.n: the JVM path does not check minimum"),
     ],
 )
-def test_registry_formats_take_the_python_path_and_say_why(format, schema, why):
+def test_registry_formats_take_the_python_path_and_say_why(format, registry, schema, why):
     from icefloe.formats.base import DecoderSpec
     from icefloe.materialize.read_paths import PYTHON, choose_read_path
 
     bundle = schema and json.dumps({"schema": schema, "references": {}})
-    path = choose_read_path(None, DecoderSpec(format, "confluent", "t", bundle, schema_id=1))  # no JVM needed
+    path = choose_read_path(None, DecoderSpec(format, registry, "t", bundle, schema_id=1))  # no JVM needed
     assert path.name == PYTHON and why in path.reason
 
 
@@ -181,18 +181,18 @@ def _values_read_field_by_field(message):
             return m._EPOCH + dt.timedelta(seconds=value.seconds, microseconds=value.nanos // 1000)
         if name == m._DURATION:
             return value.seconds * 1_000_000 + int(value.nanos / 1000)
-        if name in m._WRAPPERS:
+        if name in m.WRAPPERS:
             return single(field.message_type.fields_by_name["value"], value.value)
-        if name in m._JSON_TYPES:
+        if name in m.JSON_TYPES:
             return json.dumps(json_format.MessageToDict(value), separators=(",", ":"), sort_keys=True)
         return _values_read_field_by_field(value)
 
     out = {}
     for field in message.DESCRIPTOR.fields:
         value = getattr(message, field.name)
-        if m._is_map(field):
+        if m.is_map(field):
             out[field.name] = {k: single(field.message_type.fields_by_name["value"], v) for k, v in value.items()}
-        elif m._is_repeated(field):
+        elif m.is_repeated(field):
             out[field.name] = [single(field, v) for v in value]
         elif field.has_presence and not message.HasField(field.name):
             out[field.name] = None

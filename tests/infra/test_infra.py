@@ -15,7 +15,7 @@ import yaml
 
 from icefloe.cli import build_parser
 from icefloe.errors import ConfigError
-from icefloe.session import jvm_lib
+from icefloe.session import ICEFLOE_JAR, jvm_lib
 from icefloe.spec import load_config
 from icefloe.table.catalog import EMR_ICEBERG_JAR
 from icefloe_infra import iam as iam_module
@@ -424,6 +424,7 @@ def test_your_own_image_and_python_override_the_release_defaults(tmp_path):
 # --- the JVM jars ---------------------------------------------------------------------------------------------
 
 SHIPPED = [
+    ICEFLOE_JAR,
     "spark-sql-kafka-0-10_2.12-3.5.7.jar",
     "spark-token-provider-kafka-0-10_2.12-3.5.7.jar",
     "kafka-clients-3.4.1.jar",
@@ -440,7 +441,7 @@ def test_the_pom_pins_what_emr_lacks_and_the_jobs_ship_exactly_that(program):
     pinned = {jar.coordinate: jar.file_name for jar in pinned_spark_jars()}
     assert EMR_PROVIDED < set(pinned)  # Iceberg (runtime and AWS bundle) comes with the release
     assert [p.name for p in job_jars(fake_jar_dir()).values()] == SHIPPED
-    assert sorted(pinned[c] for c in set(pinned) - EMR_PROVIDED - ONLY_FOR_MSK_IAM) == sorted(SHIPPED)
+    assert sorted([*(pinned[c] for c in set(pinned) - EMR_PROVIDED - ONLY_FOR_MSK_IAM), ICEFLOE_JAR]) == sorted(SHIPPED)
     # aws-msk-iam-auth (shaded, classifier `all`) only for stacks with an MSK IAM cluster: see test_infra_aws.py
     assert pinned["software.amazon.msk:aws-msk-iam-auth"] == "aws-msk-iam-auth-2.3.9-all.jar"
     objects = jar_objects(program)
@@ -559,7 +560,7 @@ def test_spark_parameters_come_from_the_runtime_catalog_settings(program):
     assert uris[0] == EMR_ICEBERG_JAR
     # Every uploaded jar, in the pom's order (Spark's classpath order); the mocks see the uploads in no fixed order.
     assert sorted(uris[1:]) == sorted(f"s3://{bucket}/{key}" for key in shipped)
-    pom_order = [jar.file_name for jar in pinned_spark_jars()]
+    pom_order = [ICEFLOE_JAR, *(jar.file_name for jar in pinned_spark_jars())]  # icefloe's own first
     names = [uri.rsplit("/", 1)[1] for uri in uris[1:]]
     assert names == sorted(names, key=pom_order.index)
     assert conf["spark.archives"] == f"s3://{bucket}/icefloe/bundle/{digest}/deps.tar.gz#deps"
@@ -758,6 +759,7 @@ def test_resource_names_are_stable(program):
             "icefloe-runtime-bundle",
             "icefloe-runtime-entry-point",
             "icefloe-runtime-job-config",
+            "icefloe-runtime-jar-icefloe-jvm",
             "icefloe-runtime-jar-spark-sql-kafka-0-10-2-12",
             "icefloe-runtime-jar-spark-token-provider-kafka-0-10-2-12",
             "icefloe-runtime-jar-kafka-clients",

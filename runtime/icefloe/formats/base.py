@@ -38,7 +38,7 @@ class DecoderSpec:
     key_fields: tuple[str, ...] = ()  # upsert keyed by value fields: a tombstone's key gives their values
     key_format: str | None = None  # a FORMATS key too
     message_type: str | None = None  # protobuf: the full name of the message type the table reads
-    schema_id: int | None = None  # json-schema (Confluent): the table's schema id, whose records read on the JVM
+    schema_id: int | None = None  # json-schema, protobuf (Confluent): the schema id whose records read on the JVM
     key_conf: dict[str, str] | None = None  # keys framed for the AWS Glue Schema Registry (glue_framed)
     envelope: str | None = None  # the table's envelope (registry.ENVELOPES' key); None: plain values
     # An envelope's decoding plan (JSON; `formats.debezium.tables`): its decoder reads the key and headers too.

@@ -1,6 +1,6 @@
 """`format: protobuf`: through a Confluent-compatible registry (the subject's latest version, references resolved;
-`messages`) or the AWS Glue Schema Registry (`glue`). Read on the Python path: Spark 3.5 has no spark-protobuf on
-Maven Central here."""
+`messages`) or the AWS Glue Schema Registry (`glue`). Records of the latest version read on the JVM path with
+icefloe's own decoder (`jvm`: Spark 3.5 has no spark-protobuf on Maven Central here); the rest on the Python path."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pyspark.sql.types import StructField
 
 from icefloe.errors import ConfigError
 from icefloe.formats import decoding, glue_framed
-from icefloe.formats.base import CONFLUENT, GLUE, Decoder, DecoderSpec, ValueRules
-from icefloe.formats.protobuf import glue
+from icefloe.formats.base import CONFLUENT, GLUE, Decoder, DecoderSpec, JvmCodec, ValueRules
+from icefloe.formats.protobuf import glue, jvm
 from icefloe.formats.protobuf.messages import ProtobufDecoder, value_fields
 from icefloe.formats.protobuf.schemas import ProtobufSchemas, deserialize_file, find_message, serialize_file
 from icefloe.registries import confluent
@@ -37,7 +37,16 @@ class Protobuf:
             except ValueError as error:
                 raise ConfigError(f"table {table.table_name}: {error}") from None
             schema = serialize_file(file)
-            return DecoderSpec(self.name, CONFLUENT, table.topic, schema, registry, message_type=message, **keys)
+            return DecoderSpec(
+                self.name,
+                CONFLUENT,
+                table.topic,
+                schema,
+                registry,
+                message_type=message,
+                schema_id=latest.schema_id,
+                **keys,
+            )
 
         return decoding.registry_spec(table, cluster, keys, "PROTOBUF", build)
 
@@ -56,8 +65,8 @@ class Protobuf:
     def rules(self, spec: DecoderSpec, table: TableSpec) -> ValueRules:
         return ValueRules(framed=spec.schema_from == CONFLUENT)
 
-    def jvm_codec(self, spark: SparkSession, spec: DecoderSpec) -> str:
-        return "Protobuf has no JVM decoder here (no spark-protobuf for Spark 3.5 on Maven Central)"
+    def jvm_codec(self, spark: SparkSession, spec: DecoderSpec) -> JvmCodec | str:
+        return jvm.codec_for(spark, spec)
 
     def decoder(self, spec: DecoderSpec) -> Decoder:
         if spec.schema_from == GLUE:

@@ -46,7 +46,7 @@ _SCALARS: dict[int, T.DataType] = {
     _F.TYPE_ENUM: T.StringType(),
 }  # fmt: skip
 _UNSIGNED_64 = (_F.TYPE_UINT64, _F.TYPE_FIXED64)
-_WRAPPERS = {
+WRAPPERS = {
     f"google.protobuf.{name}": kind
     for name, kind in (
         ("DoubleValue", _F.TYPE_DOUBLE),
@@ -61,15 +61,15 @@ _WRAPPERS = {
     )
 }
 _TIMESTAMP, _DURATION = "google.protobuf.Timestamp", "google.protobuf.Duration"
-_JSON_TYPES = {"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"}
+JSON_TYPES = {"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"}
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
-def _is_map(field: FieldDescriptor) -> bool:
+def is_map(field: FieldDescriptor) -> bool:
     return field.message_type is not None and field.message_type.GetOptions().map_entry
 
 
-def _is_repeated(field: FieldDescriptor) -> bool:
+def is_repeated(field: FieldDescriptor) -> bool:
     return field.label == _F.LABEL_REPEATED
 
 
@@ -108,11 +108,11 @@ def _struct(descriptor: Descriptor, path: str, in_progress: tuple[str, ...]) -> 
 
 
 def _field_type(field: FieldDescriptor, path: str, in_progress: tuple[str, ...]) -> T.DataType:
-    if _is_map(field):
+    if is_map(field):
         key, value = field.message_type.fields_by_name["key"], field.message_type.fields_by_name["value"]
         return T.MapType(_single_type(key, path, in_progress), _single_type(value, f"{path}{{}}", in_progress), True)
     single = _single_type(field, path, in_progress)
-    return T.ArrayType(single, True) if _is_repeated(field) else single
+    return T.ArrayType(single, True) if is_repeated(field) else single
 
 
 def _single_type(field: FieldDescriptor, path: str, in_progress: tuple[str, ...]) -> T.DataType:
@@ -123,9 +123,9 @@ def _single_type(field: FieldDescriptor, path: str, in_progress: tuple[str, ...]
         return T.TimestampType()
     if name == _DURATION:
         return T.LongType()
-    if name in _WRAPPERS:
-        return _SCALARS[_WRAPPERS[name]]
-    if name in _JSON_TYPES:
+    if name in WRAPPERS:
+        return _SCALARS[WRAPPERS[name]]
+    if name in JSON_TYPES:
         return T.StringType()
     return _struct(field.message_type, path, in_progress)
 
@@ -148,9 +148,9 @@ def _reader(descriptor: Descriptor) -> Callable[[Message], dict[str, Any]]:
     cost most of a record's decoding."""
     fields: list[tuple[str, int, Callable[[Any], Any] | None]] = []
     for field in descriptor.fields:
-        if _is_map(field):
+        if is_map(field):
             fields.append((field.name, _MAP, _converter(field.message_type.fields_by_name["value"]) or _same))
-        elif _is_repeated(field):
+        elif is_repeated(field):
             fields.append((field.name, _REPEATED, _converter(field) or _same))
         else:
             fields.append((field.name, _PRESENCE if field.has_presence else _PLAIN, _converter(field)))
@@ -207,10 +207,10 @@ def _converter(field: FieldDescriptor) -> Callable[[Any], Any] | None:
         return timestamp
     if name == _DURATION:
         return lambda value: value.seconds * 1_000_000 + int(value.nanos / 1000)
-    if name in _WRAPPERS:
+    if name in WRAPPERS:
         inner = _converter(message_type.fields_by_name["value"]) or _same
         return lambda value: inner(value.value)
-    if name in _JSON_TYPES:
+    if name in JSON_TYPES:
         return lambda value: json.dumps(json_format.MessageToDict(value), separators=(",", ":"), sort_keys=True)
     return lambda value: _reader(message_type)(value)  # on use: a recursive type compiles no further than its data
 

@@ -235,7 +235,7 @@ def message_at(file: FileDescriptor, indexes: list[int]) -> Descriptor:
         indexes = [0]
     found: Descriptor | None = None
     for index in indexes:
-        candidates = _ordered(file, found)
+        candidates = ordered_messages(file, found)
         if not 0 <= index < len(candidates):
             where = "the schema's top level" if found is None else f"message {found.full_name}"
             raise ValueError(f"message index {indexes} does not exist: {where} has {len(candidates)} message type(s)")
@@ -244,7 +244,7 @@ def message_at(file: FileDescriptor, indexes: list[int]) -> Descriptor:
     return found
 
 
-def _ordered(file: FileDescriptor, parent: Descriptor | None) -> list[Descriptor]:
+def ordered_messages(file: FileDescriptor, parent: Descriptor | None) -> list[Descriptor]:
     """Message types in declaration order (the order message indexes count in)."""
     proto = descriptor_pb2.FileDescriptorProto()
     file.CopyToProto(proto)
