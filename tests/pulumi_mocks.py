@@ -12,7 +12,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from icefloe.session import ICEFLOE_JAR
+from icefloe.jvm_gateway import ICEFLOE_JAR
 from icefloe_infra.dry_run import (
     ACCOUNT_ID,
     PROJECT_FILE,

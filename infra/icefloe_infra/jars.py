@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from icefloe.errors import ConfigError
-from icefloe.session import ICEFLOE_JAR
+from icefloe.jvm_gateway import ICEFLOE_JAR
 
 POM = Path(__file__).resolve().parents[2] / "jvm" / "pom.xml"
 SPARK_JARS_EXECUTION = "spark-jars"  # the pom's execution whose items go to jvm/lib/spark/

@@ -14,9 +14,6 @@ from icefloe.table.catalog import spark_catalog_conf, spark_secret_conf
 from icefloe.table.local_catalog import release_read_lock
 
 SQLITE_JDBC_JAR = "/usr/share/java/sqlite-jdbc.jar"
-# icefloe's own JVM functions (jvm/src: the Protobuf decoder of the JVM read path), compiled by scripts/setup.sh
-# against the installed Spark into jvm/lib/spark/, beside the pinned jars; every job ships it (icefloe_infra.jars).
-ICEFLOE_JAR = "icefloe-jvm.jar"
 # A continuous run issues thousands of small queries: keep Spark's UI and listener bookkeeping bounded.
 BOUNDED_BOOKKEEPING = {
     "spark.sql.ui.retainedExecutions": "20",
@@ -53,7 +50,7 @@ def jvm_lib() -> Path:
 
 def local_jars(msk_iam: bool = False) -> list[str]:
     """The pinned Spark-side jars from Maven (Iceberg runtime + AWS bundle, Kafka source, Avro), icefloe's own
-    (ICEFLOE_JAR) and SQLite JDBC;
+    (jvm_gateway.ICEFLOE_JAR) and SQLite JDBC;
     aws-msk-iam-auth only with `msk_iam`, last, so Iceberg's own AWS SDK classes come first."""
     from icefloe.errors import ConfigError
     from icefloe.source.msk_iam import JAR_PREFIX

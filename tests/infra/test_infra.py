@@ -15,7 +15,8 @@ import yaml
 
 from icefloe.cli import build_parser
 from icefloe.errors import ConfigError
-from icefloe.session import ICEFLOE_JAR, jvm_lib
+from icefloe.jvm_gateway import ICEFLOE_JAR
+from icefloe.session import jvm_lib
 from icefloe.spec import load_config
 from icefloe.table.catalog import EMR_ICEBERG_JAR
 from icefloe_infra import iam as iam_module

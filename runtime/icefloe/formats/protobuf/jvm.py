@@ -26,7 +26,7 @@ from pyspark.sql import types as T
 from icefloe.formats.base import CONFLUENT, DecoderSpec
 from icefloe.formats.protobuf import messages
 from icefloe.formats.protobuf.schemas import deserialize_file, find_message, message_at, ordered_messages
-from icefloe.session import ICEFLOE_JAR
+from icefloe.jvm_gateway import ICEFLOE_JAR, jvm_gateway
 
 JAVA_CLASS = "icefloe.jvm.ProtobufRows"
 _F = FieldDescriptor
@@ -78,8 +78,7 @@ def codec_for(spark: SparkSession, spec: DecoderSpec) -> ProtobufJvmCodec | str:
         plan = f"{frame.hex()} {_message(descriptor, ())}"
     except _NotCovered as why:
         return f"Protobuf values are decoded in Python: {why}"
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
+    jvm = jvm_gateway(spark)
     if not _on_class_path(jvm):
         return (
             f"Protobuf values are decoded in Python: {ICEFLOE_JAR} is not on Spark's class path (run scripts/setup.sh)"
