@@ -567,6 +567,7 @@ def main() -> None:
         "(no fixed cost, no memory): results in throughput_vs_sink.{json,md}",
     )
     parser.add_argument("--only-fresh", action="store_true", help="--vs-sink without the warm stages")
+    parser.add_argument("--output", help="results file name (bench/results/NAME.{json,md}); default by the mode")
     args = parser.parse_args()
     args.vs_sink = args.vs_sink or args.only_fresh
     peer_missing = iceberg_sink.available()
@@ -638,7 +639,7 @@ def main() -> None:
         "memory": memory,
     }
     RESULTS.mkdir(exist_ok=True)
-    name = "throughput_vs_sink" if args.vs_sink else "throughput"
+    name = args.output or ("throughput_vs_sink" if args.vs_sink else "throughput")
     (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     (RESULTS / f"{name}.md").write_text(markdown(report))
     print(markdown(report))

@@ -311,3 +311,14 @@ def spec_of(pool, message_type: str) -> DecoderSpec:
     return DecoderSpec(
         "protobuf", CONFLUENT, "t", serialize_file(file.file), {}, message_type=message_type, schema_id=7
     )
+
+
+def test_without_icefloes_jar_the_table_reads_on_python_and_says_why(spark, tmp_path, monkeypatch):
+    import icefloe.formats.protobuf.jvm as protobuf_jvm
+
+    text = 'syntax = "proto3"; package nojar; message M { int64 id = 1; }'
+    spec = spec_of(compile_protos({"nojar/m.proto": text}, tmp_path), "nojar.M")
+    assert not isinstance(codec_for(spark, spec), str)
+    monkeypatch.setattr(protobuf_jvm, "JAVA_CLASS", "icefloe.jvm.NotBuilt")  # as if the jar were missing
+    why = codec_for(spark, spec)
+    assert isinstance(why, str) and "icefloe-jvm.jar is not on Spark's class path (run scripts/setup.sh)" in why, why

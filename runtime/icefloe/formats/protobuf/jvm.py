@@ -19,6 +19,7 @@ import hashlib
 from dataclasses import dataclass
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, FileDescriptor
+from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]  # py4j ships no types
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -78,24 +79,17 @@ def codec_for(spark: SparkSession, spec: DecoderSpec) -> ProtobufJvmCodec | str:
         plan = f"{frame.hex()} {_message(descriptor, ())}"
     except _NotCovered as why:
         return f"Protobuf values are decoded in Python: {why}"
-    jvm = jvm_gateway(spark)
-    if not _on_class_path(jvm):
+    java_class = getattr(jvm_gateway(spark), JAVA_CLASS)
+    if not isinstance(java_class, JavaClass):  # Py4J's JavaPackage: no such class on the driver's class path
         return (
             f"Protobuf values are decoded in Python: {ICEFLOE_JAR} is not on Spark's class path (run scripts/setup.sh)"
         )
     struct = T.StructType(messages.value_fields(descriptor))
     function = "icefloe_protobuf_" + hashlib.sha256(plan.encode()).hexdigest()[:16]
-    returns = spark._jsparkSession.parseDataType(struct.json())
-    spark._jsparkSession.udf().register(function, getattr(jvm, JAVA_CLASS)(plan), returns)
+    if not spark.catalog.functionExists(function):  # named by its plan: registered once per session
+        returns = spark._jsparkSession.parseDataType(struct.json())
+        spark._jsparkSession.udf().register(function, java_class(plan), returns)
     return ProtobufJvmCodec(function, struct, spec.schema_id)
-
-
-def _on_class_path(jvm) -> bool:
-    try:
-        jvm.java.lang.Class.forName(JAVA_CLASS, False, jvm.Thread.currentThread().getContextClassLoader())
-    except Exception:  # py4j's error for ClassNotFoundException
-        return False
-    return True
 
 
 def _indexes(file: FileDescriptor, descriptor: Descriptor) -> bytes:
