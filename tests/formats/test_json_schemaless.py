@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 from pyspark.sql import types as T
 
-from icefloe.formats import schemaless_json
+from icefloe.formats import plain_json, schemaless_json
 from icefloe.formats.base import BATCH, BatchContext, DecoderSpec
 from icefloe.formats.json_jvm import schemaless_codec
 from icefloe.formats.plain_json import JSON
@@ -334,8 +334,21 @@ def test_schemaless_columns_the_jvm_does_not_read_keep_the_table_on_python():
     assert choose_read_path(None, spec).name == PYTHON
 
 
+@pytest.fixture
+def inferred_over(monkeypatch) -> list:
+    """The ranges each `schemaless_json.infer_batch` call infers, in call order."""
+    calls: list = []
+    real = schemaless_json.infer_batch
+    monkeypatch.setattr(
+        schemaless_json,
+        "infer_batch",
+        lambda s, conf, ranges, *rest: calls.append(ranges) or real(s, conf, ranges, *rest),
+    )
+    return calls
+
+
 def test_only_records_the_columns_do_not_explain_are_inferred_in_python(
-    spark, broker, topic, columns_spec, monkeypatch
+    spark, broker, topic, columns_spec, inferred_over
 ):
     config, spec = columns_spec
     broker.create_topic(topic, 2)
@@ -353,13 +366,6 @@ def test_only_records_the_columns_do_not_explain_are_inferred_in_python(
 
     assert schemaless_json.unexplained_ranges(spark, codec, context) == [OffsetRange(topic, 1, 2, 6)]
 
-    inferred_over = []
-    real = schemaless_json.infer_batch
-    monkeypatch.setattr(
-        schemaless_json,
-        "infer_batch",
-        lambda s, conf, ranges, limit: inferred_over.append(ranges) or real(s, conf, ranges, limit),
-    )
     new_spec, fields = JSON.for_batch(spark, spec, context)
     assert inferred_over == [[OffsetRange(topic, 1, 2, 6)]]
     assert [f.name for f in fields] == [*COLUMNS.fieldNames(), "fresh"] and fields[3].dataType == T.DoubleType()
@@ -367,6 +373,38 @@ def test_only_records_the_columns_do_not_explain_are_inferred_in_python(
     explained = BatchContext(context.kafka_conf, [OffsetRange(topic, 0, 0, 5)], 1_000_000, table_fields)
     inferred_over.clear()
     assert JSON.for_batch(spark, spec, explained)[1] == list(COLUMNS.fields) and inferred_over == []
+
+
+def test_a_new_tables_first_batch_infers_its_first_records_and_what_they_do_not_explain(
+    spark, broker, topic, columns_spec, inferred_over, monkeypatch
+):
+    """A new table: each partition's first records (here 2) are inferred, their columns stand in for the table's in
+    the JVM pass, and only what they do not explain is inferred too; the columns' types are those of inferring the
+    whole batch, in the order the keys appear in the first records, then in the rest."""
+    config, spec = columns_spec
+    broker.create_topic(topic, 2)
+    partition_0 = [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}, {"id": 3, "name": 7}, {"id": 4}, {"late": 1.5}]
+    partition_1 = [{"id": 6, "score": 1}, {"id": 7, "score": 2}, {"id": 8, "score": 2**40}, {"id": 9, "score": 3}]
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [{"value": compact(v), "partition": p} for p, part in enumerate((partition_0, partition_1)) for v in part],
+    )
+    tasks = [OffsetRange(topic, 0, 0, 5), OffsetRange(topic, 1, 0, 4)]
+    context = BatchContext(client_config(config.cluster("local")), tasks, 1_000_000, [])
+    monkeypatch.setattr(plain_json, "SAMPLE_RECORDS", 2)
+
+    _, fields = JSON.for_batch(spark, spec, context)
+
+    first_records = [OffsetRange(topic, 0, 0, 2), OffsetRange(topic, 1, 0, 2)]
+    assert inferred_over == [first_records, [OffsetRange(topic, 0, 2, 5), OffsetRange(topic, 1, 2, 3)]]
+    assert [f.name for f in fields] == ["id", "name", "score", "late"]
+    monkeypatch.setattr(plain_json, "SAMPLE_RECORDS", 100)  # the first records are the whole batch
+    inferred_over.clear()
+    _, whole = JSON.for_batch(spark, spec, context)
+    assert inferred_over[0] == tasks and [f.name for f in whole] == ["id", "name", "late", "score"]
+    assert {f.name: f.dataType for f in fields} == {f.name: f.dataType for f in whole}
+    assert (whole[1].dataType, whole[3].dataType) == (T.StringType(), T.LongType())
 
 
 def test_a_kafka_timestamp_spark_cannot_read_sends_a_known_tables_batch_to_python(

@@ -20,6 +20,9 @@ from icefloe.source.spark_kafka import kafka_timestamp_overflow
 from icefloe.spec import SourceCluster, TableSpec
 
 log = logging.getLogger(__name__)
+# A new schemaless table's first batch: the columns of each partition's first records this many records stand in
+# for the table's, so the JVM pass leaves to Python's inference only the records they do not explain.
+SAMPLE_RECORDS = 1_000
 
 
 class Json:
@@ -45,6 +48,12 @@ class Json:
         """The batch's types inferred from its records, merged into the table's columns: only the records the
         table's columns do not explain are inferred (`schemaless_json.unexplained_ranges`)."""
         current = schemaless_json.value_struct(batch.table_fields, "null")
+        sampled: schemaless_json.Inferred = "null"
+        if not current.fields:  # a new table: the columns of each partition's first records stand in for the table's
+            sample = schemaless_json.first_records(batch.tasks, SAMPLE_RECORDS)
+            # One Spark task: a Python worker's start costs more than reading a few thousand records.
+            sampled = schemaless_json.infer_batch(spark, batch.kafka_conf, sample, batch.max_record_bytes, 1)
+            current = schemaless_json.value_struct([], sampled)
         codec = json_jvm.schemaless_codec(current) if current.fields else None
         ranges = batch.tasks
         if isinstance(codec, json_jvm.JsonJvmCodec):
@@ -53,16 +62,20 @@ class Json:
             except Exception as error:  # a Kafka timestamp Spark cannot read: the batch goes to Python whole
                 if not kafka_timestamp_overflow(error):
                     raise
-                ranges = batch.tasks
+                ranges, sampled = batch.tasks, "null"
+        else:  # the whole batch inferred, in its order
+            sampled = "null"
             log.info(
-                "%s: %s of the batch's records to infer in Python, the table's columns explain the others",
+                "%s: %s of the batch's records to infer in Python, the %s columns explain the others",
                 batch.where or spec.topic,
                 f"{sum(r.count for r in ranges):,} (at most)" if ranges else "none",
+                "table's" if sampled == "null" else "first records'",
             )
         inferred = (
             schemaless_json.infer_batch(spark, batch.kafka_conf, ranges, batch.max_record_bytes) if ranges else "null"
         )
-        values = schemaless_json.value_struct(batch.table_fields, inferred)
+        # The records the sample's columns explain add nothing to its types: the batch's types are both unified.
+        values = schemaless_json.value_struct(batch.table_fields, schemaless_json.unify(sampled, inferred))
         return replace(spec, schema_str=values.json()), list(values.fields)
 
     def registry_schema(self, spec: DecoderSpec) -> bool:

@@ -280,16 +280,31 @@ def _shaper(dtype, path: str) -> Callable[[Any], Any]:
     return lambda v: v
 
 
-def infer_batch(spark, kafka_conf: dict, tasks: list, max_record_bytes: int) -> Inferred:
-    """The unified type of the JSON objects in the planned ranges `tasks` (OffsetRange), read once by Spark tasks."""
+def infer_batch(
+    spark, kafka_conf: dict, tasks: list, max_record_bytes: int, spark_tasks: int | None = None
+) -> Inferred:
+    """The unified type of the JSON objects in the planned ranges `tasks` (OffsetRange), read once by Spark tasks
+    (one per range, or `spark_tasks`)."""
     from functools import partial, reduce
 
     rows = [(t.topic, t.partition, t.start, t.end) for t in tasks]
     frame = spark.createDataFrame(
-        spark.sparkContext.parallelize(rows, max(1, len(rows))), "topic string, partition int, start long, end long"
+        spark.sparkContext.parallelize(rows, spark_tasks or max(1, len(rows))),
+        "topic string, partition int, start long, end long",
     )
     kinds = frame.mapInArrow(partial(infer_ranges, kafka_conf, max_record_bytes), "type string").collect()
     return reduce(unify, (json.loads(row.type) for row in kinds), "null")
+
+
+def first_records(tasks: list, records: int) -> list:
+    """The first `records` records of each partition of the planned ranges `tasks` (OffsetRange, a partition's
+    contiguous)."""
+    from dataclasses import replace
+
+    firsts: dict[int, Any] = {}
+    for task in tasks:
+        firsts.setdefault(task.partition, task)
+    return [replace(task, end=min(task.end, task.start + records)) for task in firsts.values()]
 
 
 def unexplained_ranges(spark, codec, batch) -> list:
