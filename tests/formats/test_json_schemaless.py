@@ -376,7 +376,7 @@ def test_only_records_the_columns_do_not_explain_are_inferred_in_python(
 
 
 def test_a_new_tables_first_batch_infers_its_first_records_and_what_they_do_not_explain(
-    spark, broker, topic, columns_spec, inferred_over, monkeypatch
+    spark, broker, topic, columns_spec, inferred_over, monkeypatch, caplog
 ):
     """A new table: each partition's first records (here 2) are inferred, their columns stand in for the table's in
     the JVM pass, and only what they do not explain is inferred too; the columns' types are those of inferring the
@@ -394,7 +394,9 @@ def test_a_new_tables_first_batch_infers_its_first_records_and_what_they_do_not_
     context = BatchContext(client_config(config.cluster("local")), tasks, 1_000_000, [])
     monkeypatch.setattr(plain_json, "SAMPLE_RECORDS", 2)
 
-    _, fields = JSON.for_batch(spark, spec, context)
+    with caplog.at_level("INFO", logger="icefloe.formats.plain_json"):
+        _, fields = JSON.for_batch(spark, spec, context)
+    assert "4 (at most) of the batch's records to infer in Python, the first records' columns" in caplog.text
 
     first_records = [OffsetRange(topic, 0, 0, 2), OffsetRange(topic, 1, 0, 2)]
     assert inferred_over == [first_records, [OffsetRange(topic, 0, 2, 5), OffsetRange(topic, 1, 2, 3)]]

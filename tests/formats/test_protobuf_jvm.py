@@ -15,7 +15,7 @@ from icefloe.formats.base import CONFLUENT, GLUE, DecoderSpec
 from icefloe.formats.protobuf.format import PROTOBUF
 from icefloe.formats.protobuf.jvm import _indexes, codec_for
 from icefloe.formats.protobuf.messages import parse_frame
-from icefloe.formats.protobuf.schemas import deserialize_file, find_message, message_at, serialize_file
+from icefloe.formats.protobuf.schemas import message_at, serialize_file
 from icefloe.formats.registry import decoder_spec
 from support import compile_protos, message_class, produce, read_duckdb
 from test_jvm_path import check_rows_on_both_paths, run_on_the_jvm_path
@@ -307,10 +307,9 @@ def test_a_proto2_closed_enum_reads_on_the_jvm_and_glue_stays_on_python(spark, t
 
 
 def spec_of(pool, message_type: str) -> DecoderSpec:
-    file = find_message(deserialize_file(serialize_file(pool.FindMessageTypeByName(message_type).file)), message_type)
-    return DecoderSpec(
-        "protobuf", CONFLUENT, "t", serialize_file(file.file), {}, message_type=message_type, schema_id=7
-    )
+    """A Confluent-registry spec (schema id 7) of `message_type`'s file, as `Protobuf.resolve` builds one."""
+    schema = serialize_file(pool.FindMessageTypeByName(message_type).file)
+    return DecoderSpec("protobuf", CONFLUENT, "t", schema, {}, message_type=message_type, schema_id=7)
 
 
 def test_without_icefloes_jar_the_table_reads_on_python_and_says_why(spark, tmp_path, monkeypatch):

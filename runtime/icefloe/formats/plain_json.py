@@ -62,15 +62,15 @@ class Json:
             except Exception as error:  # a Kafka timestamp Spark cannot read: the batch goes to Python whole
                 if not kafka_timestamp_overflow(error):
                     raise
-                ranges, sampled = batch.tasks, "null"
-        else:  # the whole batch inferred, in its order
-            sampled = "null"
+                ranges = batch.tasks
             log.info(
                 "%s: %s of the batch's records to infer in Python, the %s columns explain the others",
                 batch.where or spec.topic,
                 f"{sum(r.count for r in ranges):,} (at most)" if ranges else "none",
                 "table's" if sampled == "null" else "first records'",
             )
+        if ranges is batch.tasks:  # the whole batch inferred, in its order: the sample adds nothing
+            sampled = "null"
         inferred = (
             schemaless_json.infer_batch(spark, batch.kafka_conf, ranges, batch.max_record_bytes) if ranges else "null"
         )
