@@ -42,6 +42,9 @@ ENTRY_POINT = (
     "sys.exit(main())\n"
 )
 CACHE = Path.home() / ".cache" / "icefloe" / "bundles"
+# Not gzip's default 9: on the runtime's ~390 MB of wheels, 9 took 32 CPU-s and 6 took 10 for a 0.6% larger archive
+# (a first `pulumi preview` waits for it).
+GZIP_LEVEL = 6
 # Console scripts pip writes for the build machine's interpreter; nothing on EMR runs them.
 _SKIP_TOP = {"bin"}
 
@@ -151,7 +154,10 @@ def build_bundle(
             _pip_install(requirements, architecture, python_version, deps)
         buffer = io.BytesIO()
         # mtime=0 in the gzip header too, so identical contents give identical archives.
-        with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
+        with (
+            gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0, compresslevel=GZIP_LEVEL) as gz,
+            tarfile.open(fileobj=gz, mode="w") as tar,
+        ):
             _add_tree(tar, deps, ".")
             _add_tree(tar, package, "./icefloe")
         data = buffer.getvalue()

@@ -386,7 +386,9 @@ def run_continuously(
     as it takes (the state change is logged once, not every retry), while the other tables go on. Only a bad record
     (per `errors`) or a bad config suspends a table; the loop ends when stopped or when all are suspended.
     """
-    last_batch = {config.identifier(t): 0.0 for t in tables}
+    # Never ran: due at once. Not 0.0: `time.monotonic` counts from the machine's boot, and a worker booted less than
+    # `refresh` ago would wait out the rest of it before the first batch.
+    last_batch = {config.identifier(t): float("-inf") for t in tables}
     committed: dict[str, dict[int, int]] = {}
     suspended: set[str] = set()
     outages: dict[str, _Outage] = {}
