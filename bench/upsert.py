@@ -14,7 +14,12 @@
 (3) The cost of the upsert order (review F2, `--cost-only`): the same batch merged (a) as before it, ranked by
     timestamp and merged unconditionally (`merge_before`, the code of 552f38b), (b) as now, (c) as now with no
     deletes in the batch (no markers commit).
-Results: bench/results/upsert.{json,md} (and upsert_order_cost.*). Run: `.venv/bin/python bench/upsert.py`.
+(4) Memory (`--memory`): one batch of M changes (default 1M, 2.5M and 5M, each into a table of N keys of its
+    own; 80% updates of existing keys, 10% new keys, 10% tombstones, keys drawn with repeats), each in a fresh
+    process with the local default heap (no ICEFLOE_DRIVER_MEMORY; `--memory-heap`: another), sampled every MEMORY_SAMPLE_S: the JVM's heap in
+    use and its old generation after each collection (what stays live), the resident memory of the JVM and of the
+    Python driver. The table's rows after the batch are checked against the keys the changes leave.
+Results: bench/results/upsert.{json,md} (and upsert_order_cost.*, upsert_memory.*). Run: `.venv/bin/python bench/upsert.py`.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from icefloe.commit.branch import commit_on_branch
-from icefloe.commit.checkpoint import Checkpoint
+from icefloe.commit.checkpoint import Checkpoint, committed_state
 from icefloe.formats.columns import METADATA_FIELDS, table_struct
 from icefloe.materialize.upsert import merge_batch, positioned
 from icefloe.operate.maintenance import maintain
@@ -186,18 +191,31 @@ def job_config(bootstrap: str, registry_url: str, tables: list[dict]) -> dict:
 
 
 def run_job(
-    state: Path, config: dict, table: str, base_keys: int = 0, profile: bool = False, runtime: Path | None = None
+    state: Path,
+    config: dict,
+    table: str,
+    base_keys: int = 0,
+    profile: bool = False,
+    runtime: Path | None = None,
+    memory: bool = False,
+    heap: str | None = None,
 ) -> dict:
     """One batch of `table` in a fresh process (a new driver and Spark JVM, as a scheduled job); `base_keys`: write
     that many base rows under the table's first checkpoint after the batch (`write_base`); `runtime`: run icefloe
-    from that directory (another version's `runtime/`) instead of this checkout's."""
+    from that directory (another version's `runtime/`) instead of this checkout's; `memory`: with the local default
+    heap (`heap`: that heap instead), its memory sampled (`MemorySampler`)."""
     import subprocess
     import sys
 
     env = dict(os.environ)
     if runtime is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(runtime), *env.get("PYTHONPATH", "").split(os.pathsep)])
-    job = {"state": str(state), "config": config, "table": table, "base_keys": base_keys, "profile": profile}
+    if memory:
+        env.pop("ICEFLOE_DRIVER_MEMORY", None)
+        if heap:
+            env["ICEFLOE_DRIVER_MEMORY"] = heap
+    job = {"state": str(state), "config": config, "table": table, "base_keys": base_keys, "profile": profile,
+           "memory": memory}  # fmt: skip
     done = subprocess.run([sys.executable, __file__, "--job", json.dumps(job)], capture_output=True, text=True, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -223,13 +241,20 @@ def job(spec: dict) -> None:
     jvm.append(jvm_pid)
     identifier = config.identifier(table)
     versions = catalog_versions(spark, identifier)
+    existing = IcebergTable(spark, identifier)
+    before = committed_state(existing, table.topic).offsets if existing.exists() else {}
+    memory = MemorySampler(spark, jvm_pid) if spec.get("memory") else None
     cpu, load = cpu_seconds(jvm_pid), os.getloadavg()[0]
     started = time.monotonic()
     result = run_table(spark, config, table, Path(spec["state"]))
     seconds = time.monotonic() - started
     found = {"seconds": round(seconds, 2), "spark_start_s": round(spark_start_s, 1), "rows": result.rows_written,
              "spark_cpu_s": round(cpu_seconds(jvm_pid) - cpu, 1), "load_1m": round(max(load, os.getloadavg()[0]), 1),
-             "read_path": result.read_path}  # fmt: skip
+             "read_path": result.read_path,
+             "records_read": sum(result.offsets.values()) - sum(before.values())}  # fmt: skip
+    if memory is not None:
+        found["memory"] = memory.stop()
+        found["table_rows"] = spark.table(f"icefloe.{identifier}").count()
     after = catalog_versions(spark, identifier)
     found["catalog_commits"] = {name: after[name] - versions.get(name, 0) for name in after}
     if timings is not None and cpu_timings is not None:
@@ -239,6 +264,54 @@ def job(spec: dict) -> None:
         write_base(spark, config.identifier(table), spec["base_keys"])
     spark.stop()
     print(json.dumps(found), flush=True)
+
+
+MEMORY_SAMPLE_S = 0.5
+MIB = 2**20
+
+
+class MemorySampler:
+    """The Spark JVM's memory every MEMORY_SAMPLE_S while a batch runs (a thread of the driver, through py4j): heap in
+    use, the old generation as the last collection left it (what stays live), the JVM's resident memory."""
+
+    def __init__(self, spark, jvm_pid: int):
+        import threading
+
+        from process_stats import status_kib
+
+        management = spark._jvm.java.lang.management.ManagementFactory
+        self.heap, self.pools = management.getMemoryMXBean(), list(management.getMemoryPoolMXBeans())
+        self.old = next(p for p in self.pools if "Old Gen" in p.getName())
+        self.max_heap = spark._jvm.java.lang.Runtime.getRuntime().maxMemory()
+        self.jvm_pid, self.status_kib = jvm_pid, status_kib
+        self.peaks = {"heap_used": 0, "old_gen_after_gc": 0, "jvm_rss_kib": 0}
+        self.samples = 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        after_gc = self.old.getCollectionUsage()
+        found = {"heap_used": self.heap.getHeapMemoryUsage().getUsed(),
+                 "old_gen_after_gc": after_gc.getUsed() if after_gc is not None else 0,
+                 "jvm_rss_kib": self.status_kib(self.jvm_pid, "VmRSS")}  # fmt: skip
+        for name, value in found.items():
+            self.peaks[name] = max(self.peaks[name], value)
+        self.samples += 1
+
+    def _run(self) -> None:
+        while not self.done.wait(MEMORY_SAMPLE_S):
+            self._sample()
+
+    def stop(self) -> dict:
+        self.done.set()
+        self.thread.join()
+        self._sample()
+        return {"max_heap_mib": round(self.max_heap / MIB), "heap_used_peak_mib": round(self.peaks["heap_used"] / MIB),
+                "old_gen_after_gc_peak_mib": round(self.peaks["old_gen_after_gc"] / MIB),
+                "jvm_rss_peak_mib": round(self.status_kib(self.jvm_pid, "VmHWM") / 1024),
+                "python_driver_rss_peak_mib": round(self.status_kib(os.getpid(), "VmHWM") / 1024),
+                "samples": self.samples}  # fmt: skip
 
 
 def catalog_versions(spark, identifier: str) -> dict[str, int]:
@@ -375,6 +448,88 @@ def throughput(
     return {"cores": cores, "sizes": sizes}
 
 
+def large_batch(keys: int, changes: int, expected: list[int], seed: int = 30):
+    """`changes` changes streamed (nothing of the batch held): 80% updates of existing keys, 10% new keys, 10%
+    tombstones of existing keys, keys drawn with repeats. `expected` gets the number of rows they leave."""
+    import random
+
+    rng, new = random.Random(seed), 0
+    alive = bytearray(b"\x01" * keys) + bytearray(changes // 5 + 1)
+    now_ms = int(time.time() * 1000)
+    for _ in range(changes):
+        pick = rng.random()
+        if pick < 0.1:
+            index, new = keys + new, new + 1
+        else:
+            index = rng.randrange(keys + new)
+        if pick >= 0.9:
+            alive[index] = 0
+            yield account_key(index), None
+            continue
+        alive[index] = 1
+        yield account_key(index), {"account": f"acct-{index:09d}", "balance": rng.randint(0, 10**9), "currency": "EUR",
+                                   "updated_at": now_ms, "note": NOTE[: 120 + index % 60]}  # fmt: skip
+    expected.append(sum(alive))
+
+
+def memory(work: Path, keys: int, sizes: list[int], heap: str | None = None) -> dict:
+    """(4): one batch of each of `sizes` changes into a table of `keys` rows of its own, its memory sampled; `heap`:
+    the driver's heap instead of the local default."""
+    from icefloe_dev.kafka_broker import KafkaBroker
+    from icefloe_dev.processes import start_together
+    from icefloe_dev.schema_registry import SchemaRegistry
+
+    broker, registry = KafkaBroker(work / "kafka", heap="1g"), SchemaRegistry(work / "registry")
+    start_together(broker, registry)
+    state, batches = work / "state", []
+    try:
+        bootstrap, url = broker.bootstrap_servers, registry.url
+        for changes in sizes:
+            topic = table = f"upsert_{changes}"
+            broker.create_topic(topic, PARTITIONS)
+            config = job_config(bootstrap, url, [{"topic": topic, "table": table, "mode": "upsert"}])
+            produce(bootstrap, url, topic, [(account_key(10**8), None)])
+            run_job(state, config, table, base_keys=keys)
+            expected: list[int] = []
+            started = time.monotonic()
+            size = produce(bootstrap, url, topic, large_batch(keys, changes, expected))
+            print(
+                f"produced {changes:,} changes ({size / 2**20:.0f} MiB) in {time.monotonic() - started:.0f} s",
+                flush=True,
+            )
+            found = run_job(state, config, table, memory=True, heap=heap)
+            batches.append({"changes": changes, "mib": round(size / 2**20, 1), "expected_rows": expected[0], **found})
+            print(json.dumps(batches[-1]), flush=True)
+    finally:
+        registry.stop()
+        broker.stop()
+    return {"keys": keys, "cores": os.cpu_count(), "heap": heap or "the local default", "batches": batches}
+
+
+def render_memory(report: dict) -> str:
+    lines = [
+        f"# Upsert: one batch of changes into {report['keys']:,} keys, heap: {report['heap']}", "",
+        f"Each batch a fresh process as a scheduled job, into a table of its own; "
+        f"{report['cores']} cores shared; load average (1, 5, 15 min) at start {report['load_avg_at_start']}, at end "
+        f"{report['load_avg_at_end']}. Memory sampled every {MEMORY_SAMPLE_S} s. Changes: 80% updates of existing "
+        "keys, 10% new keys, 10% tombstones, keys drawn with repeats. Table rows: counted after the batch, against "
+        "the keys the changes leave.", "",
+        "| changes | MiB | records read | seconds | changes/s | Spark CPU s | max heap MiB | heap in use, peak MiB | old gen after GC, peak MiB | JVM RSS peak MiB | Python driver RSS peak MiB | table rows |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]  # fmt: skip
+    for b in report["batches"]:
+        m = b["memory"]
+        read = "all, one batch" if b["records_read"] == b["changes"] else f"{b['records_read']:,}"
+        rows = "as expected" if b["table_rows"] == b["expected_rows"] else f"expected {b['expected_rows']:,}"
+        lines.append(
+            f"| {b['changes']:,} | {b['mib']} | {read} ({b['read_path']}) | {b['seconds']} | "
+            f"{round(b['changes'] / b['seconds']):,} | {b['spark_cpu_s']} | {m['max_heap_mib']} | "
+            f"{m['heap_used_peak_mib']} | {m['old_gen_after_gc_peak_mib']} | {m['jvm_rss_peak_mib']} | "
+            f"{m['python_driver_rss_peak_mib']} | {b['table_rows']:,} ({rows}) |"
+        )
+    return "\n".join([*lines, ""])
+
+
 def summarize(runs: list[dict], changes: int, cores: int) -> dict:
     import statistics
 
@@ -470,6 +625,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="(3): merges per variant (the best counts)")
     parser.add_argument("--profile", action="store_true", help="(1): seconds per step of the upsert batches")
     parser.add_argument("--base", type=Path, help="(1): another version's runtime/ dir, its upserts run beside")
+    parser.add_argument("--memory", action="store_true", help="only (4), one large batch's memory")
+    parser.add_argument("--memory-changes", default="1000000,2500000,5000000", help="(4): batch sizes, comma-separated")
+    parser.add_argument("--memory-heap", help="(4): the driver's heap (ICEFLOE_DRIVER_MEMORY), else the default")
+    parser.add_argument("--output", default="upsert_memory", help="(4): results file name (bench/results/NAME.*)")
     parser.add_argument("--job", help=argparse.SUPPRESS)  # the fresh process of one batch (`run_job`)
     args = parser.parse_args()
     if args.job:
@@ -477,6 +636,17 @@ def main() -> None:
         return
     work = Path(tempfile.mkdtemp(prefix="icefloe-upsert-"))
     RESULTS.mkdir(exist_ok=True)
+    if args.memory:
+        load = [round(x, 1) for x in os.getloadavg()]
+        try:
+            report = memory(work, args.keys, [int(n) for n in args.memory_changes.split(",")], args.memory_heap)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        report.update(load_avg_at_start=load, load_avg_at_end=[round(x, 1) for x in os.getloadavg()])
+        (RESULTS / f"{args.output}.json").write_text(json.dumps(report, indent=2) + "\n")
+        (RESULTS / f"{args.output}.md").write_text(render_memory(report))
+        print(render_memory(report))
+        return
     if not args.cost_only and not args.reads:
         load = [round(x, 1) for x in os.getloadavg()]
         try:
