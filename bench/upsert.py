@@ -251,7 +251,8 @@ def job(spec: dict) -> None:
     found = {"seconds": round(seconds, 2), "spark_start_s": round(spark_start_s, 1), "rows": result.rows_written,
              "spark_cpu_s": round(cpu_seconds(jvm_pid) - cpu, 1), "load_1m": round(max(load, os.getloadavg()[0]), 1),
              "read_path": result.read_path,
-             "records_read": sum(result.offsets.values()) - sum(before.values())}  # fmt: skip
+             "records_read": sum(result.offsets.values()) - sum(before.values()),
+             "max_heap_mib": round(spark._jvm.java.lang.Runtime.getRuntime().maxMemory() / MIB)}  # fmt: skip
     if memory is not None:
         found["memory"] = memory.stop()
         found["table_rows"] = spark.table(f"icefloe.{identifier}").count()
@@ -539,7 +540,8 @@ def summarize(runs: list[dict], changes: int, cores: int) -> dict:
             "changes_per_s": round(changes / seconds), "changes_per_s_per_core": round(changes / seconds / cores),
             "spark_cpu_s": cpu, "changes_per_spark_cpu_s": round(changes / cpu) if cpu else None,
             "spark_start_s": [r["spark_start_s"] for r in runs], "load_1m": [r["load_1m"] for r in runs],
-            "read_path": sorted({r["read_path"] for r in runs}), "rows": [r["rows"] for r in runs]}  # fmt: skip
+            "read_path": sorted({r["read_path"] for r in runs}), "rows": [r["rows"] for r in runs],
+            "max_heap_mib": sorted({r.get("max_heap_mib") for r in runs}, key=str)}  # fmt: skip
 
 
 def render_throughput(report: dict) -> list[str]:
@@ -549,7 +551,8 @@ def render_throughput(report: dict) -> list[str]:
         f"Each batch a fresh process as a scheduled job (Spark's start excluded, listed apart), {report['cores']} cores "
         f"shared with other users; load average (1, 5, 15 min) at start {report['load_avg_at_start']}, at end "
         f"{report['load_avg_at_end']}; median of {report['rounds']} rounds, upsert and append alternating. The append "
-        "table takes the same records from a topic of its own. Per core = changes/s / cores.",
+        "table takes the same records from a topic of its own. Per core = changes/s / cores. The Spark JVM's heap "
+        f"(MiB): {sorted({h for size in report['sizes'] for m in size.values() if isinstance(m, dict) for h in m.get('max_heap_mib', [])}, key=str)}.",
         "",
         "| table keys | mode | seconds (median) | all | changes/s | changes/s per core | Spark CPU s | changes per Spark CPU-s | Spark start s | load (1 min) |",
         "|---:|---|---:|---|---:|---:|---:|---:|---|---|",
