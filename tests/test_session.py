@@ -75,6 +75,17 @@ def test_the_first_runs_write_one_cds_archive_by_default_and_the_next_maps_icebe
     assert list(cds.iterdir()) == archives
     assert len(by_position(read_pyiceberg(state_dir / "a", "local.a"))) == 2000
 
+    # A JVM given a flight recording from its start (or a Java agent) runs without the archive: Java 17 crashed
+    # mapping it (SIGSEGV in KlassFactory::check_shared_class_file_load_hook) and the run failed before its JVM was up.
+    recorded = env | {"JAVA_TOOL_OPTIONS": f"-XX:StartFlightRecording=filename={tmp_path / 'run.jfr'}"}
+    third = subprocess.run(command("a"), env=recorded, capture_output=True, text=True, timeout=600)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert json.loads(third.stdout.strip().splitlines()[-1])["rows_written"] == 1000
+    assert "no class-data-sharing archive for this run" in third.stderr
+    assert "-XX:StartFlightRecording in JAVA_TOOL_OPTIONS" in third.stderr
+    assert list(cds.iterdir()) == archives
+    assert len(by_position(read_pyiceberg(state_dir / "a", "local.a"))) == 3000
+
 
 def test_the_default_archive_is_named_by_the_jdk_and_the_jars(tmp_path, monkeypatch):
     """An archive is valid only for the JDK and the class path that wrote it: another jar (or the same one
@@ -93,6 +104,26 @@ def test_the_default_archive_is_named_by_the_jdk_and_the_jars(tmp_path, monkeypa
     assert class_sharing.archive_path(tmp_path, jars) is None
     monkeypatch.setenv(class_sharing.ARCHIVE_ENV, str(tmp_path / "mine.jsa"))
     assert class_sharing.archive_path(tmp_path, jars) == tmp_path / "mine.jsa"
+
+
+@pytest.mark.parametrize("variable", class_sharing.OPTION_VARIABLES)
+def test_a_jvm_given_an_agent_or_a_flight_recording_from_its_start_gets_no_archive(tmp_path, monkeypatch, variable):
+    """Java 17 crashes mapping a dynamic archive while a Java agent or JFR transforms classes as they load, and will
+    not start writing one then (measured: SIGSEGV, and "Must enable AllowArchivingWithJavaAgent")."""
+    for name in class_sharing.OPTION_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(class_sharing.ARCHIVE_ENV, str(tmp_path / "mine.jsa"))
+    jars: list[str] = []
+    for harmless in ("", "-Xmx1g -XX:+FlightRecorder -Xlog:class+load=info:file=/tmp/x"):
+        monkeypatch.setenv(variable, harmless)
+        assert class_sharing.instrumenting_option() is None
+        assert class_sharing.archive_path(tmp_path, jars) == tmp_path / "mine.jsa"
+    for option in ("-javaagent:/opt/otel.jar=x", "-agentlib:jdwp=transport=dt_socket", "-agentpath:/a.so",
+                   "-XX:StartFlightRecording=filename=r.jfr", "'-XX:StartFlightRecording:settings=profile'"):  # fmt: skip
+        monkeypatch.setenv(variable, f"-Xmx1g {option}")
+        found = class_sharing.instrumenting_option()
+        assert found is not None and found.endswith(f" in {variable}") and found.split()[0] in option, found
+        assert class_sharing.archive_path(tmp_path, jars) is None
 
 
 def test_a_session_that_must_not_write_an_archive_maps_one_only_where_it_exists(tmp_path):

@@ -7,17 +7,22 @@ your choice, or `off`). The first run that finds none has its JVM write one as i
 renames it into place once the JVM has exited cleanly: runs at the same time each write their own, a killed run
 leaves only its own file (removed by the next run that publishes one, with all but the newest few archives), and no run maps a half-written archive.
 A JVM that cannot use an archive (one from another JDK or other jars: the name's fingerprint changes with them)
-says so on stderr and runs without it."""
+says so on stderr and runs without it. A JVM given a Java agent or a flight recording from its start runs without
+one: Java 17 crashes mapping a dynamic archive while classes are transformed as they load (SIGSEGV in
+`KlassFactory::check_shared_class_file_load_hook`) and refuses to start writing one (`AllowArchivingWithJavaAgent`).
+"""
 
 from __future__ import annotations
 
 import atexit
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 ARCHIVE_ENV = "ICEFLOE_CDS_ARCHIVE"
 # The JVM's own messages to stderr, never stdout: a run's --json lines are on stdout, and the archive's dump warns.
 JVM_LOG_TO_STDERR = "-Xlog:all=off:stdout -Xlog:all=warning:stderr"
@@ -25,6 +30,16 @@ JVM_LOG_TO_STDERR = "-Xlog:all=off:stdout -Xlog:all=warning:stderr"
 DUMP_TIMEOUT_S = 600
 DEFAULT_PREFIX = "icefloe-"
 KEPT_ARCHIVES = 3
+# Options that transform classes as the JVM loads them (a Java agent, JFR started with the JVM; `-XX:+FlightRecorder`
+# alone records nothing), and where the driver's JVM finds options besides ours.
+INSTRUMENTING = ("-javaagent:", "-agentlib:", "-agentpath:", "-XX:StartFlightRecording")
+OPTION_VARIABLES = (
+    "JAVA_TOOL_OPTIONS",
+    "JDK_JAVA_OPTIONS",
+    "_JAVA_OPTIONS",
+    "SPARK_SUBMIT_OPTS",
+    "PYSPARK_SUBMIT_ARGS",
+)
 
 
 def archive_path(default_dir: Path, class_path: list[str]) -> Path | None:
@@ -33,9 +48,28 @@ def archive_path(default_dir: Path, class_path: list[str]) -> Path | None:
     configured = os.environ.get(ARCHIVE_ENV, "")
     if configured.lower() == "off":
         return None
+    instrumented = instrumenting_option()
+    if instrumented is not None:
+        log.warning(
+            "no class-data-sharing archive for this run (its JVM starts slower): %s transforms classes as they "
+            "load, and Java 17 crashes mapping an archive then",
+            instrumented,
+        )
+        return None
     if configured:
         return Path(configured)
     return default_dir / f"{DEFAULT_PREFIX}{_fingerprint([*class_path, *_spark_jars()])}.jsa"
+
+
+def instrumenting_option() -> str | None:
+    """The first option the driver's JVM gets that transforms classes as they load (`INSTRUMENTING`), and where it
+    comes from, or None."""
+    for variable in OPTION_VARIABLES:
+        for option in os.environ.get(variable, "").split():
+            option = option.strip("'\"")  # PYSPARK_SUBMIT_ARGS: --driver-java-options '...'
+            if option.startswith(INSTRUMENTING):
+                return f"{option.split('=', 1)[0]} in {variable}"
+    return None
 
 
 def driver_settings(archive: Path, jars: list[str], write: bool = True) -> dict[str, str]:

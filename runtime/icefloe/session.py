@@ -110,6 +110,8 @@ def spark_session(catalog: CatalogSpec, state_dir: Path, msk_iam: bool = False, 
             # task, in every fresh run (bench/results/cold_start_small.md).
             conf["spark.driver.extraClassPath"] = ":".join(jars)
             archive = class_sharing.archive_path(jvm_lib().parent / "cds", jars)
+            # The JVM's own messages (a flight recording's start among them) off --json's stdout, archive or not.
+            conf["spark.driver.extraJavaOptions"] = class_sharing.JVM_LOG_TO_STDERR
             if archive is not None:
                 conf |= class_sharing.driver_settings(archive, jars, write_class_archive)
         else:
