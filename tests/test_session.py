@@ -27,15 +27,18 @@ def test_the_first_runs_write_one_cds_archive_by_default_and_the_next_maps_icebe
     broker, registry, state_dir, topic, tmp_path
 ):
     """With no archive yet, two runs at once each have their JVM write one as it exits and move it into place: one
-    archive in jvm/cds, no half-written file left (nor a killed run's). The next
+    archive in jvm/cds (under a folder whose name has a blank), no half-written file left (nor a killed run's). The next
     run loads its classes from it, Iceberg's among them, and writes its batch as without it; --json stays parseable."""
     broker.create_topic(topic, 2)
     produce_avro(broker.bootstrap_servers, registry.url, topic, stock_trades.SCHEMA, stock_trades.trades(3000))
-    lib = tmp_path / "jvm" / "lib"  # the real jars under a jvm/ of the test's own, so jvm/cds is the test's too
+    # The real jars under a jvm/ of the test's own, so jvm/cds is the test's too; in a folder whose name has a blank,
+    # as a checkout under `My Projects/` (the archive's path, a JVM option, was split there and the JVM did not start).
+    checkout = tmp_path / "My Projects"
+    lib = checkout / "jvm" / "lib"
     lib.mkdir(parents=True)
     for folder in jvm_lib().iterdir():
         (lib / folder.name).symlink_to(folder)
-    cds = tmp_path / "jvm" / "cds"
+    cds = checkout / "jvm" / "cds"
     cds.mkdir()
     killed = cds / f"icefloe-0123456789abcdef.jsa.{DEAD_PID}.tmp"
     killed.write_bytes(b"a run killed while writing its archive")

@@ -77,7 +77,7 @@ def driver_settings(archive: Path, jars: list[str], write: bool = True) -> dict[
     The jars go on the driver's class path, as AppCDS archives only classes of the boot and application class path."""
     settings = {"spark.driver.extraClassPath": ":".join(jars)}
     if archive.exists():
-        use = f"-XX:SharedArchiveFile={archive}"
+        use = _option("-XX:SharedArchiveFile", archive)
     elif not write:
         return settings
     else:
@@ -87,9 +87,20 @@ def driver_settings(archive: Path, jars: list[str], write: bool = True) -> dict[
             return settings
         pending = archive.with_name(f"{archive.name}.{os.getpid()}.tmp")
         # The dump warns of each class it leaves out (thousands: generated, old-format): errors only.
-        use = f"-XX:ArchiveClassesAtExit={pending} -Xlog:cds*=error:stderr"
+        use = f"{_option('-XX:ArchiveClassesAtExit', pending)} -Xlog:cds*=error:stderr"
         atexit.register(_publish, pending, archive)
     return settings | {"spark.driver.extraJavaOptions": f"{JVM_LOG_TO_STDERR} {use}"}
+
+
+def _option(name: str, path: Path) -> str:
+    """A JVM option naming a file, as one word of `spark.driver.extraJavaOptions` (which Spark's launcher splits at
+    blanks, keeping what double quotes hold together): a checkout under `My Projects/` put the archive's path in two
+    words, and the JVM did not start."""
+    text = str(path)
+    if not any(c.isspace() or c in "\"'\\" for c in text):
+        return f"{name}={text}"
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'{name}="{escaped}"'
 
 
 def _publish(pending: Path, archive: Path) -> None:
