@@ -16,9 +16,10 @@
     deletes in the batch (no markers commit).
 (4) Memory (`--memory`): one batch of M changes (default 1M, 2.5M and 5M, each into a table of N keys of its
     own; 80% updates of existing keys, 10% new keys, 10% tombstones, keys drawn with repeats), each in a fresh
-    process with the local default heap (no ICEFLOE_DRIVER_MEMORY; `--memory-heap`: another), sampled every MEMORY_SAMPLE_S: the JVM's heap in
-    use and its old generation after each collection (what stays live), the resident memory of the JVM and of the
-    Python driver. The table's rows after the batch are checked against the keys the changes leave.
+    process with the local default heap (no ICEFLOE_DRIVER_MEMORY; `--memory-heap`: another), sampled every
+    MEMORY_SAMPLE_S: the JVM's heap in use and its old generation after each collection (what stays live), the
+    resident memory of the JVM and of the Python driver. The table's rows after the batch are checked against the
+    keys the changes leave.
 Results: bench/results/upsert.{json,md} (and upsert_order_cost.*, upsert_memory.*). Run: `.venv/bin/python bench/upsert.py`.
 """
 
@@ -545,6 +546,8 @@ def summarize(runs: list[dict], changes: int, cores: int) -> dict:
 
 
 def render_throughput(report: dict) -> list[str]:
+    runs = [m for size in report["sizes"] for m in size.values() if isinstance(m, dict)]
+    heaps = sorted({heap for m in runs for heap in m.get("max_heap_mib", [])}, key=str)
     lines = [
         f"## Throughput: one batch of {report['changes']:,} changes (80% updates, 10% new keys, 10% tombstones)",
         "",
@@ -552,7 +555,7 @@ def render_throughput(report: dict) -> list[str]:
         f"shared with other users; load average (1, 5, 15 min) at start {report['load_avg_at_start']}, at end "
         f"{report['load_avg_at_end']}; median of {report['rounds']} rounds, upsert and append alternating. The append "
         "table takes the same records from a topic of its own. Per core = changes/s / cores. The Spark JVM's heap "
-        f"(MiB): {sorted({h for size in report['sizes'] for m in size.values() if isinstance(m, dict) for h in m.get('max_heap_mib', [])}, key=str)}.",
+        f"(MiB): {heaps}.",
         "",
         "| table keys | mode | seconds (median) | all | changes/s | changes/s per core | Spark CPU s | changes per Spark CPU-s | Spark start s | load (1 min) |",
         "|---:|---|---:|---|---:|---:|---:|---:|---|---|",
