@@ -4,7 +4,8 @@
 # git-ignored jvm/lib/, the test-only ones (jvm/test-pom.xml: the AWS Glue Schema Registry's Java serde, and its module
 # test-rest-catalog-pom.xml: Apache Iceberg's REST catalog server) into jvm/test-lib/, icefloe's own jar (jvm/src), the change-data test platform
 # (PostgreSQL and MariaDB from Debian; Kafka Connect, Debezium and Apicurio's converter from jvm/cdc/*.xml into jvm/cdc-lib/), a
-# virtualenv, and the project with every extra. Safe to run again.
+# virtualenv, and the project with every extra. Safe to run again. `--missing`: only list the Debian packages it
+# would install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,8 +18,14 @@ command -v mvn >/dev/null || APT_PACKAGES+=(maven)
 [ -x /usr/bin/python3.11 ] || APT_PACKAGES+=(python3.11)
 # The CDC tests' private PostgreSQL cluster (initdb, pg_ctl, psql): Debian's, any version with logical decoding.
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null && command -v psql >/dev/null || APT_PACKAGES+=(postgresql)
-# ... and their private MariaDB server (mariadb-install-db, mariadbd, the mariadb client).
-command -v mariadbd >/dev/null && command -v mariadb-install-db >/dev/null || APT_PACKAGES+=(mariadb-server)
+# ... and their private MariaDB server (mariadb-install-db, mariadbd, the mariadb client). Debian puts mariadbd in
+# /usr/sbin, which is on root's PATH only: a user's set-up found it missing and wanted sudo to install it again.
+{ command -v mariadbd >/dev/null || [ -x /usr/sbin/mariadbd ]; } && command -v mariadb-install-db >/dev/null \
+  || APT_PACKAGES+=(mariadb-server)
+if [ "${1:-}" = "--missing" ]; then  # only say which Debian packages this machine lacks, one per line
+  [ ${#APT_PACKAGES[@]} -eq 0 ] || printf '%s\n' "${APT_PACKAGES[@]}"
+  exit 0
+fi
 if [ ${#APT_PACKAGES[@]} -gt 0 ]; then
   echo "setup: installing ${APT_PACKAGES[*]} (Debian)"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

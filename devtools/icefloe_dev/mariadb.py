@@ -9,6 +9,8 @@ privileges. Statements go through the `mariadb` client over the server's socket 
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import shutil
 import subprocess
 import tempfile
@@ -20,6 +22,12 @@ from .processes import DataDirService, ServiceError, free_port
 
 USER, PASSWORD = "debezium", "debezium"
 GRANTS = "SELECT, RELOAD, SHOW DATABASES, REPLICATION SLAVE, REPLICATION CLIENT, LOCK TABLES"
+
+
+def os_user() -> str:
+    """The user the server runs as: whoever runs the tests (`--user=root` made a user's `mariadb-install-db` fail:
+    "Cannot change ownership of the database directories to the 'root' user")."""
+    return pwd.getpwuid(os.getuid()).pw_name
 
 
 def mariadb_bin(program: str) -> str:
@@ -50,8 +58,8 @@ class MariaDBServer(DataDirService):
     def _install(self) -> None:
         self.data_dir = Path(tempfile.mkdtemp(prefix="icefloe-mariadb-"))
         done = subprocess.run(
-            [mariadb_bin("mariadb-install-db"), "--no-defaults", f"--datadir={self.data_dir / 'data'}", "--user=root",
-             "--auth-root-authentication-method=normal", "--skip-test-db"],
+            [mariadb_bin("mariadb-install-db"), "--no-defaults", f"--datadir={self.data_dir / 'data'}",
+             f"--user={os_user()}", "--auth-root-authentication-method=normal", "--skip-test-db"],
             capture_output=True, text=True, timeout=120, cwd="/",
         )  # fmt: skip
         if done.returncode != 0:
@@ -64,7 +72,7 @@ class MariaDBServer(DataDirService):
         assert self.data_dir is not None
         return [
             mariadb_bin("mariadbd"), "--no-defaults", f"--datadir={self.data_dir / 'data'}", f"--socket={self.socket}",
-            f"--port={self.port}", "--bind-address=127.0.0.1", "--user=root", "--server-id=1",
+            f"--port={self.port}", "--bind-address=127.0.0.1", f"--user={os_user()}", "--server-id=1",
             f"--log-bin={self.data_dir / 'binlog'}", "--binlog-format=ROW", "--binlog-row-image=FULL",
             "--innodb-flush-log-at-trx-commit=0", "--innodb-buffer-pool-size=32M", "--skip-name-resolve",
             "--default-time-zone=+00:00",
