@@ -9,6 +9,7 @@ exactly as jvm/pom.xml pins them (`fake_jar_dir`), so the upload and the job's `
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -47,7 +48,7 @@ __all__ = [
 def fake_jar_dir(root: Path | None = None, content: bytes = b"") -> Path:
     """A directory with one small file per jar jvm/pom.xml pins for Spark, named as Maven names them, and
     icefloe's own."""
-    root = root or Path(tempfile.gettempdir()) / "icefloe-fake-jars"
+    root = root or Path(tempfile.gettempdir()) / f"icefloe-fake-jars-{os.getuid()}"  # another user's is not ours
     root.mkdir(parents=True, exist_ok=True)
     for name in [*(jar.file_name for jar in pinned_spark_jars()), ICEFLOE_JAR]:
         path = root / name

@@ -208,6 +208,23 @@ class SubmittedJob:
         shutil.rmtree(self.cwd / SPARK_LOCAL, ignore_errors=True)
 
 
+def extract_all(tar: tarfile.TarFile, into: Path) -> None:
+    """Every member of `tar` unpacked into `into`, none landing outside it: tarfile's `data` filter where this Python
+    has it (3.11.4 on), else the same check by hand (Debian 12's Python is 3.11.2: `extractall(filter=...)` was a
+    TypeError there)."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(into, filter="data")
+        return
+    root = into.resolve()
+    for member in tar.getmembers():
+        target = (root / member.name).resolve()
+        linked = [(target.parent / member.linkname).resolve()] if member.issym() else []
+        linked += [(root / member.linkname).resolve()] if member.islnk() else []
+        if member.isdev() or any(not path.is_relative_to(root) for path in [target, *linked]):
+            raise ServiceError(f"{member.name} in {tar.name} would unpack outside {into} (or is a device)")
+    tar.extractall(into)
+
+
 def unpack_archive(archive: Path, into: Path) -> Path:
     """The bundle as EMR unpacks it (`spark.archives=...#deps`): `into`/deps. Unpacked once per archive, beside it
     (about 400 MB and half a minute on a loaded machine), and linked into each driver's directory: the drivers run
@@ -218,7 +235,7 @@ def unpack_archive(archive: Path, into: Path) -> Path:
         shutil.rmtree(partial, ignore_errors=True)  # a run stopped mid-unpack
         partial.mkdir(parents=True)
         with tarfile.open(archive) as tar:
-            tar.extractall(partial, filter="data")
+            extract_all(tar, partial)
         partial.rename(unpacked)
     deps = into / "deps"
     if not deps.exists():

@@ -21,6 +21,7 @@ from packaging import tags
 
 import icefloe
 import icefloe_dev
+from icefloe_dev.spark_cluster import extract_all
 from icefloe_infra import bundle as bundle_module
 from icefloe_infra.bundle import ENTRY_POINT, build_bundle, runtime_requirements
 
@@ -32,7 +33,7 @@ def extract(bundle, into: Path) -> Path:
     deps = into / "deps"
     deps.mkdir(parents=True)
     with tarfile.open(bundle.archive) as tar:
-        tar.extractall(deps, filter="data")
+        extract_all(tar, deps)
     (into / "main.py").write_text(bundle.entry_point.read_text())
     return into
 
