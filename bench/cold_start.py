@@ -5,8 +5,9 @@ One batch of N `trades` records (~200 B Avro, bench/throughput.py's shape and pr
           unmeasured 1,000-record batch created it); the same process with nothing new right after it is the idle
           start-up (Python, JVM, Spark, catalog, planning), measured apart and subtracted: data s = run - idle
   warm    in one process that keeps its JVM: a first batch of N (JIT warm-up), then the measured second batch of N
-for a baseline (no JVM options: the job's defaults) and for each candidate JVM setting, the variants alternating
-within a round so load from other users hits all alike. CPU = the process tree's CPU seconds (/proc). Candidates:
+for a baseline (no JVM options: the job's defaults, no archive) and for each candidate JVM setting, the variants
+alternating within a round so load from other users hits all alike; the first variant named is the one whose warm
+process the others are compared with. CPU = the process tree's CPU seconds (/proc). Candidates:
   cds       an AppCDS archive (`-XX:SharedArchiveFile`) that a training run (`-XX:ArchiveClassesAtExit`, same JDK,
             same class path) wrote. AppCDS archives only classes from the boot and app class path: Spark's own jars
             (spark-submit's -cp) are archived, the jars `spark.jars` adds (Iceberg, Kafka, Avro) are loaded by a
@@ -14,6 +15,8 @@ within a round so load from other users hits all alike. CPU = the process tree's
   cds-cp    the same with `spark.jars` also on the driver class path (`--driver-class-path`), so they are archived too
   c1        `-XX:TieredStopAtLevel=1`: C1 only (cheap compiles; slower code in long batches: see --big-records)
   pargc     `-XX:+UseParallelGC`
+  shipped   what a local run does by itself: the archive `icefloe.class_sharing` keeps in jvm/cds/ (written by the
+            first run that finds none), the jars on the driver's class path; `shipped+c1`, `shipped+pargc` add those
 and combinations. How many classes came from the archive is checked once per archive (`-Xlog:class+load`).
 Results: bench/results/cold_start.{json,md}. Run: `.venv/bin/python bench/cold_start.py [--records N] [--rounds R]`.
 
@@ -47,6 +50,7 @@ from throughput import PARTITIONS, TRADES, icefloe_process, stack_file, table_co
 RESULTS = Path(__file__).parent / "results"
 SEED = 1000
 JVM_LOG = "-Xlog:disable -Xlog:all=warning:stderr"
+SHIPPED = "shipped"  # a variant's archive: the one the runtime maps by itself, not one of this benchmark's
 # name -> (JVM options, jars on the driver class path, archive it uses: None or the name of the archive)
 VARIANTS = {
     "baseline": ("", False, None),
@@ -58,6 +62,11 @@ VARIANTS = {
     # Spark reads spark.* system properties into the driver's conf: whole-stage code generation off (fewer, smaller
     # classes for Janino to compile in a cold JVM; each operator's expressions are still compiled)
     "no-wholestage": ("-Dspark.sql.codegen.wholeStage=false", False, None),
+    # The runtime's own choices (session.py, class_sharing.py): the archive in jvm/cds/ and the class path
+    "shipped": ("", False, SHIPPED),
+    "shipped+c1": ("-XX:TieredStopAtLevel=1", False, SHIPPED),
+    "shipped+pargc": ("-XX:+UseParallelGC", False, SHIPPED),
+    "shipped+c1+pargc": ("-XX:TieredStopAtLevel=1 -XX:+UseParallelGC", False, SHIPPED),
 }
 
 
@@ -71,6 +80,8 @@ def variant_env(name: str, archives: Path, extra: str = "") -> dict[str, str]:
     """The environment a process of this variant starts with: its JVM options through SPARK_SUBMIT_OPTS (the
     driver JVM's options in local mode), the class path through PYSPARK_SUBMIT_ARGS."""
     options, class_path, archive = VARIANTS[name]
+    if archive == SHIPPED:  # the runtime's own settings, its JVM's log among them
+        return {"SPARK_SUBMIT_OPTS": f"{options} {extra}".strip()}
     if archive:
         options += f" -XX:SharedArchiveFile={archives / (archive + '.jsa')}"
     # The JVM's own messages (CDS's at exit among them) to stderr: stdout carries the run's --json line.
@@ -160,14 +171,21 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200_000, help="the batch (trades, ~200 B)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from: " + ", ".join(VARIANTS))
-    parser.add_argument("--big-records", type=int, default=1_000_000, help="a big fresh batch, baseline vs c1; 0: none")
+    parser.add_argument("--big-records", type=int, default=1_000_000, help="a big fresh batch; 0: none")
+    parser.add_argument("--big-variants", default="baseline,c1", help="the big batch's variants, comma-separated")
+    parser.add_argument("--big-rounds", type=int, default=1, help="the big batch's rounds, variants alternating")
     parser.add_argument("--name", default="cold_start", help="results file name (bench/results/<name>.{json,md})")
     parser.add_argument("--small", type=int, default=0, help="fixed-cost mode: batches of N records (see above)")
     parser.add_argument("--base-runtime", help="--small: a runtime directory to compare this tree's with")
     parser.add_argument("--jvm", default="", help="--small: SPARK_SUBMIT_OPTS of the fresh runs")
+    parser.add_argument("--shipped-with", action="append", default=[], metavar="NAME=OPTIONS",
+                        help="one more variant: the runtime's own settings (shipped) with these JVM options")  # fmt: skip
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--markdown", action="store_true", help="only rewrite cold_start.md from cold_start.json")
     args = parser.parse_args()
+    for variant in args.shipped_with:
+        name, options = variant.split("=", 1)
+        VARIANTS[name] = (options, False, SHIPPED)
     if args.markdown:
         (RESULTS / f"{args.name}.md").write_text(markdown(json.loads((RESULTS / f"{args.name}.json").read_text())))
         return
@@ -215,7 +233,7 @@ def main() -> None:
                 return f"cold_{variant.replace('-', '_').replace('+', '_')}_{round_}"
 
             # The archives: a training run each (a seed batch, so it loads the write and commit paths' classes).
-            for name in {VARIANTS[v][2] for v in variants if VARIANTS[v][2]}:
+            for name in {VARIANTS[v][2] for v in variants if VARIANTS[v][2] not in (None, SHIPPED)}:
                 cp = name.endswith("-cp")
                 env = variant_env("cds-cp" if cp else "cds", archives)
                 env["SPARK_SUBMIT_OPTS"] = f"{JVM_LOG} -XX:ArchiveClassesAtExit={archives / (name + '.jsa')}"
@@ -228,7 +246,7 @@ def main() -> None:
 
             fresh: dict[str, list] = {v: [] for v in variants}
             idle: dict[str, list] = {v: [] for v in variants}
-            warm: dict[str, list] = {v: [] for v in ("baseline",) if v in variants}
+            warm: dict[str, list] = {variants[0]: []}
             for round_ in range(args.rounds):
                 order = variants if round_ % 2 == 0 else variants[::-1]
                 for v in order:
@@ -254,7 +272,7 @@ def main() -> None:
                                          "jars_on_class_path": VARIANTS[v][1], **summary(fresh[v], idle[v])}  # fmt: skip
             for v in warm:
                 report["variants"][v]["warm"] = summary(warm[v])
-            for name in {VARIANTS[v][2] for v in variants if VARIANTS[v][2]}:  # an idle run: every table is read
+            for name in {VARIANTS[v][2] for v in variants if VARIANTS[v][2] not in (None, SHIPPED)}:  # an idle run
                 v = "cds-cp" if name.endswith("-cp") else "cds"
                 report.setdefault("archive_check", {})[name] = archived_classes(
                     variant_env(v, archives), stack(table_of(variants[0], 0), args.records), state, work / f"{name}.log"
@@ -265,19 +283,22 @@ def main() -> None:
                 count, size = produce_avro_quickly(
                     bootstrap, registry.url, "cold_big", TRADES, trades(SEED + args.big_records)
                 )
-                report["big"] = {"records": args.big_records, "mib": round(size / count * args.big_records / 2**20, 1)}
-                for v in ("baseline", "c1"):
-                    table = f"big_{v}"
-                    in_one_process({}, {**spec, "topic": "cold_big", "batches": [[table, SEED]]})
-                    path = stack_file(
-                        work / f"{table}.yaml", bootstrap, registry.url, "cold_big", table, args.big_records
-                    )
-                    with environment(variant_env(v, archives)):
-                        run = icefloe_process(path, state)
-                    run["load_1m"] = round(os.getloadavg()[0], 1)
-                    report["big"][v] = {"seconds": round(run["seconds"], 1), "cpu_s": round(run["cpu_s"], 1),
-                                        "load_1m": run["load_1m"]}  # fmt: skip
-                    print(f"big {v}: {run['seconds']:.1f} s ({run['cpu_s']:.1f} CPU s)", flush=True)
+                report["big"] = {"records": args.big_records, "mib": round(size / count * args.big_records / 2**20, 1),
+                                 "rounds": args.big_rounds, "variants": {}}  # fmt: skip
+                big_variants = args.big_variants.split(",")
+                for round_ in range(args.big_rounds):
+                    for v in big_variants if round_ % 2 == 0 else big_variants[::-1]:
+                        table = f"big_{table_of(v, round_)}"
+                        in_one_process({}, {**spec, "topic": "cold_big", "batches": [[table, SEED]]})
+                        path = stack_file(work / f"{table}.yaml", bootstrap, registry.url, "cold_big", table,
+                                          args.big_records, maintenance=False)  # fmt: skip
+                        with environment(variant_env(v, archives)):
+                            run = icefloe_process(path, state)
+                        assert run["rows_written"] == args.big_records, run
+                        report["big"]["variants"].setdefault(v, []).append(
+                            {"seconds": round(run["seconds"], 1), "cpu_s": round(run["cpu_s"], 1),
+                             "load_1m": round(os.getloadavg()[0], 1)})  # fmt: skip
+                        print(f"big {v}: {run['seconds']:.1f} s ({run['cpu_s']:.1f} CPU s)", flush=True)
         finally:
             registry.stop()
             broker.stop()
@@ -297,7 +318,8 @@ def main() -> None:
 
 def markdown(report: dict) -> str:
     """The results page: per variant the fresh run, its idle start-up and the data part; the warm batch; the gap."""
-    base = report["variants"]["baseline"]
+    first = next(iter(report["variants"]))
+    base = report["variants"][first]
     warm = base.get("warm")
     lines = [
         "# Cold start: a fresh `icefloe run --once` against a warm process",
@@ -322,11 +344,11 @@ def markdown(report: dict) -> str:
         )
     if warm:
         lines += [
-            f"| warm (baseline JVM, 2nd batch) | - | {warm['run_s_median']} | - | {warm['run_s_median']} | "
+            f"| warm ({first} JVM, 2nd batch) | - | {warm['run_s_median']} | - | {warm['run_s_median']} | "
             f"{warm['run_cpu_s_median']} | - | {warm['run_cpu_s_median']} | {warm['load_1m']} |",
             "",
             "Gap over the warm batch (fresh run's data part - warm batch), seconds / CPU seconds, and how much of "
-            "the baseline's gap each variant closes:",
+            f"the {first} variant's gap each variant closes:",
             "",
             "| variant | gap s | gap CPU s | closed (s) | closed (CPU s) |",
             "|---|---:|---:|---:|---:|",
@@ -343,7 +365,22 @@ def markdown(report: dict) -> str:
                 f"- `{name}` ({report['archive_mib'][name]} MiB): {c['from_archive']:,} of {c['classes_loaded']:,} "
                 f"classes from the archive; Iceberg's: {c['iceberg_from_archive']} of {c['iceberg_classes']}"
             )
-    if report.get("big"):
+    if report.get("big") and "variants" in report["big"]:
+        big = report["big"]
+        lines += [
+            "",
+            f"A big batch, fresh (`run --once`, start-up included) into a table an earlier batch created: "
+            f"{big['records']:,} trades ({big['mib']} MiB), {big['rounds']} round(s), the variants alternating; "
+            "seconds and CPU seconds of each run, medians:",
+            "",
+            "| variant | run s | median | CPU s | median | load (1 min) |",
+            "|---|---|---:|---|---:|---|",
+        ]
+        for name, runs in big["variants"].items():
+            seconds, cpu = [r["seconds"] for r in runs], [r["cpu_s"] for r in runs]
+            lines.append(f"| {name} | {seconds} | {statistics.median(seconds):.1f} | {cpu} | "
+                         f"{statistics.median(cpu):.1f} | {[r['load_1m'] for r in runs]} |")  # fmt: skip
+    elif report.get("big"):  # before --big-variants: baseline and C1 only, once each
         big = report["big"]
         lines += [
             "",

@@ -200,17 +200,21 @@ def run_job(
     runtime: Path | None = None,
     memory: bool = False,
     heap: str | None = None,
+    java_options: str | None = None,
 ) -> dict:
     """One batch of `table` in a fresh process (a new driver and Spark JVM, as a scheduled job); `base_keys`: write
     that many base rows under the table's first checkpoint after the batch (`write_base`); `runtime`: run icefloe
     from that directory (another version's `runtime/`) instead of this checkout's; `memory`: with the local default
-    heap (`heap`: that heap instead), its memory sampled (`MemorySampler`)."""
+    heap (`heap`: that heap instead), its memory sampled (`MemorySampler`); `java_options`: the driver JVM's
+    options (`SPARK_SUBMIT_OPTS`) instead of the environment's."""
     import subprocess
     import sys
 
     env = dict(os.environ)
     if runtime is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(runtime), *env.get("PYTHONPATH", "").split(os.pathsep)])
+    if java_options is not None:
+        env["SPARK_SUBMIT_OPTS"] = java_options
     if memory:
         env.pop("ICEFLOE_DRIVER_MEMORY", None)
         if heap:
@@ -391,10 +395,18 @@ def write_base(spark, identifier: str, keys: int) -> None:
 
 
 def throughput(
-    work: Path, keys_list: list[int], changes: int, rounds: int, profile: bool = False, base: Path | None = None
+    work: Path,
+    keys_list: list[int],
+    changes: int,
+    rounds: int,
+    profile: bool = False,
+    base: Path | None = None,
+    jvm_variants: dict[str, str] | None = None,
 ) -> dict:
     """`base`: another version's `runtime/`, whose upsert batches run beside this one's on a table of their own
-    reading the same topic (mode "upsert (base)"): the two versions compared in the same run."""
+    reading the same topic (mode "upsertbase"): the two versions compared in the same run. `jvm_variants`: name ->
+    the driver JVM's options; each variant's upsert and append batches run beside the others' on tables of their own
+    reading the same topics (modes "upsert_NAME", "append_NAME"), its options in `SPARK_SUBMIT_OPTS`."""
     from icefloe_dev.kafka_broker import KafkaBroker
     from icefloe_dev.processes import start_together
     from icefloe_dev.schema_registry import SchemaRegistry
@@ -409,17 +421,21 @@ def throughput(
             upsert_topic, append_topic = f"upserts_{keys}", f"appends_{keys}"
             for topic in (upsert_topic, append_topic):
                 broker.create_topic(topic, PARTITIONS)
+            # mode -> (runtime, JVM options): the table f"{mode}_{keys}" in that mode ("upsert..." or "append...")
+            modes: dict[str, tuple[Path | None, str | None]] = {
+                "upsert": (None, None), **({"upsertbase": (base, None)} if base else {}), "append": (None, None)}  # fmt: skip
+            for name, options in (jvm_variants or {}).items():
+                modes |= {f"upsert_{name}": (None, options), f"append_{name}": (None, options)}
             config = job_config(bootstrap, url, [
-                {"topic": upsert_topic, "table": f"upsert_{keys}", "mode": "upsert"},
-                *([{"topic": upsert_topic, "table": f"upsertbase_{keys}", "mode": "upsert"}] if base else []),
-                {"topic": append_topic, "table": f"append_{keys}"}])  # fmt: skip
-            modes = {"upsert": None, **({"upsertbase": base} if base else {}), "append": None}
+                {"topic": append_topic if mode.startswith("append") else upsert_topic, "table": f"{mode}_{keys}",
+                 **({} if mode.startswith("append") else {"mode": "upsert"})} for mode in modes])  # fmt: skip
             # First batches (not measured): one record each creates the tables; the upsert table gets its base rows.
             produce(bootstrap, url, upsert_topic, [(account_key(keys + 10**8), None)])
             produce(bootstrap, url, append_topic, [(account_key(keys + 10**8), None)])
             started = time.monotonic()
-            for mode, runtime in modes.items():
-                run_job(state, config, f"{mode}_{keys}", base_keys=0 if mode == "append" else keys, runtime=runtime)
+            for mode, (runtime, options) in modes.items():
+                base_keys = 0 if mode.startswith("append") else keys
+                run_job(state, config, f"{mode}_{keys}", base_keys=base_keys, runtime=runtime, java_options=options)
             print(f"{keys:,} keys: tables ready in {time.monotonic() - started:.0f} s", flush=True)
             runs: dict[str, list[dict]] = {mode: [] for mode in modes}
             for round_ in range(rounds):
@@ -428,8 +444,9 @@ def throughput(
                 produce(bootstrap, url, append_topic, batch)
                 order = list(modes)[::-1] if round_ % 2 else list(modes)
                 for mode in order:
-                    found = run_job(state, config, f"{mode}_{keys}", profile=profile and mode != "append",
-                                    runtime=modes[mode])  # fmt: skip
+                    runtime, options = modes[mode]
+                    found = run_job(state, config, f"{mode}_{keys}", profile=profile and mode.startswith("upsert"),
+                                    runtime=runtime, java_options=options)  # fmt: skip
                     assert found["rows"] > 0, found
                     runs[mode].append(found)
                 print(
@@ -439,6 +456,10 @@ def throughput(
                           **{mode: summarize(found, changes, cores) for mode, found in runs.items()}})  # fmt: skip
             sizes[-1]["ratio_upsert_to_append"] = round(sizes[-1]["upsert"]["seconds"] and
                                                         sizes[-1]["append"]["seconds"] / sizes[-1]["upsert"]["seconds"], 3)  # fmt: skip
+            for name in jvm_variants or {}:
+                size = sizes[-1]
+                size[f"ratio_upsert_to_append_{name}"] = round(size[f"append_{name}"]["seconds"] /
+                                                               size[f"upsert_{name}"]["seconds"], 3)  # fmt: skip
             if base:
                 sizes[-1]["ratio_base_to_append"] = round(sizes[-1]["append"]["seconds"] /
                                                           sizes[-1]["upsertbase"]["seconds"], 3)  # fmt: skip
@@ -447,7 +468,7 @@ def throughput(
     finally:
         registry.stop()
         broker.stop()
-    return {"cores": cores, "sizes": sizes}
+    return {"cores": cores, "sizes": sizes, "jvm_variants": jvm_variants or {}}
 
 
 def large_batch(keys: int, changes: int, expected: list[int], seed: int = 30):
@@ -561,23 +582,27 @@ def render_throughput(report: dict) -> list[str]:
         "|---:|---|---:|---|---:|---:|---:|---:|---|---|",
     ]
     for size in report["sizes"]:
-        for mode in ("upsert", "upsertbase", "append"):
-            if mode not in size:
+        for mode, m in size.items():
+            if not isinstance(m, dict):
                 continue
-            m = size[mode]
             lines.append(f"| {size['keys']:,} | {mode} | {m['seconds']} | {m['seconds_all']} | {m['changes_per_s']:,} | "
                          f"{m['changes_per_s_per_core']:,} | {m['spark_cpu_s']} | {m['changes_per_spark_cpu_s']:,} | "
                          f"{m['spark_start_s']} | {m['load_1m']} |")  # fmt: skip
     lines += ["", "Upsert / append rate, same run: " + ", ".join(
         f"{s['keys']:,} keys {s['ratio_upsert_to_append']}" for s in report["sizes"]) + "."]  # fmt: skip
+    for name, options in report.get("jvm_variants", {}).items():
+        lines.append(f"JVM variant `{name}` (`SPARK_SUBMIT_OPTS={options}`), upsert / append rate: " + ", ".join(
+            f"{s['keys']:,} keys {s[f'ratio_upsert_to_append_{name}']}" for s in report["sizes"]) + ".")  # fmt: skip
     for s in report["sizes"]:
         if "upsertbase" in s:
             lines.append(f"Base version (`upsertbase`, {report['base']}) / append rate, same run: {s['keys']:,} keys "
                          f"{s['ratio_base_to_append']}; Spark CPU this version / base: {s['cpu_upsert_to_base']}.")  # fmt: skip
     if len(report["sizes"]) > 1:
         small, large = report["sizes"][0], report["sizes"][-1]
-        lines.append(f"Cost at {large['keys']:,} keys / at {small['keys']:,} keys: "
-                     f"x{round(large['upsert']['seconds'] / small['upsert']['seconds'], 2)}.")  # fmt: skip
+        for mode in (m for m in large if m.startswith("upsert") and isinstance(large[m], dict)):
+            lines.append(f"Cost of `{mode}` at {large['keys']:,} keys / at {small['keys']:,} keys: "
+                         f"x{round(large[mode]['seconds'] / small[mode]['seconds'], 2)} (seconds), "
+                         f"x{round(large[mode]['spark_cpu_s'] / small[mode]['spark_cpu_s'], 2)} (Spark CPU s).")  # fmt: skip
     return [*lines, ""]
 
 
@@ -634,7 +659,14 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true", help="only (4), one large batch's memory")
     parser.add_argument("--memory-changes", default="1000000,2500000,5000000", help="(4): batch sizes, comma-separated")
     parser.add_argument("--memory-heap", help="(4): the driver's heap (ICEFLOE_DRIVER_MEMORY), else the default")
-    parser.add_argument("--output", default="upsert_memory", help="(4): results file name (bench/results/NAME.*)")
+    parser.add_argument(
+        "--jvm",
+        action="append",
+        default=[],
+        metavar="NAME=OPTIONS",
+        help="(1): also upsert and append tables whose batches run with these driver JVM options",
+    )
+    parser.add_argument("--output", help="(1), (4): results file name (bench/results/NAME.*; upsert, upsert_memory)")
     parser.add_argument("--job", help=argparse.SUPPRESS)  # the fresh process of one batch (`run_job`)
     args = parser.parse_args()
     if args.job:
@@ -649,8 +681,9 @@ def main() -> None:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         report.update(load_avg_at_start=load, load_avg_at_end=[round(x, 1) for x in os.getloadavg()])
-        (RESULTS / f"{args.output}.json").write_text(json.dumps(report, indent=2) + "\n")
-        (RESULTS / f"{args.output}.md").write_text(render_memory(report))
+        output = args.output or "upsert_memory"
+        (RESULTS / f"{output}.json").write_text(json.dumps(report, indent=2) + "\n")
+        (RESULTS / f"{output}.md").write_text(render_memory(report))
         print(render_memory(report))
         return
     if not args.cost_only and not args.reads:
@@ -663,14 +696,16 @@ def main() -> None:
                 args.rounds,
                 args.profile,
                 args.base,
+                dict(variant.split("=", 1) for variant in args.jvm),
             )
         finally:
             shutil.rmtree(work, ignore_errors=True)
         report.update(changes=args.changes, rounds=args.rounds, load_avg_at_start=load, base=str(args.base or ""),
                       load_avg_at_end=[round(x, 1) for x in os.getloadavg()])  # fmt: skip
-        (RESULTS / "upsert.json").write_text(json.dumps(report, indent=2) + "\n")
+        output = args.output or "upsert"
+        (RESULTS / f"{output}.json").write_text(json.dumps(report, indent=2) + "\n")
         text = "\n".join(["# Upsert benchmark", "", *render_throughput(report)])
-        (RESULTS / "upsert.md").write_text(text)
+        (RESULTS / f"{output}.md").write_text(text)
         print(text)
         return
     spark = spark_session(CatalogSpec(), work)

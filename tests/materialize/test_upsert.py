@@ -602,3 +602,48 @@ def test_two_runs_merging_their_delete_markers_at_once_never_both_commit(spark, 
     assert recorded() == [(b"base", 1), (b"k1", 20), (b"k3", 5)], "B's markers only"
     commit(run_a)  # A's batch again, re-planned
     assert recorded() == [(b"base", 1), (b"k1", 20), (b"k2", 30), (b"k3", 5)]
+
+
+def sql_executions(spark) -> list:
+    """The SQL queries the session ran that its status store still keeps (without the UI too; the last
+    `spark.sql.ui.retainedExecutions`)."""
+    executions = spark._jsparkSession.sharedState().statusStore().executionsList()
+    return [executions.apply(index) for index in range(executions.size())]
+
+
+def merge_plans(spark, after: int) -> dict[str, str]:
+    """The physical plans of the row-level writes (`WriteDelta`: MERGE, UPDATE, DELETE) the session ran after its
+    query `after` (an execution id), by the table each wrote: its first scan."""
+    plans = {}
+    for execution in sql_executions(spark):
+        plan = execution.physicalPlanDescription()
+        scans = [line.split()[-2] for line in plan.splitlines() if line.lstrip("+- :").startswith("BatchScan ")]
+        if execution.executionId() > after and "WriteDelta" in plan and scans:
+            plans[scans[0]] = plan
+    return plans
+
+
+def test_a_merge_joins_only_the_rows_whose_key_the_batch_may_hold(spark, broker, state_dir, topic, make_config):
+    """Issue 30: the table's side of the MERGE is filtered by a Bloom filter of the batch's keys (Spark's runtime
+    filter) before it is shuffled: a batch that changes a few keys of a large table joins about those rows, not every
+    row of the table with its file path. Here with the delete markers joined into the batch's side, as every batch
+    after the first delete has them. The table ends as the records say."""
+    from icefloe.materialize.upsert import delete_markers_identifier
+
+    broker.create_topic(topic, 3)
+    config = make_config({"topic": topic, "format": "json", "schema": SCHEMA, "mode": "upsert"})
+    rng = random.Random(47)
+    sent = changes(rng, keys=2_000, count=3_000)  # a table of ~1,700 keys, and markers of its deletes
+    produce(broker.bootstrap_servers, topic, sent)
+    first = run_table(spark, config, config.tables[0], state_dir)
+    assert first.status == "committed"
+    later = changes(rng, keys=20, count=40, start_seq=3_000)  # 20 of its keys change
+    produce(broker.bootstrap_servers, topic, later)
+    before = max((execution.executionId() for execution in sql_executions(spark)), default=-1)
+    second = run_table(spark, config, config.tables[0], state_dir)
+    assert second.status == "committed"
+    plans = merge_plans(spark, before)
+    table = next(name for name in plans if name.endswith(second.identifier))
+    assert any(name.endswith(delete_markers_identifier(second.identifier)) for name in plans), list(plans)
+    assert "might_contain" in plans[table], f"the table's MERGE scans and shuffles every row:\n{plans[table]}"
+    assert table_state(read_pyiceberg(state_dir, second.identifier)) == expected_state(sent + later)

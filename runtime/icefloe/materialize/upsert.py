@@ -80,21 +80,42 @@ _POSITION_FIELDS = [
 ]
 
 
+# How a batch's merges join, set for them alone (`_merge_joins`):
+MERGE_JOINS = {
+    # Shuffled hash joins where one side is much smaller and small enough for a hash map per shuffle partition (else
+    # a sort-merge join as before): the MERGE's join of the reduced batch with its table hashes the batch instead of
+    # sorting the whole table.
+    "spark.sql.join.preferSortMergeJoin": "false",
+    # The table's side filtered by a Bloom filter of the batch's keys before it is shuffled (Spark's runtime filter,
+    # a subquery over the kept batch): of a 10M-key table only the rows whose key the batch may hold are shuffled and
+    # joined, not every row with its file path (docs/benchmarks.md). Spark builds one only for a join that shuffles
+    # both sides (no broadcast: the table's scan never is one), only where the scanned side is at least the
+    # threshold (none: any table) and the batch's side at most the creation threshold, and only on a batch side
+    # with a selective filter over its scan (`_SELECTIVE`).
+    "spark.sql.autoBroadcastJoinThreshold": "-1",
+    "spark.sql.optimizer.runtime.bloomFilter.enabled": "true",
+    "spark.sql.optimizer.runtime.bloomFilter.applicationSideScanSizeThreshold": "0",
+    "spark.sql.optimizer.runtime.bloomFilter.creationSideThreshold": "1g",
+}
+# A filter every change passes (Kafka offsets are never negative) that Spark's runtime filter takes for a selective
+# one: it builds a Bloom filter only from a side with such a filter over its scan.
+_SELECTIVE = "kafka_offset >= 0"
+
+
 @contextmanager
-def _hash_joins(spark: SparkSession) -> Iterator[None]:
-    """Joins planned as shuffled hash joins where Spark finds one side much smaller and small enough for a hash map
-    per shuffle partition (below `autoBroadcastJoinThreshold` x shuffle partitions, else a sort-merge join as before):
-    a MERGE's join of the reduced batch with its table then hashes the batch instead of sorting the whole table."""
-    setting = "spark.sql.join.preferSortMergeJoin"
-    before = spark.conf.get(setting, None)
-    spark.conf.set(setting, "false")
+def _merge_joins(spark: SparkSession) -> Iterator[None]:
+    """`MERGE_JOINS` set for the block, the session's own settings back after it."""
+    before = {setting: spark.conf.get(setting, None) for setting in MERGE_JOINS}
+    for setting, value in MERGE_JOINS.items():
+        spark.conf.set(setting, value)
     try:
         yield
     finally:
-        if before is None:
-            spark.conf.unset(setting)
-        else:
-            spark.conf.set(setting, before)
+        for setting, value in before.items():
+            if value is None:
+                spark.conf.unset(setting)
+            else:
+                spark.conf.set(setting, value)
 
 
 def key_columns(key: tuple[str, ...] | None, value_fields: list[T.StructField], where: str) -> list[str]:
@@ -246,7 +267,7 @@ def merge_batch(
         .persist()
     )
     try:
-        with _hash_joins(spark):
+        with _merge_joins(spark):
             # One pass over the reduced batch counts it and its deletes (it is kept from here on for the merges).
             counted = changes.agg(F.count(F.lit(1)).alias("n"), F.count(F.when(F.col(TOMBSTONE), 1)).alias("deletes"))
             total, deleting = counted.first()  # type: ignore[misc]  # an aggregate has its row
@@ -256,13 +277,14 @@ def merge_batch(
             view = f"icefloe_changes_{branch.name}"
             changes.createOrReplaceTempView(view)
             # soft deletes: a delete of a key the table lacks (inserted and deleted in one batch) is a flagged row too
-            source, insert_when = view, "true" if soft_deletes else f"NOT s.{TOMBSTONE}"
+            batch = f"(SELECT * FROM {view} WHERE {_SELECTIVE})"
+            source, insert_when = batch, "true" if soft_deletes else f"NOT s.{TOMBSTONE}"
             if markers is not None:  # the key's marker, if any, beside each change; the latest truncate's
                 on = " AND ".join(f"c.{quoted(k)} = m.{quoted(k)}" for k in key_columns)
                 marker_source = f", m.{SOURCE_POSITION} AS icefloe_marker_source" if sourced else ""
                 source = (
                     f"(SELECT c.*, {_clock('m')} AS icefloe_marker_clock, m.kafka_partition AS icefloe_marker_partition, "
-                    f"m.kafka_offset AS icefloe_marker_offset{marker_source} FROM {view} c LEFT JOIN {markers} m ON {on})"
+                    f"m.kafka_offset AS icefloe_marker_offset{marker_source} FROM {batch} c LEFT JOIN {markers} m ON {on})"
                 )
                 marker: Position = ("s.icefloe_marker_clock", "s.icefloe_marker_partition", "s.icefloe_marker_offset")
                 marker = ("s.icefloe_marker_source", *marker) if sourced else marker
