@@ -80,18 +80,14 @@ _POSITION_FIELDS = [
 ]
 
 
-# How a batch's merges join, set for them alone (`_merge_joins`):
+# How a batch's merges join, set for them alone (`_merge_joins`): the table's side is filtered by a Bloom filter of
+# the batch's keys before it is shuffled (Spark's runtime filter, its subquery over the kept batch), so of a 10M-key
+# table only the rows whose key the batch may hold are shuffled and joined, not every row with its file path
+# (docs/benchmarks.md#upsert). Spark builds one only for a join that shuffles both sides (no broadcast: the scan of
+# the table never was one, and a join of the few rows left sorts them cheaply), only where the scanned side is at
+# least its threshold (none: any table) and the batch's side at most the creation threshold, and only from a side
+# with a selective filter over its scan (`_SELECTIVE`).
 MERGE_JOINS = {
-    # Shuffled hash joins where one side is much smaller and small enough for a hash map per shuffle partition (else
-    # a sort-merge join as before): the MERGE's join of the reduced batch with its table hashes the batch instead of
-    # sorting the whole table.
-    "spark.sql.join.preferSortMergeJoin": "false",
-    # The table's side filtered by a Bloom filter of the batch's keys before it is shuffled (Spark's runtime filter,
-    # a subquery over the kept batch): of a 10M-key table only the rows whose key the batch may hold are shuffled and
-    # joined, not every row with its file path (docs/benchmarks.md). Spark builds one only for a join that shuffles
-    # both sides (no broadcast: the table's scan never is one), only where the scanned side is at least the
-    # threshold (none: any table) and the batch's side at most the creation threshold, and only on a batch side
-    # with a selective filter over its scan (`_SELECTIVE`).
     "spark.sql.autoBroadcastJoinThreshold": "-1",
     "spark.sql.optimizer.runtime.bloomFilter.enabled": "true",
     "spark.sql.optimizer.runtime.bloomFilter.applicationSideScanSizeThreshold": "0",
@@ -111,11 +107,11 @@ def _merge_joins(spark: SparkSession) -> Iterator[None]:
     try:
         yield
     finally:
-        for setting, value in before.items():
-            if value is None:
+        for setting, was in before.items():
+            if was is None:
                 spark.conf.unset(setting)
             else:
-                spark.conf.set(setting, value)
+                spark.conf.set(setting, was)
 
 
 def key_columns(key: tuple[str, ...] | None, value_fields: list[T.StructField], where: str) -> list[str]:
