@@ -354,8 +354,10 @@ def profile_hooks(jvm: list[int]) -> tuple[dict[str, float], dict[str, float]]:
                 return original(*args, **kwargs)
             finally:
                 key = label or name
-                if by_statement:
-                    key = f"sql {str(args[1]).split()[0]} {str(args[1]).split()[2].split('.')[-1][:40]}"
+                if by_statement:  # the statement and its table; the run's branch by that name, whatever the run
+                    target = str(args[1]).split()[2].split(".")[-1]
+                    target = "the run's branch" if target.startswith("branch_icefloe_run_") else target[:40]
+                    key = f"sql {str(args[1]).split()[0]} {target}"
                 timings[key] = timings.get(key, 0.0) + time.monotonic() - started
                 cpu_timings[key] = cpu_timings.get(key, 0.0) + cpu() - cpu_started
 
@@ -563,7 +565,9 @@ def summarize(runs: list[dict], changes: int, cores: int) -> dict:
             "spark_cpu_s": cpu, "changes_per_spark_cpu_s": round(changes / cpu) if cpu else None,
             "spark_start_s": [r["spark_start_s"] for r in runs], "load_1m": [r["load_1m"] for r in runs],
             "read_path": sorted({r["read_path"] for r in runs}), "rows": [r["rows"] for r in runs],
-            "max_heap_mib": sorted({r.get("max_heap_mib") for r in runs}, key=str)}  # fmt: skip
+            "max_heap_mib": sorted({r.get("max_heap_mib") for r in runs}, key=str),
+            **{name: {step: round(statistics.median(r[name].get(step, 0.0) for r in runs), 2) for step in runs[0][name]}
+               for name in ("profile_s", "profile_cpu_s") if all(name in r for r in runs)}}  # fmt: skip
 
 
 def render_throughput(report: dict) -> list[str]:
@@ -588,6 +592,12 @@ def render_throughput(report: dict) -> list[str]:
             lines.append(f"| {size['keys']:,} | {mode} | {m['seconds']} | {m['seconds_all']} | {m['changes_per_s']:,} | "
                          f"{m['changes_per_s_per_core']:,} | {m['spark_cpu_s']} | {m['changes_per_spark_cpu_s']:,} | "
                          f"{m['spark_start_s']} | {m['load_1m']} |")  # fmt: skip
+    for size in report["sizes"]:
+        for mode, m in size.items():
+            if isinstance(m, dict) and "profile_s" in m:
+                lines += ["", f"Steps of `{mode}` at {size['keys']:,} keys (`--profile`, medians; nested steps count in "
+                          "their callers too): seconds / Spark CPU seconds", "", "| step | s | CPU s |", "|---|---:|---:|",
+                          *[f"| {step} | {t} | {m['profile_cpu_s'].get(step)} |" for step, t in m["profile_s"].items()]]  # fmt: skip
     lines += ["", "Upsert / append rate, same run: " + ", ".join(
         f"{s['keys']:,} keys {s['ratio_upsert_to_append']}" for s in report["sizes"]) + "."]  # fmt: skip
     for name, options in report.get("jvm_variants", {}).items():
