@@ -80,13 +80,13 @@ _POSITION_FIELDS = [
 ]
 
 
-# How a batch's merges join, set for them alone (`_merge_joins`): the table's side is filtered by a Bloom filter of
-# the batch's keys before it is shuffled (Spark's runtime filter, its subquery over the kept batch), so of a 10M-key
-# table only the rows whose key the batch may hold are shuffled and joined, not every row with its file path
-# (docs/benchmarks.md#upsert). Spark builds one only for a join that shuffles both sides (no broadcast: the scan of
-# the table never was one, and a join of the few rows left sorts them cheaply), only where the scanned side is at
-# least its threshold (none: any table) and the batch's side at most the creation threshold, and only from a side
-# with a selective filter over its scan (`_SELECTIVE`).
+# How a batch's merges join, set for them alone (`_merge_joins`): the table's side (and the markers') is filtered by a
+# Bloom filter of the batch's keys before it is shuffled (Spark's runtime filter, its subquery over the kept batch),
+# so of a 10M-key table only the rows whose key the batch may hold are shuffled and joined, not every row with its
+# file path (docs/benchmarks.md#upsert). Spark builds one only for a join that shuffles both sides (no broadcast: the
+# scan of the table never was one, and a join of the few rows left sorts them cheaply), only where the scanned side
+# is at least its threshold (none: any table) and the batch's side at most the creation threshold, and only from a
+# side with a selective filter over its scan (`_SELECTIVE`).
 MERGE_JOINS = {
     "spark.sql.autoBroadcastJoinThreshold": "-1",
     "spark.sql.optimizer.runtime.bloomFilter.enabled": "true",
@@ -701,10 +701,11 @@ def _commit_delete_markers(
     names = ", ".join(quoted(f.name) for f in marker_struct.fields)
     values = ", ".join(f"s.{quoted(f.name)}" for f in marker_struct.fields)
     # Straight on main, in one commit with the checkpoint: merging the same markers again changes nothing (above),
-    # and Iceberg refuses a merge that another run's marker commit overtook (`sql_with_checkpoint`).
+    # and Iceberg refuses a merge that another run's marker commit overtook (`sql_with_checkpoint`). The markers
+    # grow with the deletes of their retention: their side is filtered by the batch's keys, as the table's is.
     sql_with_checkpoint(
         markers,
-        f"MERGE INTO {markers.full_name} t USING {view} s ON {matches} "
+        f"MERGE INTO {markers.full_name} t USING (SELECT * FROM {view} WHERE {_SELECTIVE}) s ON {matches} "
         f"WHEN MATCHED AND {_after(_position('s', sourced), _position('t', sourced))} THEN UPDATE SET {position} "
         f"WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})",
         checkpoint,
