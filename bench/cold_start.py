@@ -94,8 +94,9 @@ def variant_env(name: str, archives: Path, extra: str = "") -> dict[str, str]:
 
 @contextlib.contextmanager
 def environment(values: dict[str, str]):
-    """icefloe_process (bench/throughput.py) starts its process with this process's environment."""
-    saved = {key: os.environ.get(key) for key in ("SPARK_SUBMIT_OPTS", "PYSPARK_SUBMIT_ARGS")}
+    """icefloe_process (bench/throughput.py) starts its process with this process's environment: each variable a
+    variant may set is the variant's alone (a `shipped` variant after `baseline` must not inherit its archive off)."""
+    saved = {key: os.environ.get(key) for key in ("SPARK_SUBMIT_OPTS", "PYSPARK_SUBMIT_ARGS", "ICEFLOE_CDS_ARCHIVE")}
     for key in saved:
         os.environ.pop(key, None)
     os.environ.update(values)
