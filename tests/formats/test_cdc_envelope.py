@@ -318,6 +318,70 @@ def test_toast_placeholders_key_changes_and_truncates(spark, broker, registry, s
     assert run() == {5: ("after-truncate", "n", "2022-01-08")}
 
 
+def test_a_moved_rows_lookup_joins_only_the_rows_whose_key_the_batch_may_hold(
+    spark, broker, registry, state_dir, topic, make_config
+):
+    """Issue 30 for change data: a batch that moved a row (a primary-key change) with an unchanged TOAST column looks
+    its value up in the table's row of the old key; that join is filtered by a Bloom filter of the batch's keys
+    before it is shuffled, as the MERGE's own side is, not a join of every row of the table. The frame the lookup
+    keeps cached is released after the merge (in a continuous run each such batch kept one more)."""
+    from test_upsert import merge_plans, sql_executions
+
+    broker.create_topic(topic, 2)
+    events = Events(topic, "avro-inline", registry.url)
+    config = table_config(make_config, topic, "avro-inline")
+    produce(
+        broker.bootstrap_servers, topic, [events.upsert("c", i, f"n{i}", notes=f"long-{i}") for i in range(1, 1_001)]
+    )
+    assert run_table(spark, config, config.tables[0], state_dir).status == "committed"
+    events.commit()
+    events.lsn += 10
+    header = [("__debezium.oldkey", json.dumps({"id": 7}).encode())]
+    moved = [
+        *events.delete(7, lsn=events.lsn),
+        events.upsert("c", 5_000, "moved", notes=PLACEHOLDER, lsn=events.lsn, headers=header, partition=1),
+    ]
+    produce(broker.bootstrap_servers, topic, [*moved, events.upsert("u", 8, "u8", notes=PLACEHOLDER)])
+    before = max((execution.executionId() for execution in sql_executions(spark)), default=-1)
+    result = run_table(spark, config, config.tables[0], state_dir)
+    assert result.status == "committed" and result.records_failed == 0
+    plan = next(plan for name, plan in merge_plans(spark, before).items() if name.endswith(result.identifier))
+    scans = table_scans(plan, result.identifier)
+    assert len(scans) >= 2, f"the MERGE reads the table for its rows and for the moved row's values:\n{plan}"
+    assert all("might_contain" in filtered for filtered in scans.values()), f"a scan is joined whole:\n{plan}"
+    assert spark._jsparkSession.sharedState().cacheManager().isEmpty(), "a frame of the batch is still cached"
+    rows = state(read_pyiceberg(state_dir, result.identifier))
+    assert (rows[5_000], rows[8], 7 in rows, len(rows)) == (
+        ("moved", "long-7", "2022-01-08"),
+        ("u8", "long-8", "2022-01-08"),
+        False,
+        1_000,
+    )
+
+
+def table_scans(plan: str, identifier: str) -> dict[str, str]:
+    """Of a formatted physical plan, the scans of table `identifier` (not of its markers) by node id, each with the
+    condition of the filter above it ("" where none is): the tree's lines name a node and its id, whose details
+    follow the tree."""
+    lines = plan.splitlines()
+    found = {}
+    for at, line in enumerate(lines):
+        node = line.lstrip(" :+-*").split()
+        if node[:1] != ["BatchScan"] or not node[1].endswith(f".{identifier}"):
+            continue
+        above = at - 1  # up through the projections to the filter, if any
+        while lines[above].lstrip(" :+-*").split()[0] in ("Project", "ColumnarToRow"):
+            above -= 1
+        parent = lines[above].lstrip(" :+-*").split()
+        details = ""
+        if parent[0] == "Filter":
+            heading = f"{parent[1]} Filter"
+            described = next(i for i, text in enumerate(lines) if text.startswith(heading))
+            details = next(text for text in lines[described:] if text.startswith("Condition"))
+        found[node[-1]] = details
+    return found
+
+
 def one_batch_or_two(spark, broker, registry, state_dir, topic, make_config, scenario, **extra) -> list[dict]:
     """The table `scenario(events)` leaves (a first batch, then a second one given as two parts) read in those two
     batches, and the same with the second batch split in two: the rows of both, which must be equal."""

@@ -218,6 +218,7 @@ def merge_batch(
     truncate = None
     carried: list[str] = []  # unchanged columns the reduction carries from the key's chain, else MERGE from its row
     resolved = False  # the changes hold every column's value (unchanged ones filled, or carried)
+    held: DataFrame | None = None  # cached by the resolution of moved rows' unchanged columns, until merged
     if CHANGE in frame.columns:
         frame = frame.where(F.col(CHANGE).isin("upsert", "delete", "truncate")).withColumn(
             TOMBSTONE, F.col(CHANGE) == "delete"
@@ -242,7 +243,7 @@ def merge_batch(
         if resolved and unchanged and key_columns:
             if moved:  # rows a hard truncate removes hold no value for the changes after it
                 gone = None if soft_deletes else truncate
-                frame = _resolve_moved_unchanged(frame, branch, key_columns, sourced, unchanged, gone)
+                frame, held = _resolve_moved_unchanged(frame, branch, key_columns, sourced, unchanged, gone)
             else:
                 carried = [name for name in unchanged if name in columns]
     if soft_deletes:
@@ -257,13 +258,15 @@ def merge_batch(
     latest = Window.partitionBy(*[F.col(quoted(k)) for k in key_columns]).orderBy(*_latest_first(sourced))
     known, carried_values, missing = _carry_unchanged(latest, carried)
     ranked = frame.select("*", F.row_number().over(latest).alias("icefloe_rank"), *known)  # one window: one sort
-    changes = (
-        ranked.where("icefloe_rank = 1")
-        .select(*[carried_values.get(c, F.col(quoted(c))) for c in columns], TOMBSTONE, *missing)
-        .persist()
-    )
-    try:
-        with _merge_joins(spark):
+    # The joins as the merges want them from here on: the reduced batch's plan is made when it is cached, and holds
+    # the moved rows' lookup in the table (`_resolve_moved_unchanged`).
+    with _merge_joins(spark):
+        changes = (
+            ranked.where("icefloe_rank = 1")
+            .select(*[carried_values.get(c, F.col(quoted(c))) for c in columns], TOMBSTONE, *missing)
+            .persist()
+        )
+        try:
             # One pass over the reduced batch counts it and its deletes (it is kept from here on for the merges).
             counted = changes.agg(F.count(F.lit(1)).alias("n"), F.count(F.when(F.col(TOMBSTONE), 1)).alias("deletes"))
             total, deleting = counted.first()  # type: ignore[misc]  # an aggregate has its row
@@ -318,8 +321,10 @@ def merge_batch(
                 )
             spark.catalog.dropTempView(view)
             return total
-    finally:
-        changes.unpersist()
+        finally:
+            changes.unpersist()
+            if held is not None:
+                held.unpersist()
 
 
 def _carry_unchanged(latest: WindowSpec, names: list[str]) -> tuple[list[Column], dict[str, Column], list[Column]]:
@@ -465,14 +470,14 @@ def _resolve_moved_unchanged(
     sourced: bool,
     names: list[str],
     truncate: tuple | None = None,
-) -> DataFrame:
+) -> tuple[DataFrame, DataFrame]:
     """Fill the columns changes did not send (`names`, from `ChangeFacts`) in a batch that moved rows between keys
     (a batch without moved rows takes the lighter way of `_carry_unchanged`), with the value the key had before each
     change: from the batch's earlier changes of the key, else (the first change of the key in the batch, or the
     first after the key moved in) from the table's row of the key, or of the key the row moved from, as it was
     before (module doc). `truncate`: the batch's truncate, whose rows are gone (a hard one's): they hold no value,
-    as in a later batch."""
-    frame = frame.persist()
+    as in a later batch. Returns the batch so resolved, and the frame it keeps cached for the caller to release
+    once the batch is merged."""
     keys = [F.col(quoted(k)) for k in key_columns]
     earliest_first = [c.asc_nulls_first() if i == 0 and sourced else c for i, c in enumerate(_earliest_first(sourced))]
     start = ("icefloe_s_src", "icefloe_s_clock", "icefloe_s_part", "icefloe_s_off")[0 if sourced else 1 :]
@@ -504,13 +509,19 @@ def _resolve_moved_unchanged(
                 F.col(CHANGE_UNCHANGED)
             ),
         )
-    chained = chained.drop("icefloe_known")
-    chained = chained.withColumn("icefloe_row", F.monotonically_increasing_id()).persist()
-    frame.unpersist()
-    left = chained.where(F.size(unchanged) > 0)
+    # The key whose row holds what a change lacks: the key the row moved from, else its own (plain columns: the
+    # table's side of the join below is filtered by their Bloom filter, see `MERGE_JOINS`).
+    lookup = [f"icefloe_lookup_{i}" for i in range(len(key_columns))]
+    for name, key in zip(lookup, key_columns):
+        moved_from = F.col(f"icefloe_from.{quoted(key)}")
+        chained = chained.withColumn(
+            name, F.when(F.col("icefloe_from").isNotNull(), moved_from).otherwise(F.col(quoted(key)))
+        )
+    held = chained.drop("icefloe_known").withColumn("icefloe_row", F.monotonically_increasing_id()).persist()
+    left = held.where(F.size(unchanged) > 0)
     if left.isEmpty():
-        return chained.drop("icefloe_chain", "icefloe_from", "icefloe_row", *start)
-    chained = _from_moved_keys(chained, left, key_columns, sourced, names, start)
+        return held.drop("icefloe_chain", "icefloe_from", "icefloe_row", *start, *lookup), held
+    chained = _from_moved_keys(held, left, key_columns, sourced, names, start)
     # The rest from the table as it was before the batch: the row of the key, or of the key the row moved from.
     current = branch.spark.table(branch.identifier).alias("t")
     if truncate is not None:
@@ -519,27 +530,20 @@ def _resolve_moved_unchanged(
         *[F.col(quoted(k)).alias(f"icefloe_k_{i}") for i, k in enumerate(key_columns)],
         *[F.col(quoted(n)).alias(f"icefloe_v_{i}") for i, n in enumerate(names)],
     )
-    lookup = [
-        F.when(F.col("icefloe_from").isNotNull(), F.col(f"icefloe_from.{quoted(k)}")).otherwise(F.col(quoted(k)))
-        for k in key_columns
-    ]
-    chained = chained.withColumn("icefloe_lookup", F.struct(*[c.alias(f"icefloe_k_{i}") for i, c in enumerate(lookup)]))
-    joined = chained.join(
-        current,
-        [chained[f"icefloe_lookup.icefloe_k_{i}"] == current[f"icefloe_k_{i}"] for i in range(len(key_columns))],
-        "left",
-    )
+    # Under `_SELECTIVE` the batch's side builds the Bloom filter (Spark's optimizer pushes it down to the kept rows).
+    batch = chained.where(_SELECTIVE)
+    joined = batch.join(current, [batch[name] == current[f"icefloe_k_{i}"] for i, name in enumerate(lookup)], "left")
     for i, name in enumerate(names):
         missing = F.array_contains(unchanged, name)
         joined = joined.withColumn(name, F.when(missing, F.col(f"icefloe_v_{i}")).otherwise(F.col(quoted(name))))
     drop = [
         "icefloe_chain",
         "icefloe_from",
-        "icefloe_lookup",
+        *lookup,
         *[f"icefloe_k_{i}" for i in range(len(key_columns))],
         *[f"icefloe_v_{i}" for i in range(len(names))],
     ]
-    return joined.drop(*drop).withColumn(CHANGE_UNCHANGED, F.lit(None).cast("array<string>"))
+    return joined.drop(*drop).withColumn(CHANGE_UNCHANGED, F.lit(None).cast("array<string>")), held
 
 
 def _from_moved_keys(
