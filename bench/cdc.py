@@ -10,8 +10,12 @@ Spark JVM's and this process's; the broker's is left out) and the load average a
 machine the CPU ratio is the steadier figure.
 `--steps`: each batch's wall and CPU seconds in its main steps too (`STEPS`; the error mode's pass over the batch,
 the merge and, inside it, the delete markers and the MERGE statement), printed and kept in cdc.json.
-Results: bench/results/cdc.{json,md}; the table replaces the top of cdc.md, the sections (`## `) below it are kept.
-Run: `.venv/bin/python bench/cdc.py [--changes 100000 --keys 20000 --rounds 3] [--steps]`.
+Results: bench/results/cdc.{json,md} (`--output`: another name); the table replaces the top of the page, the sections
+(`## `) below it are kept.
+`--moved N`: N primary-key changes per round after the first (`produce`), so the mirror resolves moved rows'
+unchanged columns from the table; `--first-changes`: a bigger round 1, for a bigger table.
+Run: `.venv/bin/python bench/cdc.py [--changes 100000 --keys 20000 --rounds 3] [--steps] [--moved N]
+[--first-changes N] [--output NAME]`.
 """
 
 from __future__ import annotations
@@ -83,8 +87,20 @@ def time_steps(cpu: Callable[[], float]) -> dict[str, list[float]]:
 
 
 def produce(
-    bootstrap: str, registry_url: str, cdc: str, plain: str, count: int, keys: int, rng: random.Random, lsn: list[int]
+    bootstrap: str,
+    registry_url: str,
+    cdc: str,
+    plain: str,
+    count: int,
+    keys: int,
+    rng: random.Random,
+    lsn: list[int],
+    moves: int = 0,
+    new_keys: list[int] | None = None,
 ) -> None:
+    """`count` changes of each table, then `moves` primary-key changes: a key's row moves to a new key (`new_keys`:
+    the next one), its TOAST column unchanged (Debezium's delete of the old key, its tombstone and a create of the new
+    one under the `__debezium.oldkey` header; the plain table deletes the old key and writes the new one)."""
     client = SchemaRegistryClient({"url": registry_url})
     value, key = AvroSerializer(client, json.dumps(ENVELOPE)), AvroSerializer(client, json.dumps(KEY))
     row = AvroSerializer(client, json.dumps(ROW))
@@ -112,6 +128,23 @@ def produce(
         plain_value = None if op == "d" else row({**after, "notes": notes}, pctx)
         producer.produce(plain, key=str(ident).encode(), value=plain_value, partition=partition)
         producer.poll(0)
+    for _ in range(moves):
+        lsn[0] += 8
+        old, new = rng.randrange(keys), (new_keys or [keys]).pop()
+        at = {"connector": "postgresql", "ts_ms": int(time.time() * 1000), "lsn": lsn[0], "sequence": json.dumps([str(lsn[0] - 4), str(lsn[0])])}  # fmt: skip
+        after = {"id": new, "name": f"name-{new}", "balance": rng.randrange(10**6), "notes": PLACEHOLDER}
+        gone = {"before": {**after, "id": old, "notes": None}, "after": None, "source": at, "op": "d", "ts_ms": None}
+        created = {"before": None, "after": after, "source": at, "op": "c", "ts_ms": None}
+        old_at, new_at = (zlib.crc32(str(k).encode()) % PARTITIONS for k in (old, new))
+        old_key = key({"id": old}, kctx)
+        producer.produce(cdc, key=old_key, value=value(gone, vctx), partition=old_at)
+        producer.produce(cdc, key=old_key, value=None, partition=old_at)
+        header = [("__debezium.oldkey", json.dumps({"id": old}).encode())]
+        producer.produce(cdc, key=key({"id": new}, kctx), value=value(created, vctx), partition=new_at, headers=header)
+        producer.produce(plain, key=str(old).encode(), value=None, partition=old_at)
+        plain_value = row({**after, "notes": notes}, pctx)
+        producer.produce(plain, key=str(new).encode(), value=plain_value, partition=new_at)
+        producer.poll(0)
     assert producer.flush(60) == 0
 
 
@@ -121,6 +154,11 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", action="store_true", help="time each batch's main steps too (STEPS)")
+    parser.add_argument(
+        "--first-changes", type=int, help="changes of round 1, which builds the tables (default: --changes)"
+    )
+    parser.add_argument("--moved", type=int, default=0, help="primary-key changes in each round after the first")
+    parser.add_argument("--output", default="cdc", help="results as bench/results/OUTPUT.{json,md}")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="icefloe-bench-cdc-"))
     rounds = []
@@ -146,16 +184,20 @@ def main() -> None:
 
             steps = time_steps(cpu) if args.steps else None
             rng, lsn = random.Random(29), [1000]
+            new_keys = list(range(args.keys + args.moved * args.rounds, args.keys, -1))  # popped from the end
             for number in range(1, args.rounds + 1):
+                first = number == 1
                 produce(
                     broker.bootstrap_servers,
                     registry.url,
                     "pg.public.accounts",
                     "accounts_plain",
-                    args.changes,
+                    (args.first_changes or args.changes) if first else args.changes,
                     args.keys,
                     rng,
                     lsn,
+                    0 if first else args.moved,
+                    new_keys,
                 )
                 measured = {"round": number}
                 for label, table in (("plain_upsert", config.tables[1]), ("cdc_mirror", config.tables[0])):
@@ -182,14 +224,21 @@ def main() -> None:
             broker.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for measured in rounds:  # events per second of each batch (the CDC topic also holds the deletes' tombstones)
+    for measured in rounds:  # changes per second of each batch (the CDC topic also holds the deletes' tombstones)
+        changes = (args.first_changes or args.changes) if measured["round"] == 1 else args.changes + args.moved
         for label in ("plain_upsert", "cdc_mirror"):
-            measured[label]["changes_per_s"] = round(args.changes / measured[label]["seconds"])
+            measured[label]["changes_per_s"] = round(changes / measured[label]["seconds"])
     report = {"machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} cores, shared",
-              "changes_per_round": args.changes, "keys": args.keys, "partitions": PARTITIONS, "rounds": rounds}  # fmt: skip
+              "changes_per_round": args.changes, "first_round_changes": args.first_changes or args.changes,
+              "moved_per_round": args.moved, "keys": args.keys, "partitions": PARTITIONS, "rounds": rounds}  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "cdc.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = ["# CDC benchmark (bench/cdc.py)", "", f"{report['machine']}; {args.changes} changes per round over {args.keys} keys, "
+    (RESULTS / f"{args.output}.json").write_text(json.dumps(report, indent=2) + "\n")
+    shape = f"{args.changes} changes per round over {args.keys} keys"
+    if args.first_changes:
+        shape += f" ({args.first_changes} in round 1)"
+    if args.moved:
+        shape += f", and {args.moved} primary-key changes per round after the first (the row moves to a new key, its TOAST column unchanged)"
+    lines = ["# CDC benchmark (bench/cdc.py)", "", f"{report['machine']}; {shape}, "
              f"{PARTITIONS} partitions; one batch per table per round, same process. Mirror/plain: the mirror's rate "
              "over the plain upsert's (plain time over mirror time), by wall and by CPU time; load: 1-minute load "
              "average at the start of the plain batch and the end of the mirror's.", "",
@@ -202,7 +251,7 @@ def main() -> None:
             f"| {m['round']} | {p['seconds']} | {p['cpu_s']} | {c['seconds']} | {c['cpu_s']} | {wall:.2f} | "
             f"{spent:.2f} | {p['load_1m'][0]} -> {c['load_1m'][1]} |"
         )
-    page = RESULTS / "cdc.md"
+    page = RESULTS / f"{args.output}.md"
     kept = page.read_text() if page.exists() else ""
     history = kept[kept.index("\n## ") :] if "\n## " in kept else ""
     page.write_text("\n".join(lines) + "\n" + history)
