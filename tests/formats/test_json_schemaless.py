@@ -336,13 +336,17 @@ def test_schemaless_columns_the_jvm_does_not_read_keep_the_table_on_python():
 
 @pytest.fixture
 def inferred_over(monkeypatch) -> list:
-    """The ranges each `schemaless_json.infer_batch` call infers, in call order."""
+    """The ranges each inference infers (`schemaless_json.infer_batch` in Spark tasks, `infer_here` in the driver),
+    in call order."""
     calls: list = []
-    real = schemaless_json.infer_batch
+    in_spark, here = schemaless_json.infer_batch, schemaless_json.infer_here
     monkeypatch.setattr(
         schemaless_json,
         "infer_batch",
-        lambda s, conf, ranges, *rest: calls.append(ranges) or real(s, conf, ranges, *rest),
+        lambda s, conf, ranges, *rest: calls.append(ranges) or in_spark(s, conf, ranges, *rest),
+    )
+    monkeypatch.setattr(
+        schemaless_json, "infer_here", lambda conf, ranges, *rest: calls.append(ranges) or here(conf, ranges, *rest)
     )
     return calls
 
@@ -380,7 +384,8 @@ def test_a_new_tables_first_batch_infers_its_first_records_and_what_they_do_not_
 ):
     """A new table: each partition's first records (here 2) are inferred, their columns stand in for the table's in
     the JVM pass, and only what they do not explain is inferred too; the columns' types are those of inferring the
-    whole batch, in the order the keys appear in the first records, then in the rest."""
+    whole batch, in the order the keys appear in the first records, then in the rest. The first records are read
+    by the driver itself: a Spark task for them would start a Python worker, which costs more (issue 31)."""
     config, spec = columns_spec
     broker.create_topic(topic, 2)
     partition_0 = [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}, {"id": 3, "name": 7}, {"id": 4}, {"late": 1.5}]
@@ -393,6 +398,13 @@ def test_a_new_tables_first_batch_infers_its_first_records_and_what_they_do_not_
     tasks = [OffsetRange(topic, 0, 0, 5), OffsetRange(topic, 1, 0, 4)]
     context = BatchContext(client_config(config.cluster("local")), tasks, 1_000_000, [])
     monkeypatch.setattr(plain_json, "SAMPLE_RECORDS", 2)
+    sampled_here: list = []
+    here = schemaless_json.infer_here  # the fixture's recorder
+    monkeypatch.setattr(
+        schemaless_json,
+        "infer_here",
+        lambda conf, ranges, *rest: sampled_here.append(ranges) or here(conf, ranges, *rest),
+    )
 
     with caplog.at_level("INFO", logger="icefloe.formats.plain_json"):
         _, fields = JSON.for_batch(spark, spec, context)
@@ -400,6 +412,7 @@ def test_a_new_tables_first_batch_infers_its_first_records_and_what_they_do_not_
 
     first_records = [OffsetRange(topic, 0, 0, 2), OffsetRange(topic, 1, 0, 2)]
     assert inferred_over == [first_records, [OffsetRange(topic, 0, 2, 5), OffsetRange(topic, 1, 2, 3)]]
+    assert sampled_here == [first_records]
     assert [f.name for f in fields] == ["id", "name", "score", "late"]
     monkeypatch.setattr(plain_json, "SAMPLE_RECORDS", 100)  # the first records are the whole batch
     inferred_over.clear()

@@ -51,8 +51,7 @@ class Json:
         sampled: schemaless_json.Inferred = "null"
         if not current.fields:  # a new table: the columns of each partition's first records stand in for the table's
             sample = schemaless_json.first_records(batch.tasks, SAMPLE_RECORDS)
-            # One Spark task: a Python worker's start costs more than reading a few thousand records.
-            sampled = schemaless_json.infer_batch(spark, batch.kafka_conf, sample, batch.max_record_bytes, 1)
+            sampled = schemaless_json.infer_here(batch.kafka_conf, sample, batch.max_record_bytes)
             current = schemaless_json.value_struct([], sampled)
         codec = json_jvm.schemaless_codec(current) if current.fields else None
         ranges = batch.tasks

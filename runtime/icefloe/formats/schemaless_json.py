@@ -215,24 +215,29 @@ def unified(values: Iterable[Any]) -> Inferred:
     return kind
 
 
-def infer_ranges(kafka_conf: dict, max_record_bytes: int, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """`mapInArrow` function: the unified type of the JSON objects in each planned range (undecodable values are
-    left to the read, which makes them bad records)."""
-    from icefloe.source.kafka import OffsetRange, read_range
+def _objects(kafka_conf: dict, max_record_bytes: int, task) -> Iterator[dict]:
+    """The JSON objects of the planned range `task` (OffsetRange); undecodable values are left to the read, which
+    makes them bad records."""
+    from icefloe.source.kafka import read_range
 
-    def objects(task: dict) -> Iterator[dict]:
-        for msg in read_range(kafka_conf, OffsetRange(task["topic"], task["partition"], task["start"], task["end"])):
-            value = msg.value()
-            if value is None or len(value) > max_record_bytes:
-                continue
-            try:
-                yield json_object(value)
-            except BadRecord:
-                continue
+    for msg in read_range(kafka_conf, task):
+        value = msg.value()
+        if value is None or len(value) > max_record_bytes:
+            continue
+        try:
+            yield json_object(value)
+        except BadRecord:
+            continue
+
+
+def infer_ranges(kafka_conf: dict, max_record_bytes: int, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """`mapInArrow` function: the unified type of the JSON objects in each planned range."""
+    from icefloe.source.kafka import OffsetRange
 
     for task_batch in tasks:
         for task in task_batch.to_pylist():
-            kind = unified(objects(task))
+            planned = OffsetRange(task["topic"], task["partition"], task["start"], task["end"])
+            kind = unified(_objects(kafka_conf, max_record_bytes, planned))
             yield pa.RecordBatch.from_pylist([{"type": json.dumps(kind)}], schema=pa.schema([("type", pa.string())]))
 
 
@@ -280,20 +285,25 @@ def _shaper(dtype, path: str) -> Callable[[Any], Any]:
     return lambda v: v
 
 
-def infer_batch(
-    spark, kafka_conf: dict, tasks: list, max_record_bytes: int, spark_tasks: int | None = None
-) -> Inferred:
-    """The unified type of the JSON objects in the planned ranges `tasks` (OffsetRange), read once by Spark tasks
-    (one per range, or `spark_tasks`)."""
+def infer_batch(spark, kafka_conf: dict, tasks: list, max_record_bytes: int) -> Inferred:
+    """The unified type of the JSON objects in the planned ranges `tasks` (OffsetRange), read once by Spark tasks,
+    one per range."""
     from functools import partial, reduce
 
     rows = [(t.topic, t.partition, t.start, t.end) for t in tasks]
     frame = spark.createDataFrame(
-        spark.sparkContext.parallelize(rows, spark_tasks or max(1, len(rows))),
+        spark.sparkContext.parallelize(rows, max(1, len(rows))),
         "topic string, partition int, start long, end long",
     )
     kinds = frame.mapInArrow(partial(infer_ranges, kafka_conf, max_record_bytes), "type string").collect()
     return reduce(unify, (json.loads(row.type) for row in kinds), "null")
+
+
+def infer_here(kafka_conf: dict, tasks: list, max_record_bytes: int) -> Inferred:
+    """The unified type of the JSON objects in the planned ranges `tasks` (OffsetRange), read by this process, the
+    driver: for a few thousand records (a new table's sample, `first_records`), where a Spark task would start a
+    Python worker that costs more than reading them (about a second of a first batch: docs/benchmarks.md)."""
+    return unified(item for task in tasks for item in _objects(kafka_conf, max_record_bytes, task))
 
 
 def first_records(tasks: list, records: int) -> list:
