@@ -244,8 +244,7 @@ def merge_batch(
             if moved:  # rows a hard truncate removes hold no value for the changes after it
                 gone = None if soft_deletes else truncate
                 frame, held = _resolve_moved_unchanged(frame, branch, key_columns, sourced, unchanged, gone)
-            else:
-                carried = [name for name in unchanged if name in columns]
+            carried = [name for name in unchanged if name in columns]
     if soft_deletes:
         frame = frame.withColumn(SOFT_DELETED, F.col(TOMBSTONE)).withColumn(
             SOFT_DELETED_AT, F.when(F.col(TOMBSTONE), F.col(CHANGE_TIME))
@@ -471,13 +470,15 @@ def _resolve_moved_unchanged(
     names: list[str],
     truncate: tuple | None = None,
 ) -> tuple[DataFrame, DataFrame]:
-    """Fill the columns changes did not send (`names`, from `ChangeFacts`) in a batch that moved rows between keys
-    (a batch without moved rows takes the lighter way of `_carry_unchanged`), with the value the key had before each
-    change: from the batch's earlier changes of the key, else (the first change of the key in the batch, or the
-    first after the key moved in) from the table's row of the key, or of the key the row moved from, as it was
-    before (module doc). `truncate`: the batch's truncate, whose rows are gone (a hard one's): they hold no value,
-    as in a later batch. Returns the batch so resolved, and the frame it keeps cached for the caller to release
-    once the batch is merged."""
+    """Fill the columns changes did not send (`names`, from `ChangeFacts`) in a batch that moved rows between keys,
+    with the value the key had before each change: from the batch's earlier changes of the key since the row moved
+    in, if it did; else, for a row that moved in, from the key it moved from (the batch's latest change of it before
+    the move, else its row in the table as it was before). What is still missing in a key's changes before any move
+    into it is left as in a batch without moves: the reduction carries it and the MERGE takes it from the key's
+    own row (`_carry_unchanged`), so only the moved rows' old keys are looked up in the table (module doc).
+    `truncate`: the batch's truncate, whose rows are gone (a hard one's): they hold no value, as in a later batch.
+    Returns the batch so resolved, and the frame it keeps cached for the caller to release once the batch is
+    merged."""
     keys = [F.col(quoted(k)) for k in key_columns]
     earliest_first = [c.asc_nulls_first() if i == 0 and sourced else c for i, c in enumerate(_earliest_first(sourced))]
     start = ("icefloe_s_src", "icefloe_s_clock", "icefloe_s_part", "icefloe_s_off")[0 if sourced else 1 :]
@@ -509,16 +510,15 @@ def _resolve_moved_unchanged(
                 F.col(CHANGE_UNCHANGED)
             ),
         )
-    # The key whose row holds what a change lacks: the key the row moved from, else its own (plain columns: the
-    # table's side of the join below is filtered by their Bloom filter, see `MERGE_JOINS`).
+    # The key whose row in the table holds what a moved row lacks: the key it moved from (plain columns, null for
+    # the changes of a row that did not move in: the table's side of the join below is filtered by their Bloom
+    # filter, see `MERGE_JOINS`).
+    moved_in = F.col("icefloe_from").isNotNull()
     lookup = [f"icefloe_lookup_{i}" for i in range(len(key_columns))]
     for name, key in zip(lookup, key_columns):
-        moved_from = F.col(f"icefloe_from.{quoted(key)}")
-        chained = chained.withColumn(
-            name, F.when(F.col("icefloe_from").isNotNull(), moved_from).otherwise(F.col(quoted(key)))
-        )
+        chained = chained.withColumn(name, F.when(moved_in, F.col(f"icefloe_from.{quoted(key)}")))
     held = chained.drop("icefloe_known").withColumn("icefloe_row", F.monotonically_increasing_id()).persist()
-    left = held.where(F.size(unchanged) > 0)
+    left = held.where((F.size(unchanged) > 0) & moved_in)
     if left.isEmpty():
         return held.drop("icefloe_chain", "icefloe_from", "icefloe_row", *start, *lookup), held
     chained = _from_moved_keys(held, left, key_columns, sourced, names, start)
@@ -534,8 +534,9 @@ def _resolve_moved_unchanged(
     batch = chained.where(_SELECTIVE)
     joined = batch.join(current, [batch[name] == current[f"icefloe_k_{i}"] for i, name in enumerate(lookup)], "left")
     for i, name in enumerate(names):
-        missing = F.array_contains(unchanged, name)
+        missing = F.array_contains(unchanged, name) & moved_in
         joined = joined.withColumn(name, F.when(missing, F.col(f"icefloe_v_{i}")).otherwise(F.col(quoted(name))))
+    joined = joined.withColumn(CHANGE_UNCHANGED, F.when(~moved_in, F.col(CHANGE_UNCHANGED)))  # a moved row: resolved
     drop = [
         "icefloe_chain",
         "icefloe_from",
@@ -543,7 +544,7 @@ def _resolve_moved_unchanged(
         *[f"icefloe_k_{i}" for i in range(len(key_columns))],
         *[f"icefloe_v_{i}" for i in range(len(names))],
     ]
-    return joined.drop(*drop).withColumn(CHANGE_UNCHANGED, F.lit(None).cast("array<string>")), held
+    return joined.drop(*drop), held
 
 
 def _from_moved_keys(
