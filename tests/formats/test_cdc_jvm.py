@@ -169,14 +169,21 @@ def exact_events(spark, make_config, broker, topic: str) -> int:
     return decoded.where(codec.exact(F.col("value"), "s")).count()
 
 
+OLD_KEY = "__debezium.oldkey"
+WRAPPED_OLD_KEY = json.dumps(
+    {"schema": {"type": "struct", "fields": [{"field": "id", "type": "int32"}]}, "payload": {"id": 5}}
+).encode()
+
+
 @pytest.mark.parametrize("schemas", ["self-contained", "referenced"])
 def test_jvm_path_equals_python_path_row_for_row(
     spark, broker, registry, state_dir, topic, make_config, monkeypatch, schemas
 ):
-    """c, r, u (unchanged TOAST text and bytes), d with its tombstone, a primary-key change (its `c` carries the old
-    key: Python), a truncate (Python), bad events (Python's errors), then replays of older positions: the table the
-    JVM path writes is the Python path's, column for column, and the JVM decoded most of it. Also with the nested
-    records as referenced subjects (Apicurio's converter)."""
+    """c, r, u (unchanged TOAST text and bytes), d with its tombstone, primary-key changes (the `c` carries the old
+    key in a header: a plain JSON object on the JVM, other forms Python's), a truncate (Python), bad events
+    (Python's errors), then replays of older positions: the table the JVM path writes is the Python path's, column
+    for column, and the JVM decoded most of it. Also with the nested records as referenced subjects (Apicurio's
+    converter)."""
     broker.create_topic(topic, 2)
     events = Events(topic, registry.url, row_record(topic), referenced=schemas == "referenced")
     first = [events.upsert("r", i, f"snap-{i}", partition=i % 2) for i in range(1, 9)]
@@ -189,6 +196,11 @@ def test_jvm_path_equals_python_path_row_for_row(
         *events.delete(3, partition=1),
         *events.delete(7, lsn=events.lsn + 10, partition=1),  # a primary-key change: d and c at one lsn
         events.upsert("c", 70, "moved", notes=PLACEHOLDER, lsn=events.lsn + 10, headers=old_key, partition=0),
+        # the header as Connect's header converter writes it (no blanks), and forms only Python decodes
+        events.upsert("c", 73, "compact", notes=PLACEHOLDER, headers=[(OLD_KEY, b'{"id":4}')], partition=1),
+        events.upsert("c", 74, "after-json", headers=[(OLD_KEY, b'{"id": 7} x')]),  # bad: not JSON
+        events.upsert("c", 75, "twice", notes=PLACEHOLDER, headers=[(OLD_KEY, b'{"id": 1, "id": 2}')]),
+        events.upsert("c", 76, "wrapped", notes=PLACEHOLDER, headers=[(OLD_KEY, WRAPPED_OLD_KEY)], partition=1),
         events.upsert("u", 5, "no-sequence", sequence=False, partition=1),
         events.event("x", {"id": 6}, after=events.row(6, "unknown-op")),  # bad: an unknown op
         events.upsert("u", 8, "wrong-key", partition=0) | {"key": events.encode_key({"id": 9})},  # bad: key mismatch
@@ -203,15 +215,17 @@ def test_jvm_path_equals_python_path_row_for_row(
     produce(broker.bootstrap_servers, topic, first)
     jvm, python, results = both_paths(spark, make_config, state_dir, monkeypatch, topic, errors="skip")
     assert [r.read_path for r in results] == ["jvm", "python"]
-    assert [r.records_failed for r in results] == [5, 5]
+    assert [r.records_failed for r in results] == [6, 6]
     assert jvm == python
-    assert {r["id"] for r in jvm} == {1, 2, 4, 5, 6, 8, 20, 32, 70}
+    assert {r["id"] for r in jvm} == {1, 2, 4, 5, 6, 8, 20, 32, 70, 73, 75, 76}
     by_id = {r["id"]: r for r in jvm}
     assert (by_id[2]["notes"], by_id[2]["blob"], by_id[70]["notes"]) == ("n", b"b", "n")
+    assert [by_id[i]["notes"] for i in (73, 75, 76)] == [None, "n", "n"]  # 4's notes were set null before
     assert by_id[1]["at"] == dt.datetime(1970, 1, 1) - dt.timedelta(milliseconds=1_000_000_123)
     assert read_duckdb(results[0].metadata_location, "count(*) AS n")[0]["n"] == len(python)
-    # 23 change events; the primary-key change's c, the five bad events and the zoned time not in Z go to Python
-    assert exact_events(spark, make_config, broker, topic) == 16
+    # 27 change events; the two primary-key changes in other forms, the six bad events and the zoned time not in
+    # Z go to Python
+    assert exact_events(spark, make_config, broker, topic) == 18
 
     # Replays of older positions (a connector restart) change nothing; a truncate (Python) empties the table;
     # newer events after it apply.

@@ -13,8 +13,9 @@ on Python, the reason logged):
     (Avro's decimal); key columns the same, floats apart.
 Per record (else Python): the schema id is the subject's latest (value and key alike), the Avro checks of avro.jvm
 hold (UTF-8 strings, ...), op is c, r, u or d (a truncate, a missing or unknown op go to Python), the Kafka key is
-there with no null field and matches the row's key columns (`before`'s for a delete), no `__debezium.oldkey`
-header (a primary-key change), temporal values within years 1-9999, the source is `postgresql` with an `lsn` >= 0
+there with no null field and matches the row's key columns (`before`'s for a delete), a `__debezium.oldkey`
+header (a primary-key change) only on integer key columns, a plain JSON object of exactly them, temporal values
+within years 1-9999, the source is `postgresql` with an `lsn` >= 0
 and a `sequence` of two decimal strings (or nulls). The TOAST placeholder in a text or bytes column is what Python
 does with it: the column left out and named in the unchanged columns.
 """
@@ -49,6 +50,12 @@ _ZONED = r"^(?!0000)[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-2][0-9]:[0-5][0-9]:[0-5][0-9](
 _SEQUENCE = r'^\[\s*(?:null|"([0-9]{1,18})")\s*,\s*(?:null|"([0-9]{1,18})")\s*\]$'
 _SEQUENCE_NOISE = '[]" \t\n\x0b\x0c\r'  # what `_SEQUENCE` allows around the two numbers (`\s` is these)
 _VALUE, _KEY = "v", "k"
+# A primary-key change's `__debezium.oldkey` header decoded here: a JSON object of integer values only (names without
+# escapes), JSON's own blanks around them; `\A`, `\z`: the whole text (Python's parser refuses anything after it).
+_BLANK, _INTEGER = r"[ \t\n\r]*", "-?(?:0|[1-9][0-9]{0,18})"
+_MEMBER = _BLANK + r'"[^"\\\x00-\x1f]+"' + _BLANK + ":" + _BLANK + _INTEGER + _BLANK
+_OLD_KEY = r"\A" + _BLANK + r"\{" + _MEMBER + "(?:," + _MEMBER + ")*" + r"\}" + _BLANK + r"\z"
+_INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 
 
 @dataclass(frozen=True)
@@ -93,8 +100,7 @@ class DebeziumJvmPlan:
         condition = condition & F.col(f"{env}.source").isNotNull() & op.isin("c", "r", "u", "d")
         for name in self.keys:
             condition = condition & F.col(f"{key}.`{name}`").isNotNull()
-        headers = F.col("kafka_headers")
-        condition = condition & (headers.isNull() | ~F.exists(headers, lambda h: h["key"] == OLD_KEY_HEADER))
+        condition = condition & self._moved_from(op)[1]
         after, before = f"{env}.after", f"{env}.before"
         upserted = F.col(after).isNotNull() & self._in_range(after)
         for name in self.keys:
@@ -138,7 +144,7 @@ class DebeziumJvmPlan:
                 CHANGE_UNCHANGED: (
                     F.when(F.size(listed) > 0, listed) if listed is not None else F.lit(None).cast("array<string>")
                 ),
-                CHANGE_MOVED_FROM: F.lit(None).cast(T.StructType.fromJson(json.loads(self.moved_type))),
+                CHANGE_MOVED_FROM: self._moved_from(op)[0],
                 **{name: F.lit(None) for name in (tables.DELETED, tables.DELETED_AT)},  # the writer's, as in Python
                 CHANGE_TIME: F.timestamp_micros(micros),
             }
@@ -192,6 +198,24 @@ class DebeziumJvmPlan:
         return condition
 
     # --- the change columns ---------------------------------------------------------------------------------------
+    def _moved_from(self, op: Column) -> tuple[Column, Column]:
+        """The key a `c` or `r` moved the row from (a primary-key change: its `__debezium.oldkey` header, JSON text,
+        the first such header), and whether Python's `envelope.ChangeDecoder` gives the same: decoded here only for
+        integer key columns, from a JSON object (`_OLD_KEY`) of exactly them; any other header of a `c` or `r` goes to
+        Python, which decodes it or names the error. Python leaves the header of other ops alone: so does this."""
+        moved_type = T.StructType.fromJson(json.loads(self.moved_type))
+        found = F.filter(F.col("kafka_headers"), lambda h: h["key"] == OLD_KEY_HEADER)
+        raw = F.get(found, 0)["value"].cast("string")
+        applies = op.isin("c", "r") & raw.isNotNull()
+        if not all(isinstance(f.dataType, _INTEGRAL) for f in moved_type.fields):
+            return F.lit(None).cast(moved_type), ~applies
+        decoded = F.from_json(raw, moved_type)
+        names = F.array(*[F.lit(name) for name in sorted(moved_type.fieldNames())])
+        decodes = raw.rlike(_OLD_KEY) & (F.array_sort(F.json_object_keys(raw)) == names)
+        for name in moved_type.fieldNames():  # null: a value its column's type cannot hold
+            decodes = decodes & decoded[name].isNotNull()
+        return F.when(applies, decoded), F.coalesce(~applies | decodes, F.lit(False))
+
     def _change_micros(self, env: str) -> tuple[Column, Column]:
         """`envelope.source_time`'s microseconds and whether Python gives the same (its value within years 1-9999)."""
         candidates = []
