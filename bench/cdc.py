@@ -38,6 +38,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from process_stats import cpu_seconds
+from pyspark.sql import DataFrame
 
 import icefloe.materialize.batch as batch_module
 import icefloe.materialize.upsert as upsert_module
@@ -63,8 +64,12 @@ ENVELOPE = {"type": "record", "name": "Envelope", "namespace": "pg.public.accoun
     {"name": "op", "type": "string"}, {"name": "ts_ms", "type": ["null", "long"]}]}  # fmt: skip
 KEY = {"type": "record", "name": "Key", "namespace": "pg.public.accounts", "fields": [{"name": "id", "type": "long"}]}
 # The steps `--steps` times: (module or class, function, label)
+# and the Spark jobs the driver waits on by their action (`df_*`: nested in the steps above too).
 STEPS = [(batch_module, "_apply_error_mode", "error_mode_pass"), (batch_module, "merge_batch", "merge"),
-         (upsert_module, "_commit_delete_markers", "delete_markers"), (Branch, "sql", "merge_statement")]  # fmt: skip
+         (upsert_module, "_commit_delete_markers", "delete_markers"), (Branch, "sql", "merge_statement"),
+         (upsert_module, "_truncate_marker", "truncate_marker"), (upsert_module, "positioned", "positioned"),
+         (batch_module, "commit_on_branch", "commit_on_branch"), (DataFrame, "first", "df_first"),
+         (DataFrame, "collect", "df_collect"), (DataFrame, "isEmpty", "df_isEmpty")]  # fmt: skip
 
 
 def time_steps(cpu: Callable[[], float]) -> dict[str, list[float]]:
