@@ -522,7 +522,7 @@ def _resolve_moved_unchanged(
     if left.isEmpty():
         return held.drop("icefloe_chain", "icefloe_from", "icefloe_row", *start, *lookup), held
     chained = _from_moved_keys(held, left, key_columns, sourced, names, start)
-    # The rest from the table as it was before the batch: the row of the key, or of the key the row moved from.
+    # What the moved rows still lack from the table as it was before the batch: the row of the key they moved from.
     current = branch.spark.table(branch.identifier).alias("t")
     if truncate is not None:
         current = current.where(f"NOT coalesce({_truncated(truncate, sourced)}, false)")  # what `_truncate` keeps
