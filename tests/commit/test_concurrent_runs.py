@@ -167,7 +167,7 @@ def test_schema_evolution_goes_on_when_another_run_made_the_same_change_first(sp
         return changes
 
     monkeypatch.setattr(iceberg_table, "schema_changes", computed_before_the_rivals_alter)
-    assert table.evolve(wanted) == ["ADD COLUMN `d` bigint"]
+    assert table.evolve(wanted) == ["ADD COLUMNS (`d` bigint)"]
     assert [(f.name, f.dataType) for f in table.schema().fields] == [(f.name, f.dataType) for f in wanted.fields]
 
 

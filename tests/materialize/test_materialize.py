@@ -293,7 +293,8 @@ def test_a_key_field_the_registry_schema_lacks_is_a_config_error(
 
 
 def test_added_columns_quote_nested_field_names(spark, state_dir):
-    """A new struct column whose nested names Spark SQL only reads quoted (`simpleString` leaves them bare)."""
+    """New columns, one a struct whose nested names Spark SQL only reads quoted (`simpleString` leaves them bare),
+    added by one metadata commit."""
     from pyspark.sql import types as T
 
     from icefloe.table.catalog import CATALOG
@@ -308,9 +309,14 @@ def test_added_columns_quote_nested_field_names(spark, state_dir):
             T.StructField("tags", T.ArrayType(T.StructType([T.StructField("x-y", T.StringType())]))),
         ]
     )
-    wanted = T.StructType([T.StructField("id", T.LongType()), T.StructField("price info", nested)])
+    wanted = T.StructType(
+        [T.StructField("id", T.LongType()), T.StructField("price info", nested), T.StructField("n", T.LongType())]
+    )
+    commits = table.java().operations().current().previousFiles().size()
     table.evolve(wanted)
     assert spark.table(table.full_name).schema["price info"].dataType == nested
+    # Every new column in one metadata commit (a new schemaless table gets its columns at once).
+    assert table.java().operations().current().previousFiles().size() == commits + 1
 
 
 N_SCHEMA = json.dumps({"type": "record", "name": "N", "fields": [{"name": "n", "type": "long"}]})

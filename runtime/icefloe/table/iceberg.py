@@ -212,21 +212,22 @@ class IcebergTable:
         self._change_refs(publish)
 
     def evolve(self, struct: T.StructType) -> list[str]:
-        """Bring the table's schema up to `struct` (new fields, widened types); returns what changed. Another run may
-        make the same change between this run's reading the schema and its ALTER, which then fails ("already
-        exists"): the schema is read again and only what is still missing is changed."""
+        """Bring the table's schema up to `struct` (new fields, widened types); returns the ALTER clauses made. The
+        new fields are added by one statement, one metadata commit (a new schemaless table gets all its columns at
+        once). Another run may make the same change between this run's reading the schema and its ALTER, which then
+        fails ("already exists"): the schema is read again and only what is still missing is changed."""
         made: list[str] = []
-        changes = schema_changes(self.schema(), struct)
-        while changes:
-            change = changes.pop(0)
+        statements = _alter_statements(schema_changes(self.schema(), struct))
+        while statements:
+            statement = statements.pop(0)
             try:
-                self.spark.sql(f"ALTER TABLE {self.full_name} {change}")
-                made.append(change)
+                self.spark.sql(f"ALTER TABLE {self.full_name} {statement}")
+                made.append(statement)
             except Exception:
-                changes = schema_changes(self.schema(), struct)
-                if change in changes:  # not another run's doing
+                statements = _alter_statements(schema_changes(self.schema(), struct))
+                if statement in statements:  # not another run's doing
                     raise
-                log.info("%s: schema change made meanwhile by another run: %s", self.identifier, change)
+                log.info("%s: schema change made meanwhile by another run: %s", self.identifier, statement)
         return made
 
     def schema(self) -> T.StructType:
@@ -346,6 +347,7 @@ def _ref_snapshot_id(table, ref: str) -> int | None:
 
 
 _WIDENINGS = {("int", "bigint"), ("float", "double")}
+_ADD = "ADD COLUMN "  # `schema_changes`' clause for a new field
 
 
 def schema_changes(current: T.StructType, desired: T.StructType, path: str = "") -> list[str]:
@@ -358,10 +360,18 @@ def schema_changes(current: T.StructType, desired: T.StructType, path: str = "")
         name = f"{path}{quoted(field.name)}"
         old = have.get(field.name.lower())
         if old is None:
-            changes.append(f"ADD COLUMN {name} {sql_type(field.dataType)}")
+            changes.append(f"{_ADD}{name} {sql_type(field.dataType)}")
         else:
             changes.extend(_type_changes(old.dataType, field.dataType, name))
     return changes
+
+
+def _alter_statements(changes: list[str]) -> list[str]:
+    """`schema_changes`' clauses as ALTER TABLE statements: every new field in one `ADD COLUMNS` (Iceberg commits a
+    statement's changes together), each type change alone (Spark alters one column per statement)."""
+    added = [change.removeprefix(_ADD) for change in changes if change.startswith(_ADD)]
+    altered = [change for change in changes if not change.startswith(_ADD)]
+    return ([f"ADD COLUMNS ({', '.join(added)})"] if added else []) + altered
 
 
 def _type_changes(old: T.DataType, new: T.DataType, name: str) -> list[str]:
