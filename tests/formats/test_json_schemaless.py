@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import replace
+from functools import partial
 
 import pytest
 from pyspark.sql import types as T
@@ -104,8 +105,16 @@ def test_values_are_shaped_for_the_columns_or_refused_naming_the_field():
 
 @pytest.mark.spark
 @pytest.mark.broker
-def test_schemaless_json_end_to_end_over_two_batches(spark, broker, state_dir, topic, make_config):
+def test_schemaless_json_end_to_end_over_three_batches(spark, broker, state_dir, topic, make_config, monkeypatch):
+    """A new table's batch, one that adds and widens columns and has bad records, then one of known shapes: read once,
+    the table's columns assumed and only what the streamed write leaves to Python inferred (issue 31)."""
     broker.create_topic(topic, 2)
+    found_first = []  # the JVM passes that find the records to infer before a batch is read
+    monkeypatch.setattr(
+        schemaless_json,
+        "unexplained_ranges",
+        partial(lambda real, *args: found_first.append(args) or real(*args), schemaless_json.unexplained_ranges),
+    )
     first = [
         {
             "id": 1,
@@ -228,8 +237,10 @@ def test_schemaless_json_end_to_end_over_two_batches(spark, broker, state_dir, t
     positions = produce(
         broker.bootstrap_servers, topic, [{"value": json.dumps(r).encode(), "partition": 0} for r in second]
     )
+    found_first.clear()
     again = run_table(spark, config, table, state_dir)
     assert again.rows_written == 2 and again.records_failed == 3
+    assert len(found_first) == 1, "the table's columns assumed first, then the batch's inferred: found once"
     schema = {f.name: str(f.field_type) for f in _table(state_dir, result.identifier).schema().fields}
     assert schema["score"] == "long", "int widened to long"
     assert schema["fresh"] == "int" and "zone" in schema["address"] and "note" in schema["items"]
@@ -249,6 +260,25 @@ def test_schemaless_json_end_to_end_over_two_batches(spark, broker, state_dir, t
         positions[3]: ("ConversionError", "ok"),
         positions[4]: ("ConversionError", "address"),
     }, "values that do not fit the table's columns are bad records naming the field"
+
+    third = [{"id": 8, "name": "known shapes"}, {"id": 8.5}, {"id": 9, "fresh": 2, "mixed": 1}]
+    positions = produce(
+        broker.bootstrap_servers, topic, [{"value": json.dumps(r).encode(), "partition": 1} for r in third]
+    )
+    found_first.clear()
+    last = run_table(spark, config, table, state_dir)
+    assert (last.rows_written, last.records_failed, last.read_path, found_first) == (2, 1, "jvm", [])
+    rows = by_position(read_pyiceberg(state_dir, result.identifier))
+    assert (rows[positions[0]]["name"], rows[positions[2]]["fresh"], rows[positions[2]]["mixed"]) == (
+        "known shapes",
+        2,
+        "1",
+    )
+    dead = by_position(read_pyiceberg(state_dir, result.identifier + "_dlq"))
+    assert (dead[positions[1]]["error_class"], dead[positions[1]]["error_message"].split(":")[0]) == (
+        "ConversionError",
+        "id",
+    )
 
 
 def _table(state_dir, identifier):
@@ -352,7 +382,7 @@ def inferred_over(monkeypatch) -> list:
 
 
 def test_only_records_the_columns_do_not_explain_are_inferred_in_python(
-    spark, broker, topic, columns_spec, inferred_over
+    spark, broker, topic, columns_spec, inferred_over, monkeypatch
 ):
     config, spec = columns_spec
     broker.create_topic(topic, 2)
@@ -370,13 +400,24 @@ def test_only_records_the_columns_do_not_explain_are_inferred_in_python(
 
     assert schemaless_json.unexplained_ranges(spark, codec, context) == [OffsetRange(topic, 1, 2, 6)]
 
-    new_spec, fields = JSON.for_batch(spark, spec, context)
+    fields = JSON.for_batch(spark, spec, context).fields
     assert inferred_over == [[OffsetRange(topic, 1, 2, 6)]]
     assert [f.name for f in fields] == [*COLUMNS.fieldNames(), "fresh"] and fields[3].dataType == T.DoubleType()
 
     explained = BatchContext(context.kafka_conf, [OffsetRange(topic, 0, 0, 5)], 1_000_000, table_fields)
     inferred_over.clear()
-    assert JSON.for_batch(spark, spec, explained)[1] == list(COLUMNS.fields) and inferred_over == []
+    assert JSON.for_batch(spark, spec, explained).fields == list(COLUMNS.fields) and inferred_over == []
+    # Columns assumed: nothing inferred before the batch is read; the records the write leaves to Python are
+    # inferred then, and tell whether the table's columns explain them.
+    assumed = JSON.for_batch(spark, spec, replace(context, assume=True))
+    assert assumed.fields == list(COLUMNS.fields) and inferred_over == [] and assumed.explains is not None
+    assert not assumed.explains([OffsetRange(topic, 1, 2, 3)])  # "fresh": a new column
+    assert assumed.explains([OffsetRange(topic, 0, 0, 5)])
+
+    monkeypatch.setattr(plain_json, "INFERRED_HERE", 3)  # more records than this: inferred by Spark tasks
+    here = []
+    monkeypatch.setattr(schemaless_json, "infer_here", lambda *args: here.append(args))
+    assert JSON.for_batch(spark, spec, context).fields == fields and here == []
 
 
 def test_a_new_tables_first_batch_infers_its_first_records_and_what_they_do_not_explain(
@@ -407,16 +448,16 @@ def test_a_new_tables_first_batch_infers_its_first_records_and_what_they_do_not_
     )
 
     with caplog.at_level("INFO", logger="icefloe.formats.plain_json"):
-        _, fields = JSON.for_batch(spark, spec, context)
+        fields = JSON.for_batch(spark, spec, replace(context, assume=True)).fields  # a new table's: never assumed
     assert "4 (at most) of the batch's records to infer in Python, the first records' columns" in caplog.text
 
     first_records = [OffsetRange(topic, 0, 0, 2), OffsetRange(topic, 1, 0, 2)]
     assert inferred_over == [first_records, [OffsetRange(topic, 0, 2, 5), OffsetRange(topic, 1, 2, 3)]]
-    assert sampled_here == [first_records]
+    assert sampled_here == inferred_over  # few records: read by the driver
     assert [f.name for f in fields] == ["id", "name", "score", "late"]
     monkeypatch.setattr(plain_json, "SAMPLE_RECORDS", 100)  # the first records are the whole batch
     inferred_over.clear()
-    _, whole = JSON.for_batch(spark, spec, context)
+    whole = JSON.for_batch(spark, spec, context).fields
     assert inferred_over[0] == tasks and [f.name for f in whole] == ["id", "name", "late", "score"]
     assert {f.name: f.dataType for f in fields} == {f.name: f.dataType for f in whole}
     assert (whole[1].dataType, whole[3].dataType) == (T.StringType(), T.LongType())

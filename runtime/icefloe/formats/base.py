@@ -75,6 +75,20 @@ class BatchContext:
     max_record_bytes: int
     table_fields: list  # the Iceberg table's current value columns (StructFields)
     where: str = ""  # "table <identifier>", for the errors it raises
+    # The batch is streamed to the table on the JVM path, each record checked against the columns (an append):
+    # columns known before the batch is read (the table's, a new table's first records') may be assumed.
+    assume: bool = False
+
+
+@dataclass(frozen=True)
+class BatchColumns:
+    """A batch's value columns (`Format.for_batch`) and the spec its records decode with."""
+
+    spec: DecoderSpec
+    fields: list[StructField]
+    # Columns assumed (`BatchContext.assume`), not checked against every record first: whether they also explain the
+    # records of the given ranges (OffsetRanges), those the JVM's write left to Python. None: checked already.
+    explains: Callable[[list], bool] | None = None
 
 
 class JvmCodec(Protocol):
@@ -104,9 +118,7 @@ class Format(Protocol):
         """The table's value columns; None when only a batch knows them (`for_batch`)."""
         ...
 
-    def for_batch(
-        self, spark: SparkSession, spec: DecoderSpec, batch: BatchContext
-    ) -> tuple[DecoderSpec, list[StructField]]:
+    def for_batch(self, spark: SparkSession, spec: DecoderSpec, batch: BatchContext) -> BatchColumns:
         """The batch's value columns and the spec its records decode with (only when `value_fields` is None)."""
         ...
 

@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructField, StructType
 
 from icefloe.formats import json_jvm, schemaless_json
-from icefloe.formats.base import BATCH, INLINE, BatchContext, Decoder, DecoderSpec, ValueRules
+from icefloe.formats.base import BATCH, INLINE, BatchColumns, BatchContext, Decoder, DecoderSpec, ValueRules
 from icefloe.formats.decoding import confluent_conf
 from icefloe.formats.inline import inline_value_fields, required_paths
 from icefloe.formats.json import json_object, parse_json
@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 # A new schemaless table's first batch: the columns of each partition's first records this many records stand in
 # for the table's, so the JVM pass leaves to Python's inference only the records they do not explain.
 SAMPLE_RECORDS = 1_000
+INFERRED_HERE = 10_000  # records to infer in the driver, not in Spark tasks (their Python workers cost more)
 
 
 class Json:
@@ -42,11 +43,12 @@ class Json:
             return None
         return inline_value_fields(table.inline_schema)  # type: ignore[arg-type]  # an inline table has one
 
-    def for_batch(
-        self, spark: SparkSession, spec: DecoderSpec, batch: BatchContext
-    ) -> tuple[DecoderSpec, list[StructField]]:
+    def for_batch(self, spark: SparkSession, spec: DecoderSpec, batch: BatchContext) -> BatchColumns:
         """The batch's types inferred from its records, merged into the table's columns: only the records the
-        table's columns do not explain are inferred (`schemaless_json.unexplained_ranges`)."""
+        table's columns do not explain are inferred (`schemaless_json.unexplained_ranges`). Where the batch may
+        assume columns (`BatchContext.assume`) and the JVM can check records against them, an existing table's
+        columns are assumed instead, and the records the write leaves to Python are inferred then
+        (`BatchColumns.explains`): a batch that adds no column is read once."""
         current = schemaless_json.value_struct(batch.table_fields, "null")
         sampled: schemaless_json.Inferred = "null"
         if not current.fields:  # a new table: the columns of each partition's first records stand in for the table's
@@ -54,6 +56,20 @@ class Json:
             sampled = schemaless_json.infer_here(batch.kafka_conf, sample, batch.max_record_bytes)
             current = schemaless_json.value_struct([], sampled)
         codec = json_jvm.schemaless_codec(current) if current.fields else None
+        if batch.assume and sampled == "null" and isinstance(codec, json_jvm.JsonJvmCodec):
+            # Not a new table's sampled columns: the table would have them before the batch proved them, and a later
+            # record making one a string could not be undone by a schema change.
+
+            def explains(ranges: list) -> bool:
+                """Whether these records' types leave the table's columns as they are (else the batch's columns are
+                inferred as without `assume`)."""
+                return schemaless_json.value_struct(batch.table_fields, _inferred(spark, batch, ranges)) == current
+
+            log.info(
+                "%s: the table's columns assumed, the records they do not explain inferred as the batch is written",
+                batch.where or spec.topic,
+            )
+            return BatchColumns(replace(spec, schema_str=current.json()), list(current.fields), explains)
         ranges = batch.tasks
         if isinstance(codec, json_jvm.JsonJvmCodec):
             try:
@@ -70,12 +86,10 @@ class Json:
             )
         if ranges is batch.tasks:  # the whole batch inferred, in its order: the sample adds nothing
             sampled = "null"
-        inferred = (
-            schemaless_json.infer_batch(spark, batch.kafka_conf, ranges, batch.max_record_bytes) if ranges else "null"
-        )
+        inferred = _inferred(spark, batch, ranges) if ranges else "null"
         # The records the sample's columns explain add nothing to its types: the batch's types are both unified.
         values = schemaless_json.value_struct(batch.table_fields, schemaless_json.unify(sampled, inferred))
-        return replace(spec, schema_str=values.json()), list(values.fields)
+        return BatchColumns(replace(spec, schema_str=values.json()), list(values.fields))
 
     def registry_schema(self, spec: DecoderSpec) -> bool:
         return False
@@ -98,6 +112,14 @@ class Json:
 
     def key_decoder(self, spec: DecoderSpec) -> Decoder:
         return parse_json  # an object, or for one key field its value alone
+
+
+def _inferred(spark: SparkSession, batch: BatchContext, ranges: list) -> schemaless_json.Inferred:
+    """The unified type of the records in `ranges`: read by the driver where they are few (a Spark task would start
+    a Python worker), else by Spark tasks."""
+    if sum(r.count for r in ranges) <= INFERRED_HERE:
+        return schemaless_json.infer_here(batch.kafka_conf, ranges, batch.max_record_bytes)
+    return schemaless_json.infer_batch(spark, batch.kafka_conf, ranges, batch.max_record_bytes)
 
 
 JSON = Json()

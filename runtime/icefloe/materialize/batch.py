@@ -30,7 +30,7 @@ from icefloe.batch_columns import CHANGE, ERROR_CLASS, ERROR_MESSAGE, TOMBSTONE
 from icefloe.commit.branch import Branch, commit_on_branch, drop_stale_branches
 from icefloe.commit.checkpoint import Checkpoint, CommittedState, Throughput, committed_state, lost_as_json
 from icefloe.errors import IcefloeError, RecordError
-from icefloe.formats.base import BatchContext, DecoderSpec, Envelope, Format
+from icefloe.formats.base import BatchColumns, BatchContext, DecoderSpec, Envelope, Format
 from icefloe.formats.columns import batch_struct, table_struct
 from icefloe.formats.registry import decoder_spec, envelope_of, format_of
 from icefloe.materialize import progress
@@ -222,27 +222,25 @@ def materialize_once(
         # registered meanwhile would lose its new fields and enum symbols).
         decoder = decoder_spec(table, cluster)
         value_fields = _value_fields(values_format, envelope, decoder, table, identifier)
+    explains: Callable[[list], bool] | None = None  # set where the columns are assumed (`BatchColumns`)
     if value_fields is None:  # the batch's records give the columns (schemaless JSON)
-        context = BatchContext(
-            kafka_conf, batch.tasks(), table.max_record_bytes, spark.table(iceberg.full_name).schema.fields
-        )
-        decoder, value_fields = values_format.for_batch(spark, decoder, context)
-        struct = table_struct(value_fields)
-        for change in iceberg.evolve(table_struct(value_fields, upsert)):
-            log.info("%s: schema evolved from the records: %s", iceberg.identifier, change)
+        columns = _columns_from_records(spark, iceberg, decoder, kafka_conf, batch, table, assume=not upsert)
+        decoder, value_fields, explains = columns.spec, columns.fields, columns.explains
     elif envelope is not None and envelope.per_batch(decoder):  # the columns the batch's change events give
         context = BatchContext(
             kafka_conf, batch.tasks(), table.max_record_bytes, list(iceberg.schema().fields), f"table {identifier}"
         )
         decoder, value_fields = envelope.for_batch(spark, decoder, context)
-        struct = table_struct(value_fields)
         for change in iceberg.evolve(table_struct(value_fields, upsert)):
             log.info("%s: schema evolved from the change events: %s", identifier, change)
     else:
-        struct = table_struct(value_fields)
         for change in iceberg.evolve(table_struct(value_fields, upsert)):
             log.info("%s: schema evolved: %s", identifier, change)
     path = choose_read_path(spark, decoder)
+    if explains is not None and path.name != JVM:  # assumed columns are checked as the JVM writes, only there
+        columns = _columns_from_records(spark, iceberg, decoder, kafka_conf, batch, table, assume=False)
+        decoder, value_fields, explains = columns.spec, columns.fields, None
+        path = choose_read_path(spark, decoder)
     log.info(
         "%s: reading %d records from %d partitions, read path %s: %s",
         identifier,
@@ -252,34 +250,7 @@ def materialize_once(
         path.reason,
     )
     progress.reading(spark, identifier, sum(r.count for r in ranges))
-
-    rules = values_format.rules(decoder, table)
-    if envelope is not None:
-        rules = envelope.rules(decoder, rules)
-    # An envelope's batch carries its change columns after the value fields (the upsert writer consumes them).
-    change_fields = envelope.change_fields(decoder) if envelope is not None else []
-    plan = ReadPlan(
-        kafka_conf=kafka_conf,
-        decoder=decoder,
-        batch_schema_json=batch_struct(table_struct([*value_fields, *change_fields])).json(),
-        value_fields=tuple(f.name for f in [*value_fields, *change_fields]),
-        strict=rules.strict,
-        required=rules.required,
-        framed=rules.framed,
-        needs_key=table.mode == "upsert" and not table.key,
-        max_record_bytes=table.max_record_bytes,
-    )
-    if upsert:
-        if envelope is not None:  # the row key is the envelope's (the source's primary key)
-            keys = envelope.row_keys(decoder)
-        else:
-            keys = key_columns(table.key, value_fields, f"table {identifier}")
-        soft = table.deletes == "soft"
-        write = _upsert_writer(
-            iceberg.schema(), keys, table.run_timeout_seconds, tuple(f.name for f in change_fields), soft
-        )
-    else:
-        write = _append_writer(struct)
+    plan, write = _read_plan_and_writer(iceberg, table, decoder, value_fields, kafka_conf)
 
     measured = Throughput(sized.records, int(sized.records * sized.mean_record_bytes), started_ms, sized.cut)
     # Upsert: the partitions' clocks carry over every commit, also one that reads nothing (`upsert.positioned`).
@@ -295,12 +266,23 @@ def materialize_once(
         clocks=clocks,
         known_records=planned.known_records,
     )
-    try:
-        outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, path)
-    except _TimestampOverflow:  # nothing was committed: the Python path routes the record per `errors`
-        path = ReadPath(PYTHON, "a Kafka timestamp overflows Spark's Kafka source")
-        log.warning("%s: %s: the batch is read on the Python path", identifier, path.reason)
-        outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, path)
+    while True:  # at most three attempts: assumed columns dropped, then the Python path (each only once)
+        try:
+            outcome = _commit(spark, iceberg, table, plan, batch, state, checkpoint, write, path, explains)
+            break
+        except _Unexplained as unexplained:  # nothing was committed
+            log.info("%s: %s: the batch's columns are inferred, the batch read again", identifier, unexplained)
+            overflow = False
+        except _TimestampOverflow:  # nothing was committed: the Python path routes the record per `errors`
+            overflow = True
+        if explains is not None:  # the columns the batch's records give, checked first
+            columns = _columns_from_records(spark, iceberg, decoder, kafka_conf, batch, table, assume=False)
+            decoder, value_fields, explains = columns.spec, columns.fields, None
+            plan, write = _read_plan_and_writer(iceberg, table, decoder, value_fields, kafka_conf)
+        path = choose_read_path(spark, decoder)
+        if overflow:
+            path = ReadPath(PYTHON, "a Kafka timestamp overflows Spark's Kafka source")
+            log.warning("%s: %s: the batch is read on the Python path", identifier, path.reason)
     result = BatchResult(
         identifier=identifier,
         topic=table.topic,
@@ -319,6 +301,57 @@ def materialize_once(
         log.error("%s: committed up to the bad record: %s", identifier, result.describe())
         raise outcome.error_mode.error
     return result
+
+
+def _columns_from_records(
+    spark: SparkSession,
+    iceberg: IcebergTable,
+    decoder: DecoderSpec,
+    kafka_conf: dict,
+    batch: Batch,
+    table: TableSpec,
+    assume: bool,
+) -> BatchColumns:
+    """The columns a schemaless batch's records give (`Format.for_batch`), the table evolved to them. `assume`: the
+    batch is appended on the JVM path, so the table's columns may be assumed (`BatchContext.assume`)."""
+    fields = spark.table(iceberg.full_name).schema.fields
+    context = BatchContext(kafka_conf, batch.tasks(), table.max_record_bytes, fields, assume=assume)
+    columns = format_of(decoder).for_batch(spark, decoder, context)
+    for change in iceberg.evolve(table_struct(columns.fields, table.mode == "upsert")):
+        log.info("%s: schema evolved from the records: %s", iceberg.identifier, change)
+    return columns
+
+
+def _read_plan_and_writer(
+    iceberg: IcebergTable, table: TableSpec, decoder: DecoderSpec, value_fields: list, kafka_conf: dict
+) -> tuple[ReadPlan, Writer]:
+    """How the batch's records are read and decoded, and how its rows are written (append, or upsert)."""
+    values_format, envelope = format_of(decoder), envelope_of(decoder)
+    rules = values_format.rules(decoder, table)
+    if envelope is not None:
+        rules = envelope.rules(decoder, rules)
+    # An envelope's batch carries its change columns after the value fields (the upsert writer consumes them).
+    change_fields = envelope.change_fields(decoder) if envelope is not None else []
+    plan = ReadPlan(
+        kafka_conf=kafka_conf,
+        decoder=decoder,
+        batch_schema_json=batch_struct(table_struct([*value_fields, *change_fields])).json(),
+        value_fields=tuple(f.name for f in [*value_fields, *change_fields]),
+        strict=rules.strict,
+        required=rules.required,
+        framed=rules.framed,
+        needs_key=table.mode == "upsert" and not table.key,
+        max_record_bytes=table.max_record_bytes,
+    )
+    if table.mode != "upsert":
+        return plan, _append_writer(table_struct(value_fields))
+    if envelope is not None:  # the row key is the envelope's (the source's primary key)
+        keys = envelope.row_keys(decoder)
+    else:
+        keys = key_columns(table.key, value_fields, f"table {iceberg.identifier}")
+    soft = table.deletes == "soft"
+    changes = tuple(f.name for f in change_fields)
+    return plan, _upsert_writer(iceberg.schema(), keys, table.run_timeout_seconds, changes, soft)
 
 
 def _value_fields(
@@ -341,10 +374,12 @@ def _commit(
     checkpoint: Checkpoint,
     write: Writer,
     path: ReadPath,
+    explains: Callable[[list], bool] | None = None,
 ) -> CommitOutcome:
     """Read the batch, apply the error mode, commit what it leaves on the run's branch with `checkpoint` (its
     offsets are the batch's as the error mode leaves it). On the JVM path an append batch is first committed as the
-    JVM decodes it, streamed; only if some record needs Python is it read again with status columns."""
+    JVM decodes it, streamed; only if some record needs Python is it read again with status columns. `explains`:
+    the columns were assumed (`BatchColumns`); _Unexplained where they do not explain a record left to Python."""
     if not batch.ranges:  # only positions to record (`latest`, an empty or new partition, every unread record lost)
         snapshot_id, _ = commit_on_branch(
             iceberg,
@@ -357,7 +392,7 @@ def _commit(
     jvm = JvmBatch(spark, plan, path.avro, batch.ranges, len(batch.tasks())) if path.name == JVM else None  # type: ignore[arg-type]  # the JVM path has its plan (choose_path)
     try:
         if jvm is not None and table.mode == "append":
-            committed = _commit_exact(iceberg, jvm, table, batch, state, checkpoint, write)
+            committed = _commit_exact(iceberg, jvm, table, batch, state, checkpoint, write, explains)
             if committed is not None:
                 return committed
         kept = jvm.kept() if jvm is not None else None
@@ -384,7 +419,7 @@ def _commit(
             return CommitOutcome(snapshot_id, rows, applied)
         finally:
             release()
-    except IcefloeError:
+    except (IcefloeError, _Unexplained):
         raise
     except Exception as failure:  # a source failure carried by a Python task's or the Kafka client's error
         if jvm is not None and kafka_timestamp_overflow(failure):
@@ -400,6 +435,10 @@ class _NeedsPython(Exception):
     """Some records of the batch need the Python decoder: what the streamed attempt wrote is discarded."""
 
 
+class _Unexplained(Exception):
+    """Records the assumed columns do not explain (a new key, a wider type): the streamed attempt is discarded."""
+
+
 def _commit_exact(
     iceberg: IcebergTable,
     jvm: JvmBatch,
@@ -408,12 +447,14 @@ def _commit_exact(
     state: CommittedState,
     checkpoint: Checkpoint,
     write: Writer,
+    explains: Callable[[list], bool] | None = None,
 ) -> CommitOutcome | None:
     """Commit every record as the JVM decodes it, streamed from Kafka to the table (nothing held). The few records
     whose row is not exact are then read again alone (per partition, from the first to the last of them), decoded
     by Python and routed by the error mode, on the same branch. None when the batch must be read again whole (a
     `fail` table commits only up to its first bad record): that attempt's branch is dropped unpublished (its files
-    are orphans for maintenance)."""
+    are orphans for maintenance). `explains`: the columns were assumed (`BatchColumns`); _Unexplained, the attempt
+    dropped as well, where they do not explain the records left to Python."""
     rows, observation = jvm.exact_rows(checkpoint.run_id)  # type: ignore[arg-type]  # a batch's checkpoint has its run id; the table's columns
     applied: list[ErrorModeOutcome] = []
 
@@ -424,6 +465,8 @@ def _commit_exact(
         if not counts["for_python"]:
             return written
         ranges = jvm.python_ranges(counts)
+        if explains is not None and (ranges is None or not explains(ranges)):
+            raise _Unexplained(f"{counts['for_python']} records the table's columns do not explain")
         if table.errors == "fail" or ranges is None:
             raise _NeedsPython(counts["for_python"])
         where = ", ".join(f"partition {r.partition} offsets [{r.start}, {r.end})" for r in ranges)
