@@ -9,7 +9,7 @@ them) is produced N times per format, each to its own topic (4 partitions, lz4 b
   schemaless   the `json` topic's bytes again, the table's columns inferred per batch (no `schema`), into a new
                table: its first batch, every record's types inferred in Python
   schemaless-known  the same, into a table whose columns an earlier batch (its first SEED_RECORDS records, not
-               timed) already set: the batch's records are checked against them on the JVM, none inferred in Python
+               timed) already set: the columns assumed, each record checked as it is written, none inferred
   protobuf     Protobuf in Confluent framing (the registry's .proto, `event_time` a google.protobuf.Timestamp)
 Then, in one warm SparkSession (`local[*]`), R rounds interleave the formats (so load from other users hits every
 format alike), each `run_table` into a fresh Iceberg table after a warm-up round per format that is reported apart.

@@ -1,13 +1,15 @@
 """Schemaless JSON (`format: json` without `schema`): the table's columns inferred from the records of each batch.
 
-Before a batch is read, the types of its planned records are inferred (one Spark task per range, each gives the
-types it saw; the driver unifies them); the table then evolves (`IcebergTable.evolve`) and the batch is read and
-converted against the evolved table as an inline-schema JSON table would be: on the JVM path (`json_jvm`, each
-record proven by its re-encoding) where the columns' types allow, else in Python. Only records the table's current
-columns do not already explain are inferred in Python: a JVM pass first finds them (`unexplained_ranges`: a
-record `json_jvm` decodes exactly with the current columns has every key a column, each value of its column's
-type, so it adds and widens nothing), and the ranges holding them are inferred; a table with no columns yet has
-all of its first batch inferred.
+Before a batch is read, the types of its planned records are inferred (by Spark tasks, one per range, each gives
+the types it saw, or by the driver where they are few; the driver unifies them); the table then evolves
+(`IcebergTable.evolve`) and the batch is read and converted against the evolved table as an inline-schema JSON
+table would be: on the JVM path (`json_jvm`, each record proven by its re-encoding) where the columns' types allow,
+else in Python. Only records the table's current columns do not already explain are inferred in Python: a JVM pass
+first finds them (`unexplained_ranges`: a record `json_jvm` decodes exactly with the current columns has every key
+a column, each value of its column's type, so it adds and widens nothing), and the ranges holding them are
+inferred; a new table's first batch stands each partition's first records in for the table's columns. An append
+table with columns skips that pass: the streamed write checks each record against the columns, and only what it
+leaves to Python is inferred (`plain_json`, `BatchColumns.explains`).
 
 Within a batch (docs/formats.md, "Schemaless JSON"):
   - each key of the top-level object is a column, in first-seen order; nested objects are structs (keys merged),
