@@ -243,7 +243,9 @@ def merge_batch(
         if resolved and unchanged and key_columns:
             if moved:  # rows a hard truncate removes hold no value for the changes after it
                 gone = None if soft_deletes else truncate
-                frame, held = _resolve_moved_unchanged(frame, branch, key_columns, sourced, unchanged, gone)
+                touched, untouched = _by_moves(frame, key_columns)
+                touched, held = _resolve_moved_unchanged(touched, branch, key_columns, sourced, unchanged, gone)
+                frame = touched.unionByName(untouched)
             carried = [name for name in unchanged if name in columns]
     if soft_deletes:
         frame = frame.withColumn(SOFT_DELETED, F.col(TOMBSTONE)).withColumn(
@@ -460,6 +462,21 @@ def _truncate_marker(spark: SparkSession, table: IcebergTable, key_columns: list
         return None
     nulls = " AND ".join(f"{quoted(k)} IS NULL" for k in key_columns)
     return _latest_position(spark.table(markers.full_name).where(nulls), sourced)
+
+
+def _by_moves(frame: DataFrame, key_columns: list[str]) -> tuple[DataFrame, DataFrame]:
+    """The changes of the keys a move touched (a row moved into or out of them in the batch), and the others: only
+    the first need the moved rows' resolution; the others' unchanged columns are carried as in a batch without moves
+    (a key's changes are resolved from its own chain, and from a key a row moved from, which is touched too)."""
+    moves = frame.where(F.col(CHANGE_MOVED_FROM).isNotNull())
+    names = [f"icefloe_touched_{i}" for i in range(len(key_columns))]
+    keys = (
+        moves.select(*[F.col(quoted(k)).alias(n) for k, n in zip(key_columns, names)])
+        .union(moves.select(*[F.col(f"{CHANGE_MOVED_FROM}.{quoted(k)}").alias(n) for k, n in zip(key_columns, names)]))
+        .distinct()
+    )
+    on = [frame[quoted(k)] == keys[n] for k, n in zip(key_columns, names)]
+    return frame.join(keys, on, "left_semi"), frame.join(keys, on, "left_anti")
 
 
 def _resolve_moved_unchanged(
