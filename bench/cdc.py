@@ -69,7 +69,8 @@ STEPS = [(batch_module, "_apply_error_mode", "error_mode_pass"), (batch_module, 
          (upsert_module, "_commit_delete_markers", "delete_markers"), (Branch, "sql", "merge_statement"),
          (upsert_module, "_truncate_marker", "truncate_marker"), (upsert_module, "positioned", "positioned"),
          (batch_module, "commit_on_branch", "commit_on_branch"), (DataFrame, "first", "df_first"),
-         (DataFrame, "collect", "df_collect"), (DataFrame, "isEmpty", "df_isEmpty")]  # fmt: skip
+         (DataFrame, "collect", "df_collect"), (DataFrame, "isEmpty", "df_isEmpty"),
+         (DataFrame, "localCheckpoint", "df_localCheckpoint")]  # fmt: skip
 
 
 def time_steps(cpu: Callable[[], float]) -> dict[str, list[float]]:

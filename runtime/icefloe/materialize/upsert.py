@@ -218,7 +218,6 @@ def merge_batch(
     truncate = None
     carried: list[str] = []  # unchanged columns the reduction carries from the key's chain, else MERGE from its row
     resolved = False  # the changes hold every column's value (unchanged ones filled, or carried)
-    held: DataFrame | None = None  # cached by the resolution of moved rows' unchanged columns, until merged
     if CHANGE in frame.columns:
         frame = frame.where(F.col(CHANGE).isin("upsert", "delete", "truncate")).withColumn(
             TOMBSTONE, F.col(CHANGE) == "delete"
@@ -243,9 +242,7 @@ def merge_batch(
         if resolved and unchanged and key_columns:
             if moved:  # rows a hard truncate removes hold no value for the changes after it
                 gone = None if soft_deletes else truncate
-                touched, untouched = _by_moves(frame, key_columns)
-                touched, held = _resolve_moved_unchanged(touched, branch, key_columns, sourced, unchanged, gone)
-                frame = touched.unionByName(untouched)
+                frame = _resolve_moved_unchanged(frame, branch, key_columns, sourced, unchanged, gone)
             carried = [name for name in unchanged if name in columns]
     if soft_deletes:
         frame = frame.withColumn(SOFT_DELETED, F.col(TOMBSTONE)).withColumn(
@@ -259,8 +256,7 @@ def merge_batch(
     latest = Window.partitionBy(*[F.col(quoted(k)) for k in key_columns]).orderBy(*_latest_first(sourced))
     known, carried_values, missing = _carry_unchanged(latest, carried)
     ranked = frame.select("*", F.row_number().over(latest).alias("icefloe_rank"), *known)  # one window: one sort
-    # The joins as the merges want them from here on: the reduced batch's plan is made when it is cached, and holds
-    # the moved rows' lookup in the table (`_resolve_moved_unchanged`).
+    # The joins as the merges want them from here on: the reduced batch's plan is made when it is cached.
     with _merge_joins(spark):
         changes = (
             ranked.where("icefloe_rank = 1")
@@ -324,8 +320,6 @@ def merge_batch(
             return total
         finally:
             changes.unpersist()
-            if held is not None:
-                held.unpersist()
 
 
 def _carry_unchanged(latest: WindowSpec, names: list[str]) -> tuple[list[Column], dict[str, Column], list[Column]]:
@@ -486,16 +480,37 @@ def _resolve_moved_unchanged(
     sourced: bool,
     names: list[str],
     truncate: tuple | None = None,
+) -> DataFrame:
+    """`frame` with the unchanged columns `names` of the keys a move touched resolved (`_resolve_touched`), the
+    other keys' changes as they are. Both the batch and the resolved part are computed once, here (local
+    checkpoints): the split reads the batch three times, and the merges' plans then hold no lookup of the table
+    (a plan that reads the table it writes is also recomputed after each write to it)."""
+    frame = frame.localCheckpoint()
+    touched, untouched = _by_moves(frame, key_columns)
+    resolved, held = _resolve_touched(touched, branch, key_columns, sourced, names, truncate)
+    with _merge_joins(branch.spark):  # the lookup's table side filtered by the batch's keys
+        resolved = resolved.localCheckpoint()
+    held.unpersist()
+    return resolved.unionByName(untouched)
+
+
+def _resolve_touched(
+    frame: DataFrame,
+    branch: Branch,
+    key_columns: list[str],
+    sourced: bool,
+    names: list[str],
+    truncate: tuple | None = None,
 ) -> tuple[DataFrame, DataFrame]:
-    """Fill the columns changes did not send (`names`, from `ChangeFacts`) in a batch that moved rows between keys,
+    """Fill the columns changes did not send (`names`, from `ChangeFacts`) in the changes of keys a move touched,
     with the value the key had before each change: from the batch's earlier changes of the key since the row moved
     in, if it did; else, for a row that moved in, from the key it moved from (the batch's latest change of it before
     the move, else its row in the table as it was before). What is still missing in a key's changes before any move
     into it is left as in a batch without moves: the reduction carries it and the MERGE takes it from the key's
     own row (`_carry_unchanged`), so only the moved rows' old keys are looked up in the table (module doc).
     `truncate`: the batch's truncate, whose rows are gone (a hard one's): they hold no value, as in a later batch.
-    Returns the batch so resolved, and the frame it keeps cached for the caller to release once the batch is
-    merged."""
+    Returns the changes so resolved, and the frame it keeps cached for the caller to release once they are
+    computed."""
     keys = [F.col(quoted(k)) for k in key_columns]
     earliest_first = [c.asc_nulls_first() if i == 0 and sourced else c for i, c in enumerate(_earliest_first(sourced))]
     start = ("icefloe_s_src", "icefloe_s_clock", "icefloe_s_part", "icefloe_s_off")[0 if sourced else 1 :]
