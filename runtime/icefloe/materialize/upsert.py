@@ -242,7 +242,11 @@ def merge_batch(
         if resolved and unchanged and key_columns:
             if moved:  # rows a hard truncate removes hold no value for the changes after it
                 gone = None if soft_deletes else truncate
-                frame = _resolve_moved_unchanged(frame, branch, key_columns, sourced, unchanged, gone)
+                touched, untouched = _by_moves(frame.localCheckpoint(), key_columns)
+                filled, held = _resolve_moved_unchanged(touched, branch, key_columns, sourced, unchanged, gone)
+                with _merge_joins(spark):  # the lookup's table side filtered by the batch's keys
+                    frame = filled.localCheckpoint().unionByName(untouched)
+                held.unpersist()
             carried = [name for name in unchanged if name in columns]
     if soft_deletes:
         frame = frame.withColumn(SOFT_DELETED, F.col(TOMBSTONE)).withColumn(
@@ -460,8 +464,11 @@ def _truncate_marker(spark: SparkSession, table: IcebergTable, key_columns: list
 
 def _by_moves(frame: DataFrame, key_columns: list[str]) -> tuple[DataFrame, DataFrame]:
     """The changes of the keys a move touched (a row moved into or out of them in the batch), and the others: only
-    the first need the moved rows' resolution; the others' unchanged columns are carried as in a batch without moves
-    (a key's changes are resolved from its own chain, and from a key a row moved from, which is touched too)."""
+    the first need the moved rows' resolution (`_resolve_moved_unchanged`); the others' unchanged columns are carried
+    as in a batch without moves (a key's changes are resolved from its own chain, and from a key a row moved from,
+    which is touched too). The caller computes `frame` and the resolved changes once (local checkpoints): the split
+    reads the batch three times, and the merges' plans then hold no lookup of the table (a plan that reads a table is
+    also recomputed after each write to it)."""
     moves = frame.where(F.col(CHANGE_MOVED_FROM).isNotNull())
     names = [f"icefloe_touched_{i}" for i in range(len(key_columns))]
     keys = (
@@ -474,27 +481,6 @@ def _by_moves(frame: DataFrame, key_columns: list[str]) -> tuple[DataFrame, Data
 
 
 def _resolve_moved_unchanged(
-    frame: DataFrame,
-    branch: Branch,
-    key_columns: list[str],
-    sourced: bool,
-    names: list[str],
-    truncate: tuple | None = None,
-) -> DataFrame:
-    """`frame` with the unchanged columns `names` of the keys a move touched resolved (`_resolve_touched`), the
-    other keys' changes as they are. Both the batch and the resolved part are computed once, here (local
-    checkpoints): the split reads the batch three times, and the merges' plans then hold no lookup of the table
-    (a plan that reads the table it writes is also recomputed after each write to it)."""
-    frame = frame.localCheckpoint()
-    touched, untouched = _by_moves(frame, key_columns)
-    resolved, held = _resolve_touched(touched, branch, key_columns, sourced, names, truncate)
-    with _merge_joins(branch.spark):  # the lookup's table side filtered by the batch's keys
-        resolved = resolved.localCheckpoint()
-    held.unpersist()
-    return resolved.unionByName(untouched)
-
-
-def _resolve_touched(
     frame: DataFrame,
     branch: Branch,
     key_columns: list[str],
