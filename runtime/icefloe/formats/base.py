@@ -75,8 +75,8 @@ class BatchContext:
     max_record_bytes: int
     table_fields: list  # the Iceberg table's current value columns (StructFields)
     where: str = ""  # "table <identifier>", for the errors it raises
-    # The batch is streamed to the table on the JVM path, each record checked against the columns (an append):
-    # columns known before the batch is read (the table's, a new table's first records') may be assumed.
+    # The batch is streamed to the table on the JVM path, each record checked against the columns (an append): the
+    # columns the table already has may be assumed (`Format.for_batch`).
     assume: bool = False
 
 

@@ -466,7 +466,7 @@ def _commit_exact(
             return written
         ranges = jvm.python_ranges(counts)
         if explains is not None and (ranges is None or not explains(ranges)):
-            raise _Unexplained(f"{counts['for_python']} records the table's columns do not explain")
+            raise _Unexplained(f"of {counts['for_python']} records left to Python, some add or widen a column")
         if table.errors == "fail" or ranges is None:
             raise _NeedsPython(counts["for_python"])
         where = ", ".join(f"partition {r.partition} offsets [{r.start}, {r.end})" for r in ranges)
