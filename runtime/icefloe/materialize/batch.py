@@ -28,7 +28,14 @@ from pyspark.sql.types import StructType
 
 from icefloe.batch_columns import CHANGE, ERROR_CLASS, ERROR_MESSAGE, TOMBSTONE
 from icefloe.commit.branch import Branch, commit_on_branch, drop_stale_branches
-from icefloe.commit.checkpoint import Checkpoint, CommittedState, Throughput, committed_state, lost_as_json
+from icefloe.commit.checkpoint import (
+    RUN_ID_KEY,
+    Checkpoint,
+    CommittedState,
+    Throughput,
+    committed_state,
+    lost_as_json,
+)
 from icefloe.errors import IcefloeError, RecordError
 from icefloe.formats.base import BatchColumns, BatchContext, DecoderSpec, Envelope, Format
 from icefloe.formats.columns import batch_struct, table_struct
@@ -224,7 +231,10 @@ def materialize_once(
         value_fields = _value_fields(values_format, envelope, decoder, table, identifier)
     explains: Callable[[list], bool] | None = None  # set where the columns are assumed (`BatchColumns`)
     if value_fields is None:  # the batch's records give the columns (schemaless JSON)
-        columns = _columns_from_records(spark, iceberg, decoder, kafka_conf, batch, table, assume=not upsert)
+        # Assumed columns save a read where batches keep their shape, and cost one where a batch adds a column: not
+        # right after a batch that changed the columns (keys that keep coming would cost every batch that read).
+        assume = not upsert and not iceberg.last_run_evolved(RUN_ID_KEY)
+        columns = _columns_from_records(spark, iceberg, decoder, kafka_conf, batch, table, assume)
         decoder, value_fields, explains = columns.spec, columns.fields, columns.explains
     elif envelope is not None and envelope.per_batch(decoder):  # the columns the batch's change events give
         context = BatchContext(

@@ -230,6 +230,24 @@ class IcebergTable:
                 log.info("%s: schema change made meanwhile by another run: %s", self.identifier, statement)
         return made
 
+    def last_run_evolved(self, run_key: str, walked: int = 20) -> bool:
+        """Whether the last run's snapshots on main (the latest ones whose summary `run_key` is the head's) were
+        written with another schema than the snapshot before them (that run changed the table's columns); True where
+        no such snapshot is found within `walked` snapshots."""
+        table = self.java()
+        snapshot = table.currentSnapshot()
+        if snapshot is None:
+            return True
+        run, schema = snapshot.summary().get(run_key), snapshot.schemaId()
+        for _ in range(walked):
+            parent = snapshot.parentId()
+            snapshot = table.snapshot(parent) if parent is not None else None
+            if snapshot is None:
+                return True
+            if snapshot.summary().get(run_key) != run:
+                return snapshot.schemaId() != schema
+        return True
+
     def schema(self) -> T.StructType:
         """The table's current columns."""
         LOADS["schema"] += 1
