@@ -240,7 +240,7 @@ def job(spec: dict) -> None:
     config = parse_config(spec["config"])
     table = next(t for t in config.tables if config.identifier(t).endswith(spec["table"]))
     started = time.monotonic()
-    spark = spark_session(config.catalog, Path(spec["state"]))
+    spark = spark_session(config.catalog, Path(spec["state"]), short_lived=True)  # as `run --once`
     spark_start_s = time.monotonic() - started
     jvm_pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())
     jvm.append(jvm_pid)

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from icefloe import class_sharing
-from icefloe.session import jvm_lib, local_jars
+from icefloe.session import SHORT_LIVED_JIT, jvm_lib, local_jars
 from icefloe_dev import stock_trades
 from icefloe_dev.producer import produce_avro
 from support import by_position, read_pyiceberg
@@ -151,3 +153,68 @@ def test_publishing_an_archive_removes_dead_runs_files_and_all_but_the_newest_ar
     class_sharing._remove_stale(archives[0])
     kept = [path.name for path in archives[: class_sharing.KEPT_ARCHIVES]]
     assert sorted(p.name for p in Path(tmp_path).iterdir()) == sorted([*kept, writing.name, unrelated.name])
+
+
+def _java_options(pid: int) -> list[str] | None:
+    """The JVM options of the Spark driver JVM under process `pid` (its arguments before the main class), or None
+    while there is none."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        children.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(int(entry.name))
+    pending = list(children.get(pid, []))
+    while pending:
+        child = pending.pop()
+        pending += children.get(child, [])
+        try:
+            arguments = (Path("/proc") / str(child) / "cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        launcher = "org.apache.spark.launcher.Main" in arguments  # spark-class's JVM that builds the driver's command
+        if Path(arguments[0]).name == "java" and "org.apache.spark.deploy.SparkSubmit" in arguments and not launcher:
+            return arguments[: arguments.index("org.apache.spark.deploy.SparkSubmit")]
+    return None
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_a_run_once_jvm_inlines_less_and_a_continuous_one_keeps_the_jvms_defaults(
+    broker, registry, state_dir, topic, tmp_path
+):
+    """A process that runs its batch and exits (a scheduled job) spends much of its CPU compiling: its driver JVM
+    gets SHORT_LIVED_JIT (docs/benchmarks.md#cold-start); a continuous one, whose steady state counts, does not."""
+    broker.create_topic(topic, 1)
+    produce_avro(broker.bootstrap_servers, registry.url, topic, stock_trades.SCHEMA, stock_trades.trades(100))
+    stack = tmp_path / "Pulumi.local.yaml"
+    stack.write_text(yaml.safe_dump({"config": {
+        "icefloe:sourceClusters": [{"name": "local", "bootstrapServers": broker.bootstrap_servers,
+                                    "schemaRegistry": {"url": registry.url}}],
+        "icefloe:tables": [{"sourceCluster": "local", "topic": topic, "table": "t", "refresh": "2s",
+                            "maintenance": {"enabled": False}}],
+    }}))  # fmt: skip
+    for mode, short_lived in (("--once", True), ("--continuous", False)):
+        command = [*ICEFLOE, "run", "--config", str(stack), mode, "--json", "--state-dir", str(state_dir)]
+        env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[2]"}
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            deadline = time.monotonic() + 300
+            while (options := _java_options(process.pid)) is None and process.poll() is None:
+                assert time.monotonic() < deadline, "no Spark driver JVM started"
+                time.sleep(0.05)
+            assert options is not None, process.communicate()[1][-3000:]
+            assert (SHORT_LIVED_JIT in options) is short_lived, (mode, options)
+            if mode == "--once":
+                assert json.loads(process.stdout.readline())["rows_written"] == 100
+            else:  # its first batch (nothing new), then SIGTERM: the loop stops cleanly
+                assert json.loads(process.stdout.readline())["rows_written"] == 0
+        finally:
+            if mode == "--continuous":
+                process.send_signal(signal.SIGTERM)
+            _, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err[-3000:]
+    assert len(by_position(read_pyiceberg(state_dir, "local.t"))) == 100

@@ -96,7 +96,7 @@ def local_services(state_dir: Path) -> Iterator[tuple[KafkaBroker, SchemaRegistr
 
 @contextmanager
 def local_spark(catalog, state_dir: Path) -> Iterator:
-    spark = spark_session(catalog, state_dir)
+    spark = spark_session(catalog, state_dir, short_lived=True)  # a run of a few batches, as `run --once`
     try:
         yield spark
     finally:

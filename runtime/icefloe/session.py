@@ -22,6 +22,14 @@ BOUNDED_BOOKKEEPING = {
     "spark.ui.retainedTasks": "1000",
     "spark.ui.dagGraph.retainedRootRDDs": "20",
 }
+# The driver JVM's JIT in a process that runs its batches and exits (`spark_session(short_lived=True)`). In a fresh
+# run of 1M Avro trades the C2 compiler thread took 4.1-4.9 of the JVM's 12.2-13.9 CPU-seconds, about as much as the
+# tasks that read, decoded and wrote the batch. Inlining only callees of at most 100 bytecodes into hot methods (the
+# JVM's default 325) gives C2 smaller methods to compile: 2.4-2.8 CPU-s, the tasks no slower; a 5M-trade batch still
+# 0.95x the CPU (bench/results/jit_short_lived.md). A C2 option: JVMs running C1 alone (the tests') ignore it. A
+# long-lived process (`--continuous`) keeps the JVM's defaults, where the steady state's code is what counts.
+SHORT_LIVED_JIT = "-XX:FreqInlineSize=100"
+SHORT_LIVED_JIT_ENV = "ICEFLOE_SHORT_LIVED_JIT"  # other options instead (empty: none)
 # A batch kept on disk while the error mode and the writer read it (read_paths.KeptBatch, the Python path's read) is
 # read back once or twice, right away: the columnar cache's encodings (dictionaries, run lengths), whose statistics
 # cost 7-10% of an upsert batch's CPU (a JFR profile, bench/cdc.py), save nothing worth that.
@@ -79,11 +87,19 @@ def off_aws(catalog: CatalogSpec) -> bool:
     return catalog.endpoints is not None or loopback
 
 
-def spark_session(catalog: CatalogSpec, state_dir: Path, msk_iam: bool = False, write_class_archive: bool = True):
+def spark_session(
+    catalog: CatalogSpec,
+    state_dir: Path,
+    msk_iam: bool = False,
+    write_class_archive: bool = True,
+    short_lived: bool = False,
+):
     """A local session (2 cores here) for a local catalog or a Glue catalog off AWS; else the cluster's session.
     `msk_iam`: a source cluster uses MSK IAM, so a local session loads the aws-msk-iam-auth jar.
     `write_class_archive`: with no class-data-sharing archive yet, this JVM writes one as it exits (class_sharing);
-    False for a session that lives long and ends late (the tests' own), where that would only delay its end."""
+    False for a session that lives long and ends late (the tests' own), where that would only delay its end.
+    `short_lived`: the process runs its batches and exits (`run --once`, a scheduled job): a local driver JVM gets
+    `SHORT_LIVED_JIT` (or `$ICEFLOE_SHORT_LIVED_JIT`)."""
     from pyspark.sql import SparkSession
 
     conf = (
@@ -114,6 +130,8 @@ def spark_session(catalog: CatalogSpec, state_dir: Path, msk_iam: bool = False, 
             conf["spark.driver.extraJavaOptions"] = class_sharing.JVM_LOG_TO_STDERR
             if archive is not None:
                 conf |= class_sharing.driver_settings(archive, jars, write_class_archive)
+            if short_lived:  # after SPARK_SUBMIT_OPTS on the JVM's command line: set apart to change it
+                conf["spark.driver.extraJavaOptions"] += " " + os.environ.get(SHORT_LIVED_JIT_ENV, SHORT_LIVED_JIT)
         else:
             conf["spark.jars"] = ",".join(jars)
         conf |= {

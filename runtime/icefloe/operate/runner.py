@@ -120,7 +120,7 @@ def run_tables(
     tables = config.select(table_names)
     if not tables:
         raise ConfigError(f"{config_path}: no enabled tables to run")
-    spark = spark_session(config.catalog, state_dir, config.uses_msk_iam)
+    spark = spark_session(config.catalog, state_dir, config.uses_msk_iam, short_lived=not continuous)
     if continuous:
         return run_continuously(
             spark, config, tables, state_dir, on_result, stop or stop_on_signals(), metrics=metrics, deadline=deadline
@@ -460,7 +460,7 @@ def maintain_tables(
 ) -> int:
     """`icefloe maintain`: maintenance now for the chosen tables that exist."""
     config = load_config(config_path)
-    spark = spark_session(config.catalog, state_dir, config.uses_msk_iam)
+    spark = spark_session(config.catalog, state_dir, config.uses_msk_iam, short_lived=True)
     failures = 0
     for table in config.select(table_names):
         identifier = config.identifier(table)

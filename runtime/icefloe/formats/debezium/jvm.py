@@ -238,12 +238,14 @@ class DebeziumJvmPlan:
 
     def _position(self, source: str) -> Column:
         """`envelope.position` of a PostgreSQL source: 1, lastCommitLsn and lsn as 8-byte big-endian numbers.
-        The sequence's form is `_position_exact`'s regular expression: once it holds, `[`, `]`, quotes and blanks
-        removed leave `first,second`, each digits or `null` (string functions: a regex per record costs)."""
+        The sequence's form is `_position_exact`'s regular expression: once it holds, each side of its one comma
+        with `[`, `]`, quotes and blanks trimmed off is digits or `null` (string functions: a regex per record costs;
+        `translate` looks each character up in a map, measured 3% of a mirror batch's CPU, trimming the ends does not)."""
         sequence, lsn = F.col(f"{source}.sequence"), F.col(f"{source}.lsn")
         given = sequence.isNotNull() & (sequence != "")
-        pair = F.translate(sequence, _SEQUENCE_NOISE, "")
-        first, second = F.substring_index(pair, ",", 1), F.substring_index(pair, ",", -1)
+        first, second = (
+            F.call_function("btrim", F.substring_index(sequence, ",", side), F.lit(_SEQUENCE_NOISE)) for side in (1, -1)
+        )
         last = F.when(given & (first != "null"), first.cast("bigint")).otherwise(F.lit(0).cast("bigint"))
         current = F.when(given & (second != "null"), second.cast("bigint")).otherwise(lsn)
         return F.concat(F.lit(bytearray(b"\x01")), _u64(last), _u64(current))
