@@ -14,6 +14,7 @@ Results: bench/results/cdc.{json,md} (`--output`: another name); the table repla
 (`## `) below it are kept.
 `--moved N`: N primary-key changes per round after the first (`produce`), so the mirror resolves moved rows'
 unchanged columns from the table; `--first-changes`: a bigger round 1, for a bigger table.
+At the end the JVM's metaspace and how many generated classes Spark compiled in the run are reported.
 Run: `.venv/bin/python bench/cdc.py [--changes 100000 --keys 20000 --rounds 3] [--steps] [--moved N]
 [--first-changes N] [--output NAME]`.
 """
@@ -224,6 +225,9 @@ def main() -> None:
                         measured[label]["steps"] = {k: [round(v, 1) for v in t] for k, t in steps.items()}
                 rounds.append(measured)
                 print(json.dumps(measured), flush=True)
+            pools = spark._jvm.java.lang.management.ManagementFactory.getMemoryPoolMXBeans()
+            metaspace = next(p.getUsage().getUsed() for p in pools if p.getName() == "Metaspace")
+            compiled = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount()
             spark.stop()
         finally:
             registry.stop()
@@ -236,7 +240,8 @@ def main() -> None:
             measured[label]["changes_per_s"] = round(changes / measured[label]["seconds"])
     report = {"machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} cores, shared",
               "changes_per_round": args.changes, "first_round_changes": args.first_changes or args.changes,
-              "moved_per_round": args.moved, "keys": args.keys, "partitions": PARTITIONS, "rounds": rounds}  # fmt: skip
+              "moved_per_round": args.moved, "keys": args.keys, "partitions": PARTITIONS, "rounds": rounds,
+              "metaspace_mib_at_end": round(metaspace / 2**20), "classes_compiled": compiled}  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.output}.json").write_text(json.dumps(report, indent=2) + "\n")
     shape = f"{args.changes} changes per round over {args.keys} keys"
@@ -247,7 +252,8 @@ def main() -> None:
     lines = ["# CDC benchmark (bench/cdc.py)", "", f"{report['machine']}; {shape}, "
              f"{PARTITIONS} partitions; one batch per table per round, same process. Mirror/plain: the mirror's rate "
              "over the plain upsert's (plain time over mirror time), by wall and by CPU time; load: 1-minute load "
-             "average at the start of the plain batch and the end of the mirror's.", "",
+             "average at the start of the plain batch and the end of the mirror's. At the end: the JVM's metaspace "
+             f"{report['metaspace_mib_at_end']} MiB, {report['classes_compiled']} generated classes compiled in all.", "",
              "| round | plain upsert s | plain CPU s | CDC mirror s | mirror CPU s | mirror/plain, wall | mirror/plain, CPU | load |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for m in rounds:

@@ -34,6 +34,11 @@ SHORT_LIVED_JIT_ENV = "ICEFLOE_SHORT_LIVED_JIT"  # other options instead (empty:
 # read back once or twice, right away: the columnar cache's encodings (dictionaries, run lengths), whose statistics
 # cost 7-10% of an upsert batch's CPU (a JFR profile, bench/cdc.py), save nothing worth that.
 BATCH_CACHE = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
+# Spark compiles each query's generated Java once per JVM and keeps the classes by their source, 100 by default. A
+# batch compiles about that many (an upsert or change-data batch 90-100: projections, the sort, the window, the joins,
+# the MERGE's), so in a long-lived process (`run --continuous`, several tables in one run) each batch evicted what the
+# next needed and compiled it all again. Kept, a warm batch takes 0.65-0.85x the CPU (bench/results/cdc_codegen.md).
+CODEGEN_CACHE = {"spark.sql.codegen.cache.maxEntries": "2000"}
 # The SQL semantics the runtime's expressions are written and tested for. ANSI mode (Spark 4's default, a cluster's
 # spark-defaults may set it) refuses some of them (a long cast to binary: `formats.debezium.jvm._u64`) and raises
 # where they rely on null (a string cast to a number, an overflow): pinned off, a run computes what the tests prove.
@@ -107,6 +112,7 @@ def spark_session(
         | spark_secret_conf(catalog)
         | BOUNDED_BOOKKEEPING
         | BATCH_CACHE
+        | CODEGEN_CACHE
         | SQL_SEMANTICS
         | REDACTED_OPTIONS
         | {"spark.redaction.regex": REDACTION_REGEX}

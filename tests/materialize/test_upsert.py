@@ -73,6 +73,32 @@ def test_last_value_per_key_wins_and_tombstones_delete(catalog, spark, broker, s
     assert run_table(spark, config, config.tables[0], state_dir).status == "up-to-date"
 
 
+def test_a_long_lived_session_compiles_a_batchs_generated_code_once(spark, broker, state_dir, topic, make_config):
+    """A long-lived process (continuous mode, here two tables) runs the same queries every batch: once batches of
+    each shape have run, the next compiles no generated class again (session.CODEGEN_CACHE). With Spark's default
+    cache of 100 classes, two upsert tables' batches, about 90 classes each, evicted each other's and every batch
+    compiled all of its own again (a change-data batch's 100 or more did it alone)."""
+    topics = [topic, f"{topic}_b"]
+    for name in topics:
+        broker.create_topic(name, 3)
+    config = make_config(*[{"topic": name, "format": "json", "schema": SCHEMA, "mode": "upsert"} for name in topics])
+    compiled = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+    rng, counts, sent = random.Random(5), [], {name: [] for name in topics}
+    for batch in range(3):  # the first creates the tables (other queries), the second and third merge into them
+        before = compiled.getCount()
+        for table in config.tables:
+            records = changes(rng, keys=40, count=150, start_seq=batch * 150)
+            produce(broker.bootstrap_servers, table.topic, records)
+            sent[table.topic] += records
+            assert run_table(spark, config, table, state_dir).status == "committed"
+        counts.append(compiled.getCount() - before)
+    assert counts[1] > 0, counts  # what the merges compile the first time
+    assert counts[2] == 0, counts
+    for table in config.tables:
+        rows = read_pyiceberg(state_dir, config.identifier(table))
+        assert table_state(rows) == expected_state(sent[table.topic])
+
+
 def test_key_fields_with_json_key_tombstones(spark, broker, state_dir, topic, make_config):
     """`key: [account]`: rows are matched on the value field; a tombstone's JSON key names the row to delete."""
     broker.create_topic(topic, 1)
