@@ -187,7 +187,8 @@ def test_a_run_once_jvm_inlines_less_and_a_continuous_one_keeps_the_jvms_default
     broker, registry, state_dir, topic, tmp_path
 ):
     """A process that runs its batch and exits (a scheduled job) spends much of its CPU compiling: its driver JVM
-    gets SHORT_LIVED_JIT (docs/benchmarks.md#cold-start); a continuous one, whose steady state counts, does not."""
+    gets SHORT_LIVED_JIT (docs/benchmarks.md#the-jit-of-a-fresh-run); a continuous one, whose steady state counts,
+    does not."""
     broker.create_topic(topic, 1)
     produce_avro(broker.bootstrap_servers, registry.url, topic, stock_trades.SCHEMA, stock_trades.trades(100))
     stack = tmp_path / "Pulumi.local.yaml"
@@ -200,13 +201,15 @@ def test_a_run_once_jvm_inlines_less_and_a_continuous_one_keeps_the_jvms_default
     for mode, short_lived in (("--once", True), ("--continuous", False)):
         command = [*ICEFLOE, "run", "--config", str(stack), mode, "--json", "--state-dir", str(state_dir)]
         env = {**os.environ, "ICEFLOE_SPARK_MASTER": "local[2]"}
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        log = tmp_path / f"run{mode}.log"  # a file, not a pipe: stdout is read while the run goes on
+        with log.open("w") as stderr:
+            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
         try:
             deadline = time.monotonic() + 300
             while (options := _java_options(process.pid)) is None and process.poll() is None:
                 assert time.monotonic() < deadline, "no Spark driver JVM started"
                 time.sleep(0.05)
-            assert options is not None, process.communicate()[1][-3000:]
+            assert options is not None, log.read_text()[-3000:]
             assert (SHORT_LIVED_JIT in options) is short_lived, (mode, options)
             if mode == "--once":
                 assert json.loads(process.stdout.readline())["rows_written"] == 100
@@ -215,6 +218,6 @@ def test_a_run_once_jvm_inlines_less_and_a_continuous_one_keeps_the_jvms_default
         finally:
             if mode == "--continuous":
                 process.send_signal(signal.SIGTERM)
-            _, err = process.communicate(timeout=300)
-        assert process.returncode == 0, err[-3000:]
+            process.communicate(timeout=300)
+        assert process.returncode == 0, log.read_text()[-3000:]
     assert len(by_position(read_pyiceberg(state_dir, "local.t"))) == 100
