@@ -674,7 +674,9 @@ def main() -> None:
         action="append",
         default=[],
         metavar="NAME=OPTIONS",
-        help="(1): also upsert and append tables whose batches run with these driver JVM options",
+        help="(1): also upsert and append tables whose batches run with these driver JVM options (SPARK_SUBMIT_OPTS; "
+        "the runtime's short-lived JIT options come after them: a -XX:FreqInlineSize here is overridden, "
+        "ICEFLOE_SHORT_LIVED_JIT changes that one)",
     )
     parser.add_argument("--output", help="(1), (4): results file name (bench/results/NAME.*; upsert, upsert_memory)")
     parser.add_argument("--job", help=argparse.SUPPRESS)  # the fresh process of one batch (`run_job`)
