@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -35,6 +36,12 @@ logger.debezium.name = io.debezium
 logger.debezium.level = INFO
 logger.worker.name = org.apache.kafka.connect.runtime.Worker
 logger.worker.level = INFO
+logger.connect.name = org.apache.kafka.connect.runtime.Connect
+logger.connect.level = INFO
+logger.rest.name = org.apache.kafka.connect.runtime.rest.RestServer
+logger.rest.level = INFO
+logger.herder.name = org.apache.kafka.connect.runtime.standalone.StandaloneHerder
+logger.herder.level = INFO
 """
 
 # What a connector's converter is called here -> how Connect is configured for it (key and value alike).
@@ -232,10 +239,25 @@ class KafkaConnect(LocalService):
         connectors over REST instead now and then hung the standalone herder's resume for minutes.)"""
         offsets = self.state_dir / "offsets.dat"
         before = offsets.stat().st_mtime_ns if offsets.exists() else None
-        process = self._process
+        process, dump = self._process, self.state_dir / "threads-at-stop.txt"
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(grace)
+            except subprocess.TimeoutExpired:  # where its shutdown hangs, for the error (seen once in CI)
+                with dump.open("w") as out:
+                    subprocess.run(
+                        [str(Path(java()).with_name("jcmd")), str(process.pid), "Thread.print"],
+                        stdout=out,
+                        stderr=out,
+                        timeout=60,
+                    )
         self.stop(grace)
         if process is not None and process.returncode != 143:  # 128 + SIGTERM: the JVM ran its shutdown hooks
-            raise self.error(f"Kafka Connect did not shut down cleanly within {grace:g}s (exit {process.returncode})")
+            raise self.error(
+                f"Kafka Connect did not shut down cleanly within {grace:g}s (exit {process.returncode}; its threads "
+                f"then: {dump})"
+            )
         if not offsets.exists() or offsets.stat().st_mtime_ns == before:
             raise self.error("Kafka Connect did not write its offsets on a clean shutdown")
         self.start()
