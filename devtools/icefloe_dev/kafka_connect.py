@@ -246,12 +246,15 @@ class KafkaConnect(LocalService):
                 process.wait(grace)
             except subprocess.TimeoutExpired:  # where its shutdown hangs, for the error (seen once in CI)
                 with dump.open("w") as out:
-                    subprocess.run(
-                        [str(Path(java()).with_name("jcmd")), str(process.pid), "Thread.print"],
-                        stdout=out,
-                        stderr=out,
-                        timeout=60,
-                    )
+                    try:
+                        subprocess.run(
+                            [str(Path(java()).with_name("jcmd")), str(process.pid), "Thread.print"],
+                            stdout=out,
+                            stderr=out,
+                            timeout=60,
+                        )
+                    except (OSError, subprocess.TimeoutExpired) as failed:  # the hang's error below matters more
+                        out.write(f"no thread dump: {failed}\n")
         self.stop(grace)
         if process is not None and process.returncode != 143:  # 128 + SIGTERM: the JVM ran its shutdown hooks
             raise self.error(
